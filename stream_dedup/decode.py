@@ -1,0 +1,63 @@
+"""Raw records -> documents. Shared by the offline command and the Kafka service.
+
+Every failure is a :class:`~stream_dedup.errors.DecodeError` with a stable reason code and
+the raw bytes, so the caller can report or dead-letter the record without losing it.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from stream_dedup.config import DocumentFormat
+from stream_dedup.errors import DecodeError
+from stream_dedup.models import Document
+
+
+def document_from_object(obj: Any, fmt: DocumentFormat, raw: bytes | None = None) -> Document:
+    """A document from a parsed JSON value, or a DecodeError saying what is wrong."""
+    if not isinstance(obj, dict):
+        raise DecodeError("not_an_object", f"expected a JSON object, got {type(obj).__name__}", raw)
+    if fmt.id_field not in obj or obj[fmt.id_field] is None:
+        raise DecodeError("missing_id", f"no {fmt.id_field!r} field", raw)
+    doc_id = obj[fmt.id_field]
+    if isinstance(doc_id, bool) or not isinstance(doc_id, str | int):
+        raise DecodeError(
+            "invalid_id", f"{fmt.id_field!r} must be a string, got {type(doc_id).__name__}", raw
+        )
+    doc_id = str(doc_id)
+    if not doc_id:
+        raise DecodeError("invalid_id", f"{fmt.id_field!r} is empty", raw)
+    parts: list[str] = []
+    for name in fmt.content_fields:
+        value = obj.get(name)
+        if value is None:
+            continue
+        if not isinstance(value, str):
+            raise DecodeError(
+                "invalid_content",
+                f"field {name!r} must be a string, got {type(value).__name__}",
+                raw,
+            )
+        parts.append(value)
+    if not parts:
+        wanted = ", ".join(repr(f) for f in fmt.content_fields)
+        raise DecodeError("missing_content", f"none of the content fields {wanted} present", raw)
+    return Document(doc_id, fmt.joiner.join(parts), obj)
+
+
+def document_from_json(raw: bytes | str, fmt: DocumentFormat) -> Document:
+    """A document from one JSON text (bytes must be UTF-8)."""
+    raw_bytes = raw.encode("utf-8", "surrogatepass") if isinstance(raw, str) else raw
+    if isinstance(raw, bytes):
+        try:
+            text = raw.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise DecodeError("invalid_utf8", str(exc), raw_bytes) from exc
+    else:
+        text = raw
+    try:
+        obj = json.loads(text)
+    except ValueError as exc:
+        raise DecodeError("invalid_json", str(exc), raw_bytes) from exc
+    return document_from_object(obj, fmt, raw_bytes)

@@ -1,0 +1,244 @@
+"""The core composed over an index: a batch of documents in, verdicts out, one commit.
+
+``decide(docs)`` reads the committed index (one batched read for replayed ids, exact-text
+digests and band buckets, one for candidate records) and decides the documents in order
+against everything before them *including earlier documents of the same batch*: pending
+writes live in an overlay that later documents of the batch read first. Nothing is
+written until ``commit(result, offsets)``, which hands all of the batch's records,
+counters and the input offsets to one atomic index write. Deciding the same batch again
+over the same committed index gives identical verdicts, which is what makes a replay
+after a crash emit identical events.
+
+Per document: a replayed id returns its stored verdict; empty normalised content is
+``unique`` with ``empty=True`` and never indexed; identical normalised text (exact digest)
+is a duplicate with similarity 1.0 of the first document with that text; otherwise the
+band buckets give candidates, ranked by shared bands, the first ``max_candidates`` are
+verified, and the best verified match at or above the threshold decides.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from stream_dedup.bands import band_hashes
+from stream_dedup.config import DedupConfig
+from stream_dedup.errors import IndexCorruptError
+from stream_dedup.hashing import U64
+from stream_dedup.index import keys
+from stream_dedup.index.records import (
+    DocRecord,
+    decode_doc,
+    decode_verdict,
+    encode_doc,
+    encode_verdict,
+)
+from stream_dedup.index.store import DedupIndex
+from stream_dedup.models import Document, Verdict, VerdictKind
+from stream_dedup.normalize import normalize
+from stream_dedup.shingles import shingle_batch
+from stream_dedup.signature import SIG_DTYPE, U32, estimate_jaccard, signatures
+from stream_dedup.verdict import Match, best_match, exact_jaccard
+
+
+@dataclass(slots=True)
+class BatchStats:
+    """Work done for one batch, for metrics and the offline summary."""
+
+    candidates: list[int] = field(default_factory=list)
+    verifications: list[int] = field(default_factory=list)
+    truncated_lookups: int = 0
+    bucket_evictions: int = 0
+    exact_hits: int = 0
+    replayed: int = 0
+
+
+@dataclass(slots=True)
+class BatchResult:
+    """Verdicts of a batch plus everything its commit will write."""
+
+    verdicts: list[Verdict]
+    puts: dict[bytes, bytes]
+    counter_deltas: dict[str, int]
+    stats: BatchStats
+
+
+def content_digest(normalised: str) -> bytes:
+    """16-byte digest of normalised text for the exact-duplicate fast path."""
+    return hashlib.blake2b(normalised.encode("utf-8", "surrogatepass"), digest_size=16).digest()
+
+
+class Deduplicator:
+    """Decides batches of documents against one :class:`DedupIndex`."""
+
+    def __init__(self, index: DedupIndex, config: DedupConfig) -> None:
+        self.index = index
+        self.config = config
+        self.plan = config.band_plan()
+        self._exact = config.verify == "exact"
+        self._bucket_bytes = 8 * config.max_bucket_size
+
+    def process(
+        self, docs: Sequence[Document], offsets: Mapping[tuple[str, int], int] | None = None
+    ) -> BatchResult:
+        """``decide`` then ``commit``: the offline path."""
+        result = self.decide(docs)
+        self.commit(result, offsets)
+        return result
+
+    def commit(
+        self, result: BatchResult, offsets: Mapping[tuple[str, int], int] | None = None
+    ) -> None:
+        """Persist a decided batch (and the input offsets it covers) in one atomic write."""
+        self.index.commit(result.puts, result.counter_deltas, offsets)
+
+    def decide(self, docs: Sequence[Document]) -> BatchResult:
+        """Verdicts for ``docs`` in order; see the module docstring for the rules."""
+        cfg = self.config
+        norms = [normalize(d.content) for d in docs]
+        live = [i for i, t in enumerate(norms) if t]
+        sets = shingle_batch([norms[i] for i in live], cfg.shingle, cfg.seed)
+        sigs = signatures(sets, cfg.num_perm, cfg.seed)
+        bkeys = keys.bucket_keys(band_hashes(sigs, self.plan, cfg.seed))
+        nb = self.plan.bands
+        digests = {i: content_digest(norms[i]) for i in live}
+
+        vkeys = [keys.verdict_key(d.id) for d in docs]
+        xkeys = [keys.exact_key(digests[i]) for i in live]
+        read = self.index.read(vkeys + xkeys + bkeys)
+        db: dict[bytes, bytes | None] = dict(zip(vkeys + xkeys + bkeys, read, strict=True))
+
+        records = self._prefetch_records(db, xkeys, bkeys)
+        next_docnum = self.index.counter("indexed")
+        puts: dict[bytes, bytes] = {}
+        stats = BatchStats()
+        deltas = dict.fromkeys(("documents", "indexed", "duplicates", "empty"), 0)
+        verdicts: list[Verdict] = []
+        live_pos = {doc_index: pos for pos, doc_index in enumerate(live)}
+
+        def lookup(key: bytes) -> bytes | None:
+            if key in puts:
+                return puts[key]
+            return db.get(key)
+
+        for i, doc in enumerate(docs):
+            vkey = vkeys[i]
+            stored = lookup(vkey)
+            if stored is not None:
+                verdicts.append(decode_verdict(doc.id, stored))
+                stats.replayed += 1
+                stats.candidates.append(0)
+                stats.verifications.append(0)
+                continue
+            pos = live_pos.get(i)
+            if pos is None:
+                verdict = Verdict(doc.id, VerdictKind.UNIQUE, None, None, doc.id, empty=True)
+                deltas["empty"] += 1
+                stats.candidates.append(0)
+                stats.verifications.append(0)
+            else:
+                doc_keys = bkeys[pos * nb : (pos + 1) * nb]
+                xkey = keys.exact_key(digests[i])
+                match, n_cand, n_ver = self._match(
+                    sets[pos], sigs[pos], doc_keys, lookup(xkey), lookup, records, stats
+                )
+                stats.candidates.append(n_cand)
+                stats.verifications.append(n_ver)
+                if match is None:
+                    verdict = Verdict(doc.id, VerdictKind.UNIQUE, None, None, doc.id)
+                else:
+                    verdict = Verdict(
+                        doc.id,
+                        VerdictKind.DUPLICATE,
+                        match.doc_id,
+                        round(match.similarity, 6),
+                        match.cluster_id,
+                    )
+                    deltas["duplicates"] += 1
+                if cfg.index_policy == "all" or match is None:
+                    docnum = next_docnum
+                    next_docnum += 1
+                    deltas["indexed"] += 1
+                    payload = sets[pos].tobytes() if self._exact else sigs[pos].tobytes()
+                    dkey = keys.doc_key(docnum)
+                    puts[dkey] = encode_doc(doc.id, verdict.cluster_id, payload)
+                    records[docnum] = DocRecord(doc.id, verdict.cluster_id, payload)
+                    if lookup(xkey) is None:
+                        puts[xkey] = docnum.to_bytes(8, "little")
+                    member = docnum.to_bytes(8, "little")
+                    for bkey in doc_keys:
+                        old = lookup(bkey) or b""
+                        if len(old) >= self._bucket_bytes:
+                            old = old[len(old) - self._bucket_bytes + 8 :]
+                            stats.bucket_evictions += 1
+                        puts[bkey] = old + member
+            deltas["documents"] += 1
+            puts[vkey] = encode_verdict(verdict)
+            verdicts.append(verdict)
+        return BatchResult(verdicts, puts, deltas, stats)
+
+    def _prefetch_records(
+        self, db: dict[bytes, bytes | None], xkeys: list[bytes], bkeys: list[bytes]
+    ) -> dict[int, DocRecord]:
+        """Fetch, in one read, the records of every committed document a bucket names."""
+        wanted: set[int] = set()
+        for key in xkeys:
+            raw = db[key]
+            if raw is not None:
+                wanted.add(int.from_bytes(raw, "little"))
+        members = [np.frombuffer(v, dtype="<u8") for k in bkeys if (v := db[k]) is not None]
+        if members:
+            wanted.update(np.unique(np.concatenate(members)).tolist())
+        return self._fetch_records(sorted(wanted))
+
+    def _fetch_records(self, docnums: list[int]) -> dict[int, DocRecord]:
+        raw = self.index.read([keys.doc_key(n) for n in docnums])
+        out: dict[int, DocRecord] = {}
+        for n, value in zip(docnums, raw, strict=True):
+            if value is None:
+                raise IndexCorruptError(f"bucket names document {n}, which has no record")
+            out[n] = decode_doc(value)
+        return out
+
+    def _match(
+        self,
+        shingles: U64,
+        sig: U32,
+        doc_keys: list[bytes],
+        exact_hit: bytes | None,
+        lookup: Callable[[bytes], bytes | None],
+        records: dict[int, DocRecord],
+        stats: BatchStats,
+    ) -> tuple[Match | None, int, int]:
+        """Best verified earlier match of one document, candidates seen, verifications."""
+        if exact_hit is not None:
+            n = int.from_bytes(exact_hit, "little")
+            rec = records.get(n) or self._fetch_records([n])[n]
+            stats.exact_hits += 1
+            return Match(n, rec.doc_id, rec.cluster_id, 1.0), 1, 0
+        hits = [np.frombuffer(v, dtype="<u8") for k in doc_keys if (v := lookup(k))]
+        if not hits:
+            return None, 0, 0
+        members, counts = np.unique(np.concatenate(hits), return_counts=True)
+        n_cand = int(members.size)
+        if n_cand > self.config.max_candidates:
+            stats.truncated_lookups += 1
+            order = np.lexsort((members, -counts))[: self.config.max_candidates]
+            members = members[order]
+        chosen = members.tolist()
+        missing = [n for n in chosen if n not in records]
+        if missing:
+            records.update(self._fetch_records(missing))
+        matches = []
+        for n in chosen:
+            rec = records[n]
+            if self._exact:
+                other = np.frombuffer(rec.payload, dtype="<u8")
+                sim = exact_jaccard(shingles, other)
+            else:
+                sim = estimate_jaccard(sig, np.frombuffer(rec.payload, dtype=SIG_DTYPE))
+            matches.append(Match(n, rec.doc_id, rec.cluster_id, sim))
+        return best_match(matches, self.config.threshold), n_cand, len(chosen)

@@ -1,0 +1,100 @@
+"""The one exception tree of stream-dedup.
+
+Every error the package raises on purpose derives from :class:`StreamDedupError`, so a
+caller can catch one type. Each carries the context an operator needs to act::
+
+    StreamDedupError
+    ├── ConfigError            a bad setting (names the key)
+    ├── DecodeError            one input record cannot become a Document (keeps the raw input)
+    ├── IndexStoreError        base for problems with the on-disk index
+    │   ├── IndexMismatchError the index on disk was built with other parameters
+    │   ├── IndexLockedError   another process already writes this index
+    │   └── IndexCorruptError  stored bytes do not parse
+    └── InputError             an input file cannot be read
+"""
+
+from __future__ import annotations
+
+
+class StreamDedupError(Exception):
+    """Root of every error stream-dedup raises on purpose."""
+
+
+class ConfigError(StreamDedupError):
+    """A configuration value is missing, unknown or of the wrong type."""
+
+    def __init__(self, key: str, problem: str) -> None:
+        super().__init__(f"configuration key {key!r}: {problem}")
+        self.key = key
+        self.problem = problem
+
+
+class DecodeError(StreamDedupError):
+    """One input record cannot be turned into a document.
+
+    ``reason`` is a short, stable, machine-readable code (used as a metric label and a
+    dead-letter header); ``detail`` is the human explanation. ``raw`` keeps the original
+    bytes so nothing is lost when the record is dead-lettered or reported.
+    """
+
+    REASONS = (
+        "invalid_json",
+        "not_an_object",
+        "missing_id",
+        "invalid_id",
+        "missing_content",
+        "invalid_content",
+        "invalid_utf8",
+        "too_large",
+        "processing_error",
+    )
+
+    def __init__(self, reason: str, detail: str, raw: bytes | None = None) -> None:
+        if reason not in self.REASONS:
+            raise ValueError(f"unknown decode reason {reason!r}")
+        super().__init__(f"{reason}: {detail}")
+        self.reason = reason
+        self.detail = detail
+        self.raw = raw
+
+
+class IndexStoreError(StreamDedupError):
+    """Base for problems with the on-disk index."""
+
+
+class IndexMismatchError(IndexStoreError):
+    """The index was built with parameters other than the ones asked for."""
+
+    def __init__(self, path: str, differences: dict[str, tuple[object, object]]) -> None:
+        lines = ", ".join(
+            f"{key}: index has {stored!r}, asked for {wanted!r}"
+            for key, (stored, wanted) in sorted(differences.items())
+        )
+        super().__init__(
+            f"index at {path} was built with other parameters ({lines}). "
+            "Signatures and band keys depend on them, so the index cannot be reused: either "
+            "run with the index's parameters (see `stream-dedup stats --index DIR`), or build a "
+            "new index in an empty directory (re-index from the source)."
+        )
+        self.path = path
+        self.differences = differences
+
+
+class IndexLockedError(IndexStoreError):
+    """Another process holds the index's write lock (one index, one writer)."""
+
+    def __init__(self, path: str, detail: str) -> None:
+        super().__init__(
+            f"index at {path} is already open by another process ({detail}). An index has "
+            "exactly one writer: stop the other stream-dedup process or point this one at a "
+            "different --index directory."
+        )
+        self.path = path
+
+
+class IndexCorruptError(IndexStoreError):
+    """Stored bytes in the index could not be parsed."""
+
+
+class InputError(StreamDedupError):
+    """An input file or stream cannot be read."""

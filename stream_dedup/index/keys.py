@@ -1,0 +1,67 @@
+"""Byte layout of the index's keys. One prefix byte per kind of record::
+
+    M                                   -> IndexParams JSON (format version and parameters)
+    C <name>                            -> counter, uint64 little-endian
+    b <band: u16 BE> <band hash: u64 BE> -> bucket: docnums, uint64 little-endian, oldest first
+    d <docnum: u64 BE>                  -> document record (see records.py)
+    v <id, UTF-8>                       -> verdict record of a decided id (replay)
+    x <16-byte digest of normalised text> -> docnum of the first document with that text
+    o <topic, UTF-8> 0x00 <partition: u32 BE> -> next input offset to consume, uint64 LE
+
+Docnums are dense internal numbers in arrival order, so "earliest" is "smallest docnum"
+and a bucket stays eight bytes per member.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from stream_dedup.hashing import U64
+
+META = b"M"
+COUNTER = b"C"
+BUCKET = b"b"
+DOC = b"d"
+VERDICT = b"v"
+EXACT = b"x"
+OFFSET = b"o"
+
+_BAND_DTYPE = np.dtype([("p", "S1"), ("band", ">u2"), ("h", ">u8")])
+
+
+def counter_key(name: str) -> bytes:
+    return COUNTER + name.encode()
+
+
+def bucket_keys(band_hashes: U64) -> list[bytes]:
+    """Keys for an ``(n_docs, bands)`` array of band hashes, row-major."""
+    n, bands = band_hashes.shape
+    packed = np.empty(n * bands, dtype=_BAND_DTYPE)
+    packed["p"] = BUCKET
+    packed["band"] = np.tile(np.arange(bands, dtype=np.uint16), n)
+    packed["h"] = band_hashes.reshape(-1)
+    raw = packed.tobytes()
+    size = _BAND_DTYPE.itemsize
+    return [raw[i : i + size] for i in range(0, len(raw), size)]
+
+
+def doc_key(docnum: int) -> bytes:
+    return DOC + docnum.to_bytes(8, "big")
+
+
+def verdict_key(doc_id: str) -> bytes:
+    return VERDICT + doc_id.encode("utf-8", "surrogatepass")
+
+
+def exact_key(digest: bytes) -> bytes:
+    return EXACT + digest
+
+
+def offset_key(topic: str, partition: int) -> bytes:
+    return OFFSET + topic.encode() + b"\x00" + partition.to_bytes(4, "big")
+
+
+def parse_offset_key(key: bytes) -> tuple[str, int]:
+    body = key[len(OFFSET) :]
+    topic, _, part = body.rpartition(b"\x00")
+    return topic.decode(), int.from_bytes(part, "big")

@@ -1,0 +1,38 @@
+"""An in-memory backend: for tests, tuning runs and offline runs without ``--index``."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping, Sequence
+
+
+class MemoryBackend:
+    """A dict with the :class:`~stream_dedup.index.backend.Backend` contract."""
+
+    def __init__(self) -> None:
+        self._data: dict[bytes, bytes] = {}
+        self._bytes = 0
+
+    @property
+    def location(self) -> str:
+        return ":memory:"
+
+    def get_many(self, keys: Sequence[bytes]) -> list[bytes | None]:
+        get = self._data.get
+        return [get(k) for k in keys]
+
+    def write(self, puts: Mapping[bytes, bytes]) -> None:
+        for key, value in puts.items():
+            old = self._data.get(key)
+            self._bytes += len(value) - (len(old) + len(key) if old is not None else -len(key))
+            self._data[key] = value
+
+    def scan_prefix(self, prefix: bytes) -> Iterator[tuple[bytes, bytes]]:
+        for key in sorted(k for k in self._data if k.startswith(prefix)):
+            yield key, self._data[key]
+
+    def size_bytes(self) -> int:
+        return self._bytes
+
+    def close(self) -> None:
+        self._data.clear()
+        self._bytes = 0

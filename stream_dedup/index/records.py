@@ -1,0 +1,70 @@
+"""Value encodings of document and verdict records.
+
+Document record (``d`` keys)::
+
+    u16 LE id length | id UTF-8 | u16 LE cluster length | cluster id UTF-8 | payload
+
+The payload is what verification compares: the sorted distinct shingle hashes as uint64
+LE (``verify = "exact"``, 8 bytes per distinct shingle) or the signature as uint32 LE
+(``verify = "signature"``, 4 x num_perm bytes).
+
+Verdict record (``v`` keys): compact JSON ``{"k": "u"|"d", "of", "s", "c", "e"}`` so a
+replayed id returns exactly what was emitted the first time.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+from stream_dedup.errors import IndexCorruptError
+from stream_dedup.models import Verdict, VerdictKind
+
+
+@dataclass(frozen=True, slots=True)
+class DocRecord:
+    """An indexed document as a later document's candidate sees it."""
+
+    doc_id: str
+    cluster_id: str
+    payload: bytes
+
+
+def encode_doc(doc_id: str, cluster_id: str, payload: bytes) -> bytes:
+    i = doc_id.encode("utf-8", "surrogatepass")
+    c = cluster_id.encode("utf-8", "surrogatepass")
+    return b"".join((len(i).to_bytes(2, "little"), i, len(c).to_bytes(2, "little"), c, payload))
+
+
+def decode_doc(raw: bytes) -> DocRecord:
+    try:
+        n = int.from_bytes(raw[0:2], "little")
+        doc_id = raw[2 : 2 + n].decode("utf-8", "surrogatepass")
+        pos = 2 + n
+        m = int.from_bytes(raw[pos : pos + 2], "little")
+        cluster = raw[pos + 2 : pos + 2 + m].decode("utf-8", "surrogatepass")
+        return DocRecord(doc_id, cluster, raw[pos + 2 + m :])
+    except (UnicodeDecodeError, ValueError) as exc:
+        raise IndexCorruptError(f"document record does not parse: {exc}") from exc
+
+
+def encode_verdict(v: Verdict) -> bytes:
+    body = {
+        "k": "d" if v.is_duplicate else "u",
+        "of": v.duplicate_of,
+        "s": v.similarity,
+        "c": v.cluster_id,
+        "e": v.empty,
+    }
+    return json.dumps(body, separators=(",", ":")).encode()
+
+
+def decode_verdict(doc_id: str, raw: bytes) -> Verdict:
+    try:
+        body = json.loads(raw)
+        kind = VerdictKind.DUPLICATE if body["k"] == "d" else VerdictKind.UNIQUE
+        return Verdict(
+            doc_id, kind, body["of"], body["s"], body["c"], empty=bool(body["e"]), replayed=True
+        )
+    except (ValueError, KeyError, TypeError) as exc:
+        raise IndexCorruptError(f"verdict record of {doc_id!r} does not parse: {exc}") from exc

@@ -1,0 +1,133 @@
+"""The typed index over a backend: parameters, counters, offsets, atomic commits.
+
+The deduplicator reads through :meth:`DedupIndex.read` and hands every change of a batch to
+:meth:`DedupIndex.commit`, which writes index updates, counters and the processed input
+offsets in one atomic backend write. That single write is what lets the service resume
+exactly where it stopped.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from stream_dedup.errors import IndexMismatchError, IndexStoreError
+from stream_dedup.index import keys
+from stream_dedup.index.backend import Backend
+from stream_dedup.index.memory import MemoryBackend
+from stream_dedup.index.params import IndexParams
+from stream_dedup.index.rocks import RocksBackend
+
+#: Counters kept in the index, updated in the same write as the records they count.
+COUNTERS = ("documents", "indexed", "duplicates", "empty")
+
+
+@dataclass(frozen=True, slots=True)
+class IndexStats:
+    """What ``stream-dedup stats`` prints."""
+
+    location: str
+    params: IndexParams
+    documents: int
+    indexed: int
+    duplicates: int
+    empty: int
+    size_bytes: int
+
+
+class DedupIndex:
+    """One open index. Not thread-safe; one process writes an index (RocksDB's lock)."""
+
+    def __init__(self, backend: Backend, params: IndexParams | None) -> None:
+        self._backend = backend
+        stored_raw = backend.get_many([keys.META])[0]
+        if stored_raw is None:
+            if params is None:
+                backend.close()
+                raise IndexStoreError(
+                    f"{backend.location} is not a stream-dedup index (no metadata); "
+                    "create one with `stream-dedup dedup --index DIR`"
+                )
+            backend.write({keys.META: params.to_bytes()})
+            self._params = params
+        else:
+            stored = IndexParams.from_bytes(stored_raw)
+            if params is not None and stored != params:
+                backend.close()
+                raise IndexMismatchError(backend.location, stored.differences(params))
+            self._params = stored
+        raw = backend.get_many([keys.counter_key(c) for c in COUNTERS])
+        self._counters = {
+            name: int.from_bytes(v, "little") if v else 0
+            for name, v in zip(COUNTERS, raw, strict=True)
+        }
+
+    @property
+    def params(self) -> IndexParams:
+        return self._params
+
+    @property
+    def location(self) -> str:
+        return self._backend.location
+
+    def counter(self, name: str) -> int:
+        """A committed counter (see :data:`COUNTERS`)."""
+        return self._counters[name]
+
+    def read(self, keys_: Sequence[bytes]) -> list[bytes | None]:
+        """One batched read of committed values."""
+        return self._backend.get_many(keys_)
+
+    def commit(
+        self,
+        puts: Mapping[bytes, bytes],
+        counter_deltas: Mapping[str, int],
+        offsets: Mapping[tuple[str, int], int] | None = None,
+    ) -> None:
+        """Write a batch's records, counters and next input offsets atomically."""
+        batch = dict(puts)
+        new_counters = dict(self._counters)
+        for name, delta in counter_deltas.items():
+            new_counters[name] += delta
+            batch[keys.counter_key(name)] = new_counters[name].to_bytes(8, "little")
+        for (topic, partition), offset in (offsets or {}).items():
+            batch[keys.offset_key(topic, partition)] = offset.to_bytes(8, "little")
+        self._backend.write(batch)
+        self._counters = new_counters
+
+    def offsets(self) -> dict[tuple[str, int], int]:
+        """The next offset to consume per (topic, partition), as last committed."""
+        return {
+            keys.parse_offset_key(k): int.from_bytes(v, "little")
+            for k, v in self._backend.scan_prefix(keys.OFFSET)
+        }
+
+    def size_bytes(self) -> int:
+        return self._backend.size_bytes()
+
+    def stats(self) -> IndexStats:
+        c = self._counters
+        return IndexStats(
+            location=self.location,
+            params=self._params,
+            documents=c["documents"],
+            indexed=c["indexed"],
+            duplicates=c["duplicates"],
+            empty=c["empty"],
+            size_bytes=self.size_bytes(),
+        )
+
+    def close(self) -> None:
+        self._backend.close()
+
+
+def open_index(
+    path: str | Path | None, params: IndexParams | None, *, sync: bool = False
+) -> DedupIndex:
+    """Open (or create) the index at ``path``; ``None`` means a fresh in-memory index.
+
+    With ``params=None`` an existing index is opened with whatever parameters it stores.
+    """
+    backend: Backend = MemoryBackend() if path is None else RocksBackend(path, sync=sync)
+    return DedupIndex(backend, params)

@@ -1,0 +1,60 @@
+"""Plain data passed between the layers: documents in, verdicts out."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Any
+
+
+class VerdictKind(StrEnum):
+    """What the detector decided about one document."""
+
+    UNIQUE = "unique"
+    DUPLICATE = "duplicate"
+
+
+@dataclass(frozen=True, slots=True)
+class Document:
+    """One document of the stream: a stable id and the text to compare.
+
+    ``payload`` optionally carries the original record so the service can pass it through.
+    """
+
+    id: str
+    content: str
+    payload: Any = None
+
+
+@dataclass(frozen=True, slots=True)
+class Verdict:
+    """The decision for one document.
+
+    ``cluster_id`` is the id of the first document of the duplicate cluster (a unique
+    document is its own cluster). ``empty`` marks content that normalised to nothing: such a
+    document is ``unique``, never enters the index and never matches anything.
+    ``replayed`` is True when the id had been decided before and the stored verdict was
+    returned unchanged.
+    """
+
+    id: str
+    verdict: VerdictKind
+    duplicate_of: str | None
+    similarity: float | None
+    cluster_id: str
+    empty: bool = False
+    replayed: bool = False
+
+    @property
+    def is_duplicate(self) -> bool:
+        return self.verdict is VerdictKind.DUPLICATE
+
+    def to_json(self) -> dict[str, Any]:
+        """The event fields shared by the offline output and the Kafka events."""
+        return {
+            "id": self.id,
+            "verdict": self.verdict.value,
+            "duplicate_of": self.duplicate_of,
+            "similarity": self.similarity,
+            "cluster_id": self.cluster_id,
+        }
