@@ -18,6 +18,7 @@ from stream_dedup.batch import MalformedLineError, run_offline
 from stream_dedup.config import DedupConfig, DocumentFormat
 from stream_dedup.dedup import Deduplicator
 from stream_dedup.errors import ConfigError, IndexStoreError, StreamDedupError
+from stream_dedup.generate import StreamSpec, write_jsonl
 from stream_dedup.index import open_index
 from stream_dedup.index.rocks import RocksBackend
 from stream_dedup.index.store import DedupIndex
@@ -185,6 +186,17 @@ def cmd_stats(args: argparse.Namespace, out: IO[str], err: IO[str]) -> int:
     return 0
 
 
+def cmd_generate(args: argparse.Namespace, out: IO[str], err: IO[str]) -> int:
+    spec = StreamSpec(documents=args.documents, rerun_rate=args.rerun_rate, seed=args.seed)
+    if args.output == "-":
+        count = write_jsonl(spec, out)
+    else:
+        with Path(args.output).open("w", encoding="utf-8") as target:
+            count = write_jsonl(spec, target)
+    print(f"wrote {count} records", file=err)
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="stream-dedup",
@@ -240,6 +252,19 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--index", required=True, help="RocksDB index directory")
     p.set_defaults(func=cmd_stats)
+
+    p = sub.add_parser(
+        "generate",
+        help="write a synthetic wire-story stream (originals and re-runs) as JSON Lines",
+        description="Write a deterministic synthetic news stream: original stories and "
+        "publisher re-runs with mastheads, footers, updates, trims, re-wrapping, HTML "
+        "entities and typos. Fields: id, title, text, publisher, story, kind.",
+    )
+    p.add_argument("-o", "--output", default="-", help="output file, or - (default)")
+    p.add_argument("-n", "--documents", type=int, default=3000, help="records (3000)")
+    p.add_argument("--rerun-rate", type=float, default=0.45, help="share of re-runs (0.45)")
+    p.add_argument("--seed", type=int, default=7, help="random seed (7)")
+    p.set_defaults(func=cmd_generate)
     return parser
 
 
