@@ -61,3 +61,44 @@ def document_from_json(raw: bytes | str, fmt: DocumentFormat) -> Document:
     except ValueError as exc:
         raise DecodeError("invalid_json", str(exc), raw_bytes) from exc
     return document_from_object(obj, fmt, raw_bytes)
+
+
+def record_id(key: bytes | None, topic: str, partition: int, offset: int) -> str:
+    """A plain-text message's id: its key as UTF-8, else ``topic-partition-offset``."""
+    if key:
+        try:
+            return key.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise DecodeError("invalid_id", f"message key is not UTF-8: {exc}", key) from exc
+    return f"{topic}-{partition}-{offset}"
+
+
+def document_from_record(
+    value: bytes | None,
+    key: bytes | None,
+    position: tuple[str, int, int],
+    fmt: DocumentFormat,
+    *,
+    text: bool = False,
+    max_bytes: int | None = None,
+) -> Document:
+    """A document from one stream record (a Kafka message's value and key).
+
+    ``position`` is (topic, partition, offset). JSON records go through
+    :func:`document_from_json`; with ``text=True`` the whole value is the content (UTF-8)
+    and the id comes from :func:`record_id`. A record over ``max_bytes`` is rejected as
+    ``too_large`` before any parsing, and a record without a value as ``missing_content``.
+    """
+    if value is None:
+        raise DecodeError("missing_content", "message has no value (tombstone)", value)
+    if max_bytes is not None and len(value) > max_bytes:
+        raise DecodeError(
+            "too_large", f"value is {len(value)} bytes, the maximum is {max_bytes}", value
+        )
+    if not text:
+        return document_from_json(value, fmt)
+    try:
+        content = value.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise DecodeError("invalid_utf8", str(exc), value) from exc
+    return Document(record_id(key, *position), content, content)

@@ -1,0 +1,179 @@
+"""Prometheus metrics of the service, on a registry the caller owns.
+
+:class:`Metrics` registers everything on the :class:`CollectorRegistry` it is given (tests
+pass their own and read values with ``registry.get_sample_value``). Names follow
+Prometheus practice: prefix ``stream_dedup_``, counters end in ``_total``, base units
+(seconds, bytes). Labels are bounded and created up front at zero so that dashboards and
+alerts see a series before the first event. Values that are only known at scrape time
+(index size, consumer lag) come from a custom collector instead of being pushed from the
+hot loop.
+
+==============================================  =========  =================================
+name                                            type       meaning
+==============================================  =========  =================================
+stream_dedup_messages_consumed_total            counter    input messages taken from Kafka
+stream_dedup_verdicts_total{verdict}            counter    events emitted, unique/duplicate
+stream_dedup_dead_letters_total{reason}         counter    messages sent to the DLQ
+stream_dedup_replayed_documents_total           counter    ids decided before (stored verdict)
+stream_dedup_truncated_lookups_total            counter    lookups cut at max_candidates
+stream_dedup_batch_duration_seconds             histogram  decide + checkpoint of one batch
+stream_dedup_document_latency_seconds           histogram  consumed -> checkpointed, per doc
+stream_dedup_batch_size_messages                histogram  messages per batch
+stream_dedup_candidates_per_document            histogram  band candidates per document
+stream_dedup_verifications_per_document         histogram  candidates verified per document
+stream_dedup_commits_total                      counter    completed checkpoints
+stream_dedup_commit_duration_seconds            histogram  one checkpoint (flush, index, kafka)
+stream_dedup_kafka_commit_failures_total        counter    offset commits Kafka refused
+stream_dedup_rebalances_total{kind}             counter    partition assign / revoke
+stream_dedup_assigned_partitions                gauge      partitions held now
+stream_dedup_index_documents                    gauge      documents decided in the index
+stream_dedup_index_size_bytes                   gauge      index size on disk
+stream_dedup_consumer_lag_messages{topic,part.}  gauge      lag from librdkafka statistics
+==============================================  =========  =================================
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Callable, Iterator, Sequence
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from stream_dedup.errors import DecodeError
+from stream_dedup.models import VerdictKind
+
+PREFIX = "stream_dedup"
+
+_LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+_COUNT_BUCKETS = (0, 1, 2, 5, 10, 20, 50, 100, 200, 500, 1000)
+_BATCH_BUCKETS = (1, 10, 50, 100, 500, 1000, 2000, 5000, 10000)
+
+
+class _ScrapeCollector(Collector):
+    """Index size and consumer lag, read when Prometheus scrapes."""
+
+    def __init__(self, metrics: Metrics) -> None:
+        self._m = metrics
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        docs = GaugeMetricFamily(
+            f"{PREFIX}_index_documents", "Documents decided and recorded in the index."
+        )
+        size = GaugeMetricFamily(f"{PREFIX}_index_size_bytes", "Index size on disk, in bytes.")
+        source = self._m.index_source
+        if source is not None:
+            n_docs, n_bytes = source()
+            docs.add_metric([], n_docs)
+            size.add_metric([], n_bytes)
+        yield docs
+        yield size
+        lag = GaugeMetricFamily(
+            f"{PREFIX}_consumer_lag_messages",
+            "Messages behind the partition end, from librdkafka statistics.",
+            labels=["topic", "partition"],
+        )
+        for (topic, partition), value in sorted(self._m.lag().items()):
+            lag.add_metric([topic, str(partition)], value)
+        yield lag
+
+
+class Metrics:
+    """Every metric of the service, registered on ``registry``."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.registry = registry
+        self.index_source: Callable[[], tuple[int, int]] | None = None
+        self._lag: dict[tuple[str, int], int] = {}
+        self._lag_lock = threading.Lock()
+        p = PREFIX
+        r = registry
+        self.consumed = Counter(f"{p}_messages_consumed", "Input messages consumed.", registry=r)
+        self.verdicts = Counter(
+            f"{p}_verdicts", "Events emitted, by verdict.", ["verdict"], registry=r
+        )
+        for kind in VerdictKind:
+            self.verdicts.labels(kind.value)
+        self.dead_letters = Counter(
+            f"{p}_dead_letters", "Messages sent to the dead-letter topic.", ["reason"], registry=r
+        )
+        for reason in DecodeError.REASONS:
+            self.dead_letters.labels(reason)
+        self.replayed = Counter(
+            f"{p}_replayed_documents", "Documents whose id was already decided.", registry=r
+        )
+        self.truncated = Counter(
+            f"{p}_truncated_lookups", "Lookups cut at max_candidates.", registry=r
+        )
+        self.batch_duration = Histogram(
+            f"{p}_batch_duration_seconds",
+            "Decide and checkpoint of one batch.",
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.document_latency = Histogram(
+            f"{p}_document_latency_seconds",
+            "From a message being consumed to its batch being checkpointed.",
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.batch_size = Histogram(
+            f"{p}_batch_size_messages", "Messages per batch.", buckets=_BATCH_BUCKETS, registry=r
+        )
+        self.candidates = Histogram(
+            f"{p}_candidates_per_document",
+            "Band candidates found per document.",
+            buckets=_COUNT_BUCKETS,
+            registry=r,
+        )
+        self.verifications = Histogram(
+            f"{p}_verifications_per_document",
+            "Candidates verified per document.",
+            buckets=_COUNT_BUCKETS,
+            registry=r,
+        )
+        self.commits = Counter(f"{p}_commits", "Completed checkpoints.", registry=r)
+        self.commit_duration = Histogram(
+            f"{p}_commit_duration_seconds",
+            "One checkpoint: flush and confirm, index write, Kafka offset commit.",
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.kafka_commit_failures = Counter(
+            f"{p}_kafka_commit_failures", "Offset commits that Kafka refused.", registry=r
+        )
+        self.rebalances = Counter(
+            f"{p}_rebalances", "Partition assignments and revocations.", ["kind"], registry=r
+        )
+        for kind in ("assign", "revoke", "lost"):
+            self.rebalances.labels(kind)
+        self.assigned = Gauge(f"{p}_assigned_partitions", "Partitions held now.", registry=r)
+        r.register(_ScrapeCollector(self))
+
+    def observe_work(self, candidates: Sequence[int], verifications: Sequence[int]) -> None:
+        """Per-document candidate and verification counts of one batch."""
+        for c in candidates:
+            self.candidates.observe(c)
+        for v in verifications:
+            self.verifications.observe(v)
+
+    def on_statistics(self, raw: str) -> None:
+        """librdkafka ``stats_cb``: keep the consumer lag of every partition we consume."""
+        try:
+            stats = json.loads(raw)
+        except ValueError:
+            return
+        lag: dict[tuple[str, int], int] = {}
+        for topic, tstats in (stats.get("topics") or {}).items():
+            for pid, pstats in (tstats.get("partitions") or {}).items():
+                value = pstats.get("consumer_lag", -1)
+                if int(pid) >= 0 and value is not None and value >= 0:
+                    lag[(topic, int(pid))] = int(value)
+        with self._lag_lock:
+            self._lag = lag
+
+    def lag(self) -> dict[tuple[str, int], int]:
+        with self._lag_lock:
+            return dict(self._lag)
