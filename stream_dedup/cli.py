@@ -13,6 +13,7 @@ from contextlib import ExitStack
 from pathlib import Path
 from typing import IO, Any
 
+from stream_dedup import cli_ops
 from stream_dedup.bands import datasketch_choice
 from stream_dedup.batch import MalformedLineError, run_offline
 from stream_dedup.config import DedupConfig, DocumentFormat
@@ -265,6 +266,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--rerun-rate", type=float, default=0.45, help="share of re-runs (0.45)")
     p.add_argument("--seed", type=int, default=7, help="random seed (7)")
     p.set_defaults(func=cmd_generate)
+
+    cli_ops.register(sub)
     return parser
 
 

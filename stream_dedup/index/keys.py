@@ -63,5 +63,4 @@ def offset_key(topic: str, partition: int) -> bytes:
 
 def parse_offset_key(key: bytes) -> tuple[str, int]:
     body = key[len(OFFSET) :]
-    topic, _, part = body.rpartition(b"\x00")
-    return topic.decode(), int.from_bytes(part, "big")
+    return body[:-5].decode(), int.from_bytes(body[-4:], "big")

@@ -75,6 +75,11 @@ class RocksBackend:
         wal = sum(p.stat().st_size for p in Path(self._path).glob("*.log"))
         return total + wal
 
+    @property
+    def db(self) -> Rdict:
+        """The underlying rocksdict handle (for checkpoints)."""
+        return self._db
+
     def flush(self) -> None:
         """Flush memtables to SST files (for snapshots and size reports)."""
         self._db.flush()
