@@ -50,7 +50,8 @@ class ShingleSpec:
 
 
 def _units_char(texts: Sequence[str]) -> tuple[U64, npt.NDArray[np.int64]]:
-    joined = "".join(texts).encode("utf-32-le")
+    # surrogatepass: JSON input may carry lone surrogates ("\ud800"); they are code points too.
+    joined = "".join(texts).encode("utf-32-le", "surrogatepass")
     units = np.frombuffer(joined, dtype="<u4").astype(np.uint64)
     units += np.uint64(1)
     return units, np.fromiter((len(t) for t in texts), dtype=np.int64, count=len(texts))
@@ -59,8 +60,13 @@ def _units_char(texts: Sequence[str]) -> tuple[U64, npt.NDArray[np.int64]]:
 def _units_word(texts: Sequence[str], seed: int) -> tuple[U64, npt.NDArray[np.int64]]:
     words = [t.split(" ") if t else [] for t in texts]
     flat = [w for ws in words for w in ws]
+    # Hash UTF-8 bytes (what mmh3 hashes for a str anyway): mmh3 crashes the interpreter on a
+    # str holding a lone surrogate, which JSON input can carry.
     hashed = np.fromiter(
-        (mmh3.hash64(w, seed & 0xFFFFFFFF, signed=False)[0] | 1 for w in flat),
+        (
+            mmh3.hash64(w.encode("utf-8", "surrogatepass"), seed & 0xFFFFFFFF, signed=False)[0] | 1
+            for w in flat
+        ),
         dtype=np.uint64,
         count=len(flat),
     )
