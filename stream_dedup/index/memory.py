@@ -23,7 +23,8 @@ class MemoryBackend:
     def write(self, puts: Mapping[bytes, bytes]) -> None:
         for key, value in puts.items():
             old = self._data.get(key)
-            self._bytes += len(value) - (len(old) + len(key) if old is not None else -len(key))
+            # A new key adds key + value; an overwrite only swaps the value's bytes.
+            self._bytes += len(value) - len(old) if old is not None else len(key) + len(value)
             self._data[key] = value
 
     def scan_prefix(self, prefix: bytes) -> Iterator[tuple[bytes, bytes]]:
