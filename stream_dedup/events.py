@@ -31,7 +31,7 @@ from typing import Any
 
 from stream_dedup.models import Verdict
 
-Headers = list[tuple[str, bytes]]
+Headers = list[tuple[str, str | bytes | None]]
 
 #: ``unique`` or ``duplicate``.
 HEADER_VERDICT = "stream-dedup.verdict"
@@ -102,7 +102,9 @@ def event(
     return OutRecord(topic, verdict.id.encode("utf-8", "surrogatepass"), _dumps(body), headers)
 
 
-def dead_letter(source: Source, topic: str, reason: str, error: BaseException, stage: str) -> OutRecord:
+def dead_letter(
+    source: Source, topic: str, reason: str, error: BaseException, stage: str
+) -> OutRecord:
     """The original message for the dead-letter topic, with the why in its headers.
 
     Headers added after the original ones: ``__connect.errors.reason`` (a stable code:

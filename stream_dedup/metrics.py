@@ -147,8 +147,8 @@ class Metrics:
         self.rebalances = Counter(
             f"{p}_rebalances", "Partition assignments and revocations.", ["kind"], registry=r
         )
-        for kind in ("assign", "revoke", "lost"):
-            self.rebalances.labels(kind)
+        for change in ("assign", "revoke", "lost"):
+            self.rebalances.labels(change)
         self.assigned = Gauge(f"{p}_assigned_partitions", "Partitions held now.", registry=r)
         r.register(_ScrapeCollector(self))
 

@@ -90,7 +90,9 @@ class DetectionConfig:
 
     def dedup_config(self) -> DedupConfig:
         if self.shingle_kind not in ("char", "word"):
-            raise ConfigError("dedup.shingle_kind", f"must be 'char' or 'word': {self.shingle_kind}")
+            raise ConfigError(
+                "dedup.shingle_kind", f"must be 'char' or 'word': {self.shingle_kind}"
+            )
         return DedupConfig(
             threshold=self.threshold,
             num_perm=self.num_perm,
@@ -252,7 +254,9 @@ def _build_section(name: str, values: Mapping[str, Any]) -> Any:
     kwargs: dict[str, Any] = {}
     for key, value in values.items():
         if key not in known:
-            raise ConfigError(f"{name}.{key}", f"unknown setting; known: {', '.join(sorted(known))}")
+            raise ConfigError(
+                f"{name}.{key}", f"unknown setting; known: {', '.join(sorted(known))}"
+            )
         kwargs[key] = _coerce(f"{name}.{key}", hints[key], value)
     return cls(**kwargs)
 
@@ -339,4 +343,3 @@ def load_config(
     layers.append(read_env(os.environ if environ is None else environ))
     layers.append(overrides or {})
     return build_config(layers)
-

@@ -1,0 +1,66 @@
+"""The service's one HTTP port: ``/metrics``, ``/healthz``, ``/readyz``.
+
+``/healthz`` answers 200 while the loop is alive (its last iteration is recent) and 503
+when it is stuck, so an orchestrator restarts it. ``/readyz`` answers 200 when partitions
+are assigned and the index is open. Both bodies are one short JSON object saying why.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Callable
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+
+#: A probe returns (ok, details for the body).
+Probe = Callable[[], tuple[bool, dict[str, object]]]
+
+
+class HttpEndpoints:
+    """A small threaded HTTP server on a daemon thread."""
+
+    def __init__(
+        self, host: str, port: int, registry: CollectorRegistry, health: Probe, ready: Probe
+    ) -> None:
+        routes: dict[str, Probe] = {"/healthz": health, "/readyz": ready}
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self) -> None:
+                path = self.path.split("?", 1)[0]
+                if path == "/metrics":
+                    body = generate_latest(registry)
+                    self._send(200, CONTENT_TYPE_LATEST, body)
+                elif path in routes:
+                    ok, details = routes[path]()
+                    payload = {"status": "ok" if ok else "unavailable", **details}
+                    self._send(200 if ok else 503, "application/json", json.dumps(payload).encode())
+                else:
+                    self._send(404, "text/plain", b"not found: try /metrics, /healthz, /readyz\n")
+
+            def _send(self, code: int, ctype: str, body: bytes) -> None:
+                self.send_response(code)
+                self.send_header("Content-Type", ctype)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, format: str, *args: object) -> None:
+                """Silence per-request access logs; scrapes would drown the service's logs."""
+
+        self._server = ThreadingHTTPServer((host, port), Handler)
+        self._server.daemon_threads = True
+        self._thread = threading.Thread(target=self._server.serve_forever, name="http", daemon=True)
+
+    @property
+    def port(self) -> int:
+        port: int = self._server.server_address[1]
+        return port
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._server.shutdown()
+        self._server.server_close()

@@ -1,0 +1,61 @@
+"""Structured logs: one line per event, JSON or key=value, on standard error.
+
+Call sites log a short message saying what happened and pass fields with
+``extra={"fields": {...}}``; the formatter adds time, level and logger. Messages about a
+problem also say what to do (``action=...``), because the reader is an operator.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+from typing import Any
+
+_RESERVED = {"ts", "level", "logger", "msg"}
+
+
+def _fields(record: logging.LogRecord) -> dict[str, Any]:
+    body: dict[str, Any] = {
+        "ts": round(record.created, 3),
+        "level": record.levelname.lower(),
+        "logger": record.name,
+        "msg": record.getMessage(),
+    }
+    extra = getattr(record, "fields", None)
+    if isinstance(extra, dict):
+        for key, value in extra.items():
+            body[key if key not in _RESERVED else f"field_{key}"] = value
+    if record.exc_info:
+        body["exception"] = logging.Formatter().formatException(record.exc_info)
+    return body
+
+
+class JsonFormatter(logging.Formatter):
+    """One JSON object per line."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        return json.dumps(_fields(record), default=str, ensure_ascii=False)
+
+
+class KeyValueFormatter(logging.Formatter):
+    """``key=value`` pairs, values quoted when they hold spaces or quotes."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        parts = []
+        for key, value in _fields(record).items():
+            text = str(value)
+            if not text or any(c in text for c in ' "=\n'):
+                text = json.dumps(text, ensure_ascii=False)
+            parts.append(f"{key}={text}")
+        return " ".join(parts)
+
+
+def setup_logging(level: str = "INFO", fmt: str = "json") -> None:
+    """Route the package's logs (and librdkafka's, via our loggers) to stderr."""
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(JsonFormatter() if fmt == "json" else KeyValueFormatter())
+    root = logging.getLogger("stream_dedup")
+    root.handlers[:] = [handler]
+    root.setLevel(level.upper())
+    root.propagate = False

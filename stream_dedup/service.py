@@ -1,0 +1,435 @@
+"""The service loop: consume a batch, decide it, checkpoint it; until told to stop.
+
+One instance consumes every partition of the input topics against one index: a
+near-duplicate may arrive on any partition, so splitting partitions across instances
+would split the index and miss duplicates. The index has exactly one writer (RocksDB's
+lock); a second process on the same directory stops at start-up with
+:class:`~stream_dedup.errors.IndexLockedError`. High availability is a restart policy plus
+a persistent volume for the index: a restarted instance resumes from the offsets stored
+in the index (see :mod:`stream_dedup.checkpoint`).
+
+A batch closes at ``batch.max_messages`` or ``batch.max_wait_ms`` after its first message.
+Bad input never stops the loop: a message that cannot be decoded, or whose processing
+raises, goes to the dead-letter topic and its offset is committed like any other.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import threading
+import time
+from collections.abc import Callable
+from types import FrameType
+
+from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
+from prometheus_client import CollectorRegistry
+
+from stream_dedup.checkpoint import Checkpoint, empty_result
+from stream_dedup.decode import document_from_record
+from stream_dedup.dedup import BatchResult, Deduplicator
+from stream_dedup.endpoints import HttpEndpoints
+from stream_dedup.errors import DecodeError
+from stream_dedup.events import OutRecord, Source, dead_letter, event
+from stream_dedup.index import DedupIndex, open_index
+from stream_dedup.kafka import (
+    BrokerWatch,
+    DeliveryAbandonedError,
+    EventProducer,
+    build_consumer,
+    raise_if_fatal,
+)
+from stream_dedup.metrics import Metrics
+from stream_dedup.models import Document
+from stream_dedup.service_config import ServiceConfig
+
+log = logging.getLogger("stream_dedup.service")
+
+DeduplicatorFactory = Callable[[DedupIndex, ServiceConfig], Deduplicator]
+
+
+def default_deduplicator(index: DedupIndex, config: ServiceConfig) -> Deduplicator:
+    return Deduplicator(index, config.dedup.dedup_config())
+
+
+def _source(msg: Message) -> Source:
+    """The position and contents of a consumed (error-free) message."""
+    topic, partition, offset = msg.topic(), msg.partition(), msg.offset()
+    assert topic is not None and partition is not None and offset is not None
+    ts_type, ts = msg.timestamp()
+    headers = msg.headers() or []
+    return Source(
+        topic,
+        partition,
+        offset,
+        ts if ts_type else None,
+        msg.key(),
+        msg.value(),
+        list(headers.items()) if isinstance(headers, dict) else list(headers),
+    )
+
+
+def _fields(**kw: object) -> dict[str, dict[str, object]]:
+    return {"fields": kw}
+
+
+class Service:
+    """``stream-dedup run``: construct, then :meth:`run` until :meth:`stop`.
+
+    The constructor opens the index (so a second instance fails before touching Kafka)
+    but no network connection; :meth:`run` starts the HTTP port and the Kafka clients.
+    """
+
+    def __init__(
+        self,
+        config: ServiceConfig,
+        registry: CollectorRegistry | None = None,
+        deduplicator: DeduplicatorFactory = default_deduplicator,
+    ) -> None:
+        self.config = config
+        self.registry = registry if registry is not None else CollectorRegistry()
+        self.metrics = Metrics(self.registry)
+        dedup_config = config.dedup.dedup_config()
+        self.index = open_index(
+            config.index.path, dedup_config.index_params(), sync=config.index.sync
+        )
+        self.dedup = deduplicator(self.index, config)
+        self.metrics.index_source = lambda: (
+            self.index.counter("documents"),
+            self.index.size_bytes(),
+        )
+        self._fmt = config.input.document_format()
+        strategy = config.kafka.get("partition.assignment.strategy", "")
+        self._cooperative = (
+            "cooperative" in strategy or config.kafka.get("group.protocol") == "consumer"
+        )
+        self._text = config.input.format == "text"
+        self._stop = threading.Event()
+        self._stop_requested_at: float | None = None
+        self._last_beat = time.monotonic()
+        self._assigned: set[tuple[str, int]] = set()
+        self._index_open = True
+        self._pending: list[Message] = []
+        self._received_at: dict[int, float] = {}
+        self.http: HttpEndpoints | None = None
+        self._consumer: Consumer | None = None
+        self._checkpoint: Checkpoint | None = None
+
+    # -- control -------------------------------------------------------------------------
+
+    def stop(self) -> None:
+        """Ask the loop to finish its batch, checkpoint and return (thread- and signal-safe)."""
+        if self._stop_requested_at is None:
+            self._stop_requested_at = time.monotonic()
+        self._stop.set()
+
+    def _keep_waiting(self) -> bool:
+        """While confirming deliveries: beat, and give up only when a stop is overdue."""
+        self._beat()
+        if self._stop_requested_at is None:
+            return True
+        budget = self.config.service.shutdown_timeout_s * 0.8
+        return time.monotonic() - self._stop_requested_at < budget
+
+    def _beat(self) -> None:
+        self._last_beat = time.monotonic()
+
+    def health(self) -> tuple[bool, dict[str, object]]:
+        age = time.monotonic() - self._last_beat
+        return age < self.config.http.health_max_age_s, {"last_loop_s": round(age, 3)}
+
+    def ready(self) -> tuple[bool, dict[str, object]]:
+        ok = bool(self._assigned) and self._index_open
+        return ok, {"partitions": len(self._assigned), "index_open": self._index_open}
+
+    def install_signal_handlers(self) -> None:
+        """SIGTERM and SIGINT request a graceful stop (only from the main thread)."""
+
+        def handler(signum: int, _frame: FrameType | None) -> None:
+            log.info("stop requested", extra=_fields(signal=signal.Signals(signum).name))
+            self.stop()
+            self._arm_watchdog()
+
+        signal.signal(signal.SIGTERM, handler)
+        signal.signal(signal.SIGINT, handler)
+
+    def _arm_watchdog(self) -> None:
+        """Bound the stop: if it takes longer than ``shutdown_timeout_s``, exit hard."""
+
+        def expire() -> None:
+            log.error(
+                "graceful stop overran its time; exiting without a final checkpoint",
+                extra=_fields(
+                    timeout_s=self.config.service.shutdown_timeout_s,
+                    action="none: the last batch is replayed at the next start",
+                ),
+            )
+            os._exit(1)
+
+        timer = threading.Timer(self.config.service.shutdown_timeout_s, expire)
+        timer.daemon = True
+        timer.start()
+
+    # -- the loop ------------------------------------------------------------------------
+
+    def run(self) -> int:
+        """Consume until stopped; returns the exit code (0 after a clean stop)."""
+        cfg = self.config
+        if cfg.http.enabled:
+            self.http = HttpEndpoints(
+                cfg.http.host, cfg.http.port, self.registry, self.health, self.ready
+            )
+            self.http.start()
+        consumer_watch = BrokerWatch("consumer")
+        producer = EventProducer(cfg.kafka, BrokerWatch("producer"))
+        consumer = build_consumer(cfg.kafka, consumer_watch, self.metrics.on_statistics)
+        self._consumer = consumer
+        self._checkpoint = Checkpoint(
+            producer, self.dedup, consumer, self.metrics, cfg.service, self._keep_waiting
+        )
+        consumer.subscribe(
+            list(cfg.input.topics),
+            on_assign=self._on_assign,
+            on_revoke=self._on_revoke,
+            on_lost=self._on_lost,
+        )
+        log.info(
+            "started",
+            extra=_fields(
+                topics=list(cfg.input.topics),
+                unique_topic=cfg.unique_topic,
+                duplicate_topic=cfg.duplicate_topic,
+                dlq_topic=cfg.dlq_topic,
+                index=self.index.location,
+                indexed_documents=self.index.counter("documents"),
+                http_port=self.http.port if self.http else None,
+            ),
+        )
+        code = 0
+        try:
+            while not self._stop.is_set():
+                self._beat()
+                if consumer_watch.fatal is not None:
+                    raise KafkaException(consumer_watch.fatal)
+                batch = self._collect(consumer)
+                if batch:
+                    consumer_watch.alive()
+                    self._process(batch)
+        except DeliveryAbandonedError as exc:
+            log.warning(
+                "stopped before the last batch was confirmed; it will be replayed",
+                extra=_fields(error=str(exc), action="none: replayed events are identical"),
+            )
+            self._pending = []
+            code = 1
+        finally:
+            self._shutdown(consumer, producer)
+        return code
+
+    def _shutdown(self, consumer: Consumer, producer: EventProducer) -> None:
+        self._stop.set()
+        try:
+            consumer.close()  # leaves the group; the revoke callback checkpoints leftovers
+        except (KafkaException, RuntimeError) as exc:
+            log.warning("consumer close failed", extra=_fields(error=str(exc)))
+        left = producer.close(5.0)
+        if left:
+            log.warning("records left undelivered at exit", extra=_fields(records=left))
+        self._assigned.clear()
+        self._index_open = False
+        self.index.close()
+        if self.http is not None:
+            self.http.stop()
+        log.info("stopped", extra=_fields(documents=self.index.counter("documents")))
+
+    def _collect(self, consumer: Consumer) -> list[Message]:
+        """Up to ``max_messages``, closing ``max_wait_ms`` after the first one arrives."""
+        limit = self.config.batch.max_messages
+        wait_s = self.config.batch.max_wait_ms / 1000.0
+        deadline: float | None = None
+        while len(self._pending) < limit and not self._stop.is_set():
+            now = time.monotonic()
+            timeout = 0.2 if deadline is None else max(0.0, deadline - now)
+            msgs = consumer.consume(limit - len(self._pending), timeout)
+            received = time.perf_counter()
+            for msg in msgs:
+                err = raise_if_fatal(msg)
+                if err is not None:
+                    if err.code() != KafkaError._PARTITION_EOF:
+                        log.warning("consume error", extra=_fields(error=err.str()))
+                    continue
+                self._pending.append(msg)
+                self._received_at[id(msg)] = received
+            if not self._pending:
+                return []
+            if deadline is None:
+                deadline = time.monotonic() + wait_s
+            if time.monotonic() >= deadline:
+                break
+        batch, self._pending = self._pending, []
+        return batch
+
+    def _process(self, batch: list[Message]) -> None:
+        """Decode, decide, build records, checkpoint: one batch."""
+        assert self._checkpoint is not None
+        started = time.perf_counter()
+        cfg = self.config
+        self.metrics.consumed.inc(len(batch))
+        self.metrics.batch_size.observe(len(batch))
+        offsets: dict[tuple[str, int], int] = {}
+        docs: list[Document] = []
+        doc_sources: list[Source] = []
+        dead: list[OutRecord] = []
+        for msg in batch:
+            source = _source(msg)
+            topic, partition, offset = source.topic, source.partition, source.offset
+            offsets[(topic, partition)] = max(offsets.get((topic, partition), 0), offset + 1)
+            try:
+                doc = document_from_record(
+                    source.value,
+                    source.key,
+                    (topic, partition, offset),
+                    self._fmt,
+                    text=self._text,
+                    max_bytes=cfg.input.max_message_bytes,
+                )
+            except DecodeError as exc:
+                dead.append(self._dead_letter(source, exc.reason, exc, "decode"))
+                continue
+            docs.append(doc)
+            doc_sources.append(source)
+        result, failed = self._decide(docs)
+        for i, error in failed:
+            dead.append(self._dead_letter(doc_sources[i], "processing_error", error, "process"))
+        failed_idx = {i for i, _ in failed}
+        kept = [
+            (d, s)
+            for i, (d, s) in enumerate(zip(docs, doc_sources, strict=True))
+            if i not in failed_idx
+        ]
+        records: list[OutRecord] = []
+        record_sources: list[Source] = []
+        for (doc, source), verdict in zip(kept, result.verdicts, strict=True):
+            topic = cfg.duplicate_topic if verdict.is_duplicate else cfg.unique_topic
+            records.append(
+                event(
+                    verdict,
+                    source,
+                    doc.payload,
+                    topic,
+                    include_document=cfg.output.include_document,
+                )
+            )
+            record_sources.append(source)
+            self.metrics.verdicts.labels(verdict.verdict.value).inc()
+        records.extend(dead)
+
+        def rejected(i: int, exc: Exception) -> OutRecord | None:
+            if i >= len(record_sources):
+                raise exc  # a dead letter itself was rejected: nothing safer to send
+            return self._dead_letter(record_sources[i], "processing_error", exc, "produce")
+
+        self._checkpoint.commit(records, result, offsets, rejected)
+        done = time.perf_counter()
+        self.metrics.batch_duration.observe(done - started)
+        for msg in batch:
+            self.metrics.document_latency.observe(done - self._received_at.pop(id(msg), started))
+        self.metrics.observe_work(result.stats.candidates, result.stats.verifications)
+        self.metrics.replayed.inc(result.stats.replayed)
+        self.metrics.truncated.inc(result.stats.truncated_lookups)
+
+    def _decide(self, docs: list[Document]) -> tuple[BatchResult, list[tuple[int, Exception]]]:
+        """Decide the batch; if that raises, find the documents that fail on their own.
+
+        The failing documents are dead-lettered (``processing_error``) and the rest decided
+        together. Deciding is deterministic, so a replay isolates the same documents.
+        """
+        if not docs:
+            return empty_result(), []
+        try:
+            return self.dedup.decide(docs), []
+        except Exception as batch_exc:
+            failed: list[tuple[int, Exception]] = []
+            for i, doc in enumerate(docs):
+                try:
+                    self.dedup.decide([doc])
+                except Exception as exc:
+                    failed.append((i, exc))
+            if not failed:
+                raise batch_exc
+            bad = {i for i, _ in failed}
+            rest = [d for i, d in enumerate(docs) if i not in bad]
+            return (self.dedup.decide(rest) if rest else empty_result()), failed
+
+    def _dead_letter(
+        self, source: Source, reason: str, exc: BaseException, stage: str
+    ) -> OutRecord:
+        self.metrics.dead_letters.labels(reason).inc()
+        log.warning(
+            "message dead-lettered",
+            extra=_fields(
+                reason=reason,
+                error=str(exc)[:500],
+                topic=source.topic,
+                partition=source.partition,
+                offset=source.offset,
+                dlq_topic=self.config.dlq_topic,
+                action="inspect the record in the dead-letter topic; fix the producer",
+            ),
+        )
+        return dead_letter(source, self.config.dlq_topic, reason, exc, stage)
+
+    # -- rebalances ----------------------------------------------------------------------
+
+    def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        """Seek every assigned partition to the offset stored in the index."""
+        self.metrics.rebalances.labels("assign").inc()
+        stored = self.index.offsets()
+        for tp in partitions:
+            key = (tp.topic, tp.partition)
+            if key in stored:
+                tp.offset = stored[key]
+            self._assigned.add(key)
+        log.info(
+            "partitions assigned",
+            extra=_fields(
+                partitions=[f"{tp.topic}:{tp.partition}@{tp.offset}" for tp in partitions],
+                source="index offsets (others: group offset or auto.offset.reset)",
+            ),
+        )
+        if self._cooperative:
+            consumer.incremental_assign(partitions)
+        else:
+            consumer.assign(partitions)
+        self.metrics.assigned.set(len(self._assigned))
+
+    def _on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        """Checkpoint what was collected before the partitions go."""
+        self.metrics.rebalances.labels("revoke").inc()
+        batch, self._pending = self._pending, []
+        if batch:
+            self._process(batch)
+        for tp in partitions:
+            self._assigned.discard((tp.topic, tp.partition))
+        self.metrics.assigned.set(len(self._assigned))
+        log.info(
+            "partitions revoked",
+            extra=_fields(
+                partitions=[f"{tp.topic}:{tp.partition}" for tp in partitions],
+                checkpointed=len(batch),
+            ),
+        )
+        if self._cooperative:
+            consumer.incremental_unassign(partitions)
+
+    def _on_lost(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        """Partitions lost without a revoke: drop their uncommitted messages (replayed later)."""
+        self.metrics.rebalances.labels("lost").inc()
+        lost = {(tp.topic, tp.partition) for tp in partitions}
+        self._pending = [m for m in self._pending if (m.topic(), m.partition()) not in lost]
+        self._assigned -= lost
+        self.metrics.assigned.set(len(self._assigned))
+        log.warning(
+            "partitions lost", extra=_fields(partitions=sorted(f"{t}:{p}" for t, p in lost))
+        )

@@ -1,0 +1,198 @@
+"""Helpers for the broker tests: documents, configs, producing, reading topics, a service thread."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+import uuid
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from confluent_kafka import OFFSET_BEGINNING, Consumer, Message, Producer, TopicPartition
+from prometheus_client import CollectorRegistry
+
+from stream_dedup.embedded import create_topics
+from stream_dedup.service import DeduplicatorFactory, Service, default_deduplicator
+from stream_dedup.service_config import ServiceConfig, build_config
+
+#: The real rental ads every checkout has beside the project.
+KIJIJI_TSV = Path(__file__).resolve().parents[3] / "shared" / "data" / "kijiji_rent_rome.tsv"
+
+Header = tuple[str, bytes]
+
+
+def kijiji_documents(limit: int | None = None) -> list[dict[str, str]]:
+    """The ads as documents: id = row number, content = Title + " " + Short Description.
+
+    Read literally: split on tab, no quote handling. Content goes in ``title`` alone so the
+    default joiner does not change it.
+    """
+    docs = []
+    lines = KIJIJI_TSV.read_text(encoding="utf-8").splitlines()[1:]
+    for row, line in enumerate(lines, start=1):
+        cols = line.split("\t")
+        title = cols[0] if cols else ""
+        short = cols[1] if len(cols) > 1 else ""
+        docs.append({"id": str(row), "title": f"{title} {short}"})
+        if limit is not None and len(docs) >= limit:
+            break
+    return docs
+
+
+@dataclass(frozen=True)
+class Topics:
+    """A fresh set of topic names for one test, and the group to consume with."""
+
+    input: str
+    unique: str
+    duplicates: str
+    dlq: str
+    group: str
+
+    @classmethod
+    def fresh(cls) -> Topics:
+        base = f"news-{uuid.uuid4().hex[:10]}"
+        return cls(base, f"{base}.unique", f"{base}.duplicates", f"{base}.dlq", f"g-{base}")
+
+    def create(self, bootstrap: str, partitions: int = 1) -> None:
+        create_topics(bootstrap, [self.input], partitions)
+        create_topics(bootstrap, [self.unique, self.duplicates, self.dlq], 1)
+
+
+def make_config(
+    bootstrap: str, topics: Topics, index: Path, **sections: dict[str, Any]
+) -> ServiceConfig:
+    """A service config for tests: short session timeout (Tansu), free HTTP port."""
+    layers: dict[str, dict[str, Any]] = {
+        "input": {"topics": [topics.input]},
+        "index": {"path": str(index)},
+        "http": {"port": 0, "host": "127.0.0.1"},
+        "batch": {"max_messages": 500, "max_wait_ms": 20},
+        "service": {"shutdown_timeout_s": 20.0, "backoff_initial_s": 0.1},
+        "kafka": {
+            "bootstrap.servers": bootstrap,
+            "group.id": topics.group,
+            "session.timeout.ms": "6000",
+            "heartbeat.interval.ms": "1000",
+            "statistics.interval.ms": "500",
+        },
+    }
+    for name, values in sections.items():
+        layers.setdefault(name, {}).update(values)
+    return build_config([layers])
+
+
+def produce(
+    bootstrap: str,
+    topic: str,
+    records: Iterable[tuple[bytes | None, bytes | None, list[Header] | None]],
+    partition: int | None = None,
+) -> int:
+    """Produce (key, value, headers) records in order and wait for every delivery."""
+    producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 5, "acks": "all"})
+    errors: list[Any] = []
+    n = 0
+    for key, value, headers in records:
+        kwargs: dict[str, Any] = {"key": key, "value": value, "headers": headers}
+        if partition is not None:
+            kwargs["partition"] = partition
+        while True:
+            try:
+                producer.produce(
+                    topic, on_delivery=lambda err, _m: errors.append(err) if err else None, **kwargs
+                )
+                break
+            except BufferError:
+                producer.poll(0.1)
+        producer.poll(0)
+        n += 1
+    assert producer.flush(30) == 0
+    assert not errors, errors
+    return n
+
+
+def produce_json(bootstrap: str, topic: str, docs: Iterable[dict[str, Any]]) -> int:
+    return produce(bootstrap, topic, ((None, json.dumps(d).encode(), None) for d in docs))
+
+
+def read_topic(
+    bootstrap: str, topic: str, expected: int, timeout_s: float = 60.0, partitions: int = 1
+) -> list[Message]:
+    """Every message of ``topic`` from the beginning, once ``expected`` have arrived."""
+    consumer = Consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": f"reader-{uuid.uuid4().hex[:8]}",
+            "enable.auto.commit": False,
+            "fetch.wait.max.ms": 50,
+        }
+    )
+    consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in range(partitions)])
+    out: list[Message] = []
+    deadline = time.monotonic() + timeout_s
+    try:
+        while len(out) < expected and time.monotonic() < deadline:
+            for msg in consumer.consume(1000, 0.5):
+                if msg.error() is None:
+                    out.append(msg)
+        # anything beyond the expected count would be a bug: give it a moment to show up
+        for msg in consumer.consume(1000, 0.5):
+            if msg.error() is None:
+                out.append(msg)
+    finally:
+        consumer.close()
+    return out
+
+
+def events(msgs: list[Message]) -> list[dict[str, Any]]:
+    return [json.loads(m.value() or b"null") for m in msgs]
+
+
+class ServiceThread:
+    """A :class:`Service` running in a thread of the test process, with its own registry."""
+
+    def __init__(
+        self, config: ServiceConfig, deduplicator: DeduplicatorFactory = default_deduplicator
+    ) -> None:
+        self.registry = CollectorRegistry()
+        self.service = Service(config, self.registry, deduplicator)
+        self.exit_code: int | None = None
+        self.error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        try:
+            self.exit_code = self.service.run()
+        except BaseException as exc:  # surfaced by stop()
+            self.error = exc
+
+    def start(self) -> ServiceThread:
+        self._thread.start()
+        return self
+
+    def metric(self, name: str, labels: dict[str, str] | None = None) -> float:
+        value = self.registry.get_sample_value(name, labels or {})
+        return 0.0 if value is None else value
+
+    def wait_for(self, name: str, value: float, timeout_s: float = 60.0) -> None:
+        """Until metric ``name`` reaches ``value`` (e.g. documents committed)."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.metric(name) >= value:
+                return
+            if self.error is not None:
+                raise self.error
+            time.sleep(0.05)
+        raise AssertionError(f"{name} stayed at {self.metric(name)}, expected {value}")
+
+    def stop(self, timeout_s: float = 30.0) -> int:
+        self.service.stop()
+        self._thread.join(timeout_s)
+        assert not self._thread.is_alive(), "service did not stop in time"
+        if self.error is not None:
+            raise self.error
+        assert self.exit_code is not None
+        return self.exit_code
