@@ -1,0 +1,418 @@
+"""The deduplicator over both index backends: verdict rules, replay, bounds, batch independence."""
+
+from __future__ import annotations
+
+import random
+import string
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from stream_dedup.config import DedupConfig
+from stream_dedup.dedup import BatchResult, Deduplicator
+from stream_dedup.index import Backend, DedupIndex, keys, open_index
+from stream_dedup.index.records import decode_doc
+from stream_dedup.models import Document, Verdict, VerdictKind
+from stream_dedup.normalize import normalize
+from stream_dedup.shingles import ShingleSpec, shingle_set
+from stream_dedup.signature import signatures
+from stream_dedup.verdict import Match, best_match, exact_jaccard
+
+DUP, UNIQUE = VerdictKind.DUPLICATE, VerdictKind.UNIQUE
+
+DedupFactory = Callable[..., Deduplicator]
+
+
+def build(backend: Backend, **overrides: object) -> Deduplicator:
+    """A deduplicator with ``DedupConfig(**overrides)`` over a new index on ``backend``."""
+    config = DedupConfig(**overrides)  # type: ignore[arg-type]
+    return Deduplicator(DedupIndex(backend, config.index_params()), config)
+
+
+@pytest.fixture
+def make_dedup(backend_factory: Callable[[], Backend]) -> DedupFactory:
+    """``make(**config)``: a deduplicator over a fresh index of the parametrised backend."""
+    return lambda **overrides: build(backend_factory(), **overrides)
+
+
+def article(seed: int, words: int = 150) -> str:
+    """About 1 KB of random words: unrelated to any other seed's article."""
+    rng = random.Random(seed)
+    return " ".join(
+        "".join(rng.choices(string.ascii_lowercase, k=rng.randint(3, 9))) for _ in range(words)
+    )
+
+
+def edit(text: str, changes: int, seed: int) -> str:
+    """``text`` with ``changes`` words replaced: a near-duplicate."""
+    rng = random.Random(seed)
+    words = text.split(" ")
+    for i in rng.sample(range(len(words)), changes):
+        words[i] = "".join(rng.choices(string.ascii_uppercase, k=rng.randint(3, 9)))
+    return " ".join(words)
+
+
+def jaccard(a: str, b: str) -> float:
+    spec = ShingleSpec()
+    return exact_jaccard(shingle_set(normalize(a), spec, 1), shingle_set(normalize(b), spec, 1))
+
+
+def docs(*pairs: tuple[str, str]) -> list[Document]:
+    return [Document(i, c) for i, c in pairs]
+
+
+def summary(verdicts: list[Verdict]) -> list[tuple[str, str, str | None, str]]:
+    return [(v.id, v.verdict.value, v.duplicate_of, v.cluster_id) for v in verdicts]
+
+
+A = article(1)
+A1 = edit(A, 8, 2)  # near-duplicate of A
+A2 = edit(A1, 8, 3)  # near-duplicate of A1, but not of A
+B = article(4)
+
+
+def test_fixture_texts_have_the_intended_similarities() -> None:
+    assert 0.8 <= jaccard(A, A1) < 0.9
+    assert 0.8 <= jaccard(A1, A2) < 0.9
+    assert jaccard(A, A2) < 0.8
+    assert jaccard(A, B) < 0.05
+
+
+def test_near_duplicates_in_one_batch_find_each_other(make_dedup: DedupFactory) -> None:
+    dedup = make_dedup()
+    result = dedup.process(docs(("a", A), ("b", B), ("a1", A1)))
+    assert summary(result.verdicts) == [
+        ("a", "unique", None, "a"),
+        ("b", "unique", None, "b"),
+        ("a1", "duplicate", "a", "a"),
+    ]
+    assert result.verdicts[2].similarity == round(jaccard(A, A1), 6)
+    assert result.verdicts[0].similarity is None
+    assert result.stats.verifications[2] >= 1
+    assert result.stats.exact_hits == 0
+    assert dedup.index.counter("documents") == 3
+    assert dedup.index.counter("duplicates") == 1
+    assert dedup.index.counter("indexed") == 3
+
+
+def test_near_duplicate_in_a_later_batch(make_dedup: DedupFactory) -> None:
+    dedup = make_dedup()
+    dedup.process(docs(("a", A)))
+    (v,) = dedup.process(docs(("a1", A1))).verdicts
+    assert (v.verdict, v.duplicate_of, v.cluster_id) == (DUP, "a", "a")
+    assert v.similarity == round(jaccard(A, A1), 6)
+
+
+def test_verbatim_short_texts_are_exact_duplicates(make_dedup: DedupFactory) -> None:
+    dedup = make_dedup()
+    first = dedup.process(docs(("1", "ok"), ("2", "Hi!"), ("3", "ok"), ("4", " hi! ")))
+    second = dedup.process(docs(("5", "OK"), ("6", "no")))
+    got = summary(first.verdicts + second.verdicts)
+    assert got == [
+        ("1", "unique", None, "1"),
+        ("2", "unique", None, "2"),
+        ("3", "duplicate", "1", "1"),
+        ("4", "duplicate", "2", "2"),  # same text after normalisation
+        ("5", "duplicate", "1", "1"),
+        ("6", "unique", None, "6"),
+    ]
+    assert [v.similarity for v in first.verdicts + second.verdicts] == [
+        None,
+        None,
+        1.0,
+        1.0,
+        1.0,
+        None,
+    ]
+    assert first.stats.exact_hits == 2
+    assert second.stats.exact_hits == 1
+
+
+def test_verbatim_long_copy_is_similarity_one_and_points_at_the_first(
+    make_dedup: DedupFactory,
+) -> None:
+    dedup = make_dedup()
+    result = dedup.process(docs(("a", A), ("a1", A1), ("copy", A1), ("copy2", A)))
+    assert summary(result.verdicts)[2:] == [
+        ("copy", "duplicate", "a1", "a"),
+        ("copy2", "duplicate", "a", "a"),
+    ]
+    assert result.verdicts[2].similarity == result.verdicts[3].similarity == 1.0
+
+
+@pytest.mark.parametrize("content", ["", " ", "\n\t  \u00a0\u3000", "\u2003"])
+def test_empty_content_is_unique_empty_and_not_indexed(
+    make_dedup: DedupFactory, content: str
+) -> None:
+    dedup = make_dedup()
+    result = dedup.process(docs(("e1", content), ("e2", content), ("a", A), ("e3", "")))
+    e1, e2, a, e3 = result.verdicts
+    for v, doc_id in ((e1, "e1"), (e2, "e2"), (e3, "e3")):
+        assert (v.verdict, v.duplicate_of, v.similarity, v.cluster_id) == (
+            UNIQUE,
+            None,
+            None,
+            doc_id,
+        )
+        assert v.empty
+    assert not a.empty
+    assert dedup.index.counter("documents") == 4
+    assert dedup.index.counter("empty") == 3
+    assert dedup.index.counter("indexed") == 1
+    assert dedup.index.counter("duplicates") == 0
+    # Replayed empties keep their verdict.
+    (again,) = dedup.process(docs(("e1", content))).verdicts
+    assert again.empty and again.replayed and again.cluster_id == "e1"
+
+
+def test_batch_of_only_empty_documents(make_dedup: DedupFactory) -> None:
+    dedup = make_dedup()
+    result = dedup.process(docs(("x", ""), ("y", "   ")))
+    assert [v.empty for v in result.verdicts] == [True, True]
+    assert dedup.process([]).verdicts == []
+
+
+def test_lone_surrogates_do_not_break_a_batch(make_dedup: DedupFactory) -> None:
+    dedup = make_dedup()
+    text = A + " \ud83d broken emoji"
+    result = dedup.process(docs(("s1", text), ("s2", text + " more"), ("s3", "\udc00")))
+    assert summary(result.verdicts)[:2] == [
+        ("s1", "unique", None, "s1"),
+        ("s2", "duplicate", "s1", "s1"),
+    ]
+    assert not result.verdicts[2].empty
+
+
+def test_resubmitted_id_returns_stored_verdict_and_changes_nothing(
+    make_dedup: DedupFactory,
+) -> None:
+    dedup = make_dedup()
+    original = dedup.process(docs(("a", A), ("a1", A1))).verdicts
+    counters = {c: dedup.index.counter(c) for c in ("documents", "indexed", "duplicates")}
+    # Same ids, even with other content: the recorded verdict is returned unchanged.
+    replay = dedup.process(docs(("a1", B), ("a", "different now")))
+    assert [v.replayed for v in replay.verdicts] == [True, True]
+    for old, new in zip(original[::-1], replay.verdicts, strict=True):
+        assert not old.replayed
+        assert (new.id, new.verdict, new.duplicate_of, new.similarity, new.cluster_id) == (
+            old.id,
+            old.verdict,
+            old.duplicate_of,
+            old.similarity,
+            old.cluster_id,
+        )
+        assert new.to_json() == old.to_json()
+    assert replay.stats.replayed == 2
+    assert replay.puts == {}
+    assert set(replay.counter_deltas.values()) == {0}
+    assert {c: dedup.index.counter(c) for c in counters} == counters
+
+
+def test_same_id_twice_in_one_batch_is_decided_once(make_dedup: DedupFactory) -> None:
+    dedup = make_dedup()
+    result = dedup.process(docs(("a", A), ("a", B), ("b", B)))
+    first, second, b = result.verdicts
+    assert (first.verdict, first.replayed) == (UNIQUE, False)
+    assert second.replayed and second.to_json() == first.to_json()
+    assert b.verdict is UNIQUE  # B was never indexed under "a"
+    assert dedup.index.counter("documents") == 2
+
+
+def test_ties_go_to_the_earliest_document() -> None:
+    matches = [
+        Match(5, "late", "late", 0.9),
+        Match(2, "early", "c", 0.9),
+        Match(3, "mid", "mid", 0.9),
+        Match(1, "below", "below", 0.7),
+    ]
+    assert best_match(matches, 0.8) == Match(2, "early", "c", 0.9)
+    assert best_match(matches[::-1], 0.8) == Match(2, "early", "c", 0.9)
+    assert best_match([*matches, Match(9, "best", "best", 0.95)], 0.8).doc_id == "best"
+    assert best_match(matches, 0.95) is None
+    assert best_match([Match(4, "at", "at", 0.8)], 0.8) is not None  # >= threshold
+
+
+@pytest.mark.parametrize("verify", ["exact", "signature"])
+def test_equal_similarity_matches_resolve_to_the_earliest(
+    make_dedup: DedupFactory, verify: str
+) -> None:
+    dedup = make_dedup(verify=verify)
+    dedup.process(docs(("first", A), ("copy", A)))
+    (v,) = dedup.process(docs(("near", A1))).verdicts
+    assert (v.verdict, v.duplicate_of, v.cluster_id) == (DUP, "first", "first")
+
+
+def test_cluster_id_propagates_through_a_chain(make_dedup: DedupFactory) -> None:
+    dedup = make_dedup()
+    first = dedup.process(docs(("a", A), ("a1", A1))).verdicts
+    second = dedup.process(docs(("a2", A2))).verdicts
+    assert summary(first + second) == [
+        ("a", "unique", None, "a"),
+        ("a1", "duplicate", "a", "a"),
+        ("a2", "duplicate", "a1", "a"),  # matches A1 only, but belongs to A's cluster
+    ]
+    assert second[0].similarity == round(jaccard(A1, A2), 6)
+
+
+def test_index_policy_uniques_indexes_only_uniques(make_dedup: DedupFactory) -> None:
+    dedup = make_dedup(index_policy="uniques")
+    result = dedup.process(docs(("a", A), ("a1", A1), ("a2", A2), ("b", B), ("copy", "ok")))
+    result2 = dedup.process(docs(("copy2", "ok"), ("copy3", A1)))
+    assert summary(result.verdicts + result2.verdicts) == [
+        ("a", "unique", None, "a"),
+        ("a1", "duplicate", "a", "a"),
+        ("a2", "unique", None, "a2"),  # A1 was not indexed, and A2 is too far from A
+        ("b", "unique", None, "b"),
+        ("copy", "unique", None, "copy"),
+        ("copy2", "duplicate", "copy", "copy"),
+        # A1's text was never indexed (no exact hit); the best verified match wins, A2.
+        ("copy3", "duplicate", "a2", "a2"),
+    ]
+    assert result2.verdicts[1].similarity == round(jaccard(A1, A2), 6) > round(jaccard(A1, A), 6)
+    assert dedup.index.counter("indexed") == 4
+    assert dedup.index.counter("documents") == 7
+    assert dedup.index.counter("duplicates") == 3
+    assert result2.stats.exact_hits == 1
+
+
+def test_index_policy_all_indexes_everything_with_shingle_sets(
+    backend_factory: Callable[[], Backend],
+) -> None:
+    backend = backend_factory()
+    dedup = build(backend)
+    dedup.process(docs(("a", A), ("a1", A1), ("a2", A2), ("e", "")))
+    assert dedup.index.counter("indexed") == 3
+    records = [decode_doc(v) for _, v in backend.scan_prefix(keys.DOC)]
+    assert [(r.doc_id, r.cluster_id) for r in records] == [("a", "a"), ("a1", "a"), ("a2", "a")]
+    # Exact verification stores the sorted distinct shingle hashes, 8 bytes each.
+    assert records[2].payload == shingle_set(normalize(A2), ShingleSpec(), 1).tobytes()
+
+
+def test_signature_verification(backend_factory: Callable[[], Backend]) -> None:
+    backend = backend_factory()
+    dedup = build(backend, verify="signature")
+    result = dedup.process(docs(("a", A), ("b", B), ("a1", A1)))
+    assert summary(result.verdicts) == [
+        ("a", "unique", None, "a"),
+        ("b", "unique", None, "b"),
+        ("a1", "duplicate", "a", "a"),
+    ]
+    sigs = signatures([shingle_set(normalize(t), ShingleSpec(), 1) for t in (A, A1)], 128, 1)
+    expected = float(np.count_nonzero(sigs[0] == sigs[1])) / 128
+    assert result.verdicts[2].similarity == round(expected, 6)
+    assert abs(expected - jaccard(A, A1)) < 0.1
+    # The record stores the signature (4 x 128 bytes), not the shingle set.
+    records = [decode_doc(v) for _, v in backend.scan_prefix(keys.DOC)]
+    assert [r.payload for r in records] == [
+        sigs[0].tobytes(),
+        signatures([shingle_set(normalize(B), ShingleSpec(), 1)], 128, 1).tobytes(),
+        sigs[1].tobytes(),
+    ]
+
+
+@pytest.fixture(scope="module")
+def kijiji_docs(kijiji_ads: list[tuple[str, str]]) -> list[Document]:
+    return [Document(i, c) for i, c in kijiji_ads]
+
+
+def run_in_batches(dedup: Deduplicator, documents: list[Document], size: int) -> list[Verdict]:
+    out: list[Verdict] = []
+    for lo in range(0, len(documents), size):
+        out.extend(dedup.process(documents[lo : lo + size]).verdicts)
+    return out
+
+
+def test_verdicts_do_not_depend_on_batch_size(
+    make_dedup: DedupFactory, kijiji_docs: list[Document]
+) -> None:
+    runs = {size: run_in_batches(make_dedup(), kijiji_docs, size) for size in (1000, 7, 1)}
+    reference = runs[1000]
+    assert runs[7] == reference
+    assert runs[1] == reference
+    dups = [v for v in reference if v.is_duplicate]
+    assert 200 < len(dups) < 2000  # reposts are common in this data set
+    texts = {d.id: d.content for d in kijiji_docs}
+    order = {d.id: n for n, d in enumerate(kijiji_docs)}
+    for v in dups:
+        assert v.duplicate_of is not None and v.similarity is not None
+        assert order[v.duplicate_of] < order[v.id]
+        assert order[v.cluster_id] <= order[v.duplicate_of]
+        assert v.similarity >= 0.8
+        assert v.similarity == pytest.approx(jaccard(texts[v.id], texts[v.duplicate_of]), abs=1e-6)
+
+
+def test_huge_bucket_stays_bounded(backend_factory: Callable[[], Backend]) -> None:
+    """2000 documents sharing boilerplate: every lookup does bounded work and says so."""
+    boilerplate = article(99, words=300)
+    rng = random.Random(5)
+    documents = [
+        Document(f"d{i}", boilerplate + " " + "".join(rng.choices(string.ascii_letters, k=20)))
+        for i in range(2000)
+    ]
+    backend = backend_factory()
+    dedup = build(backend, max_bucket_size=16, max_candidates=5)
+    results: list[BatchResult] = [
+        dedup.process(documents[lo : lo + 500]) for lo in range(0, 2000, 500)
+    ]
+    verdicts = [v for r in results for v in r.verdicts]
+    verifications = [n for r in results for n in r.stats.verifications]
+    candidates = [n for r in results for n in r.stats.candidates]
+    bands = dedup.plan.bands
+    assert max(verifications) == 5
+    assert all(n <= 5 for n in verifications)
+    assert max(candidates) <= bands * 16
+    assert sum(r.stats.truncated_lookups for r in results) > 1900
+    assert sum(r.stats.bucket_evictions for r in results) > 1000
+    buckets = list(backend.scan_prefix(keys.BUCKET))
+    assert max(len(v) for _, v in buckets) == 16 * 8
+    # Bounded work still finds the duplicates, and every match is verified.
+    assert verdicts[0].verdict is UNIQUE
+    assert all(v.verdict is DUP and v.cluster_id == "d0" for v in verdicts[1:])
+    texts = {d.id: d.content for d in documents}
+    for v in verdicts[1::97]:
+        assert v.duplicate_of is not None
+        assert jaccard(texts[v.id], texts[v.duplicate_of]) >= 0.8
+
+
+def test_decide_without_commit_is_replay_stable_and_commit_persists(
+    make_dedup: DedupFactory,
+) -> None:
+    dedup = make_dedup()
+    dedup.process(docs(("a", A)))
+    batch = docs(("b", B), ("a1", A1), ("a2", A2), ("e", ""), ("ok", "ok"), ("ok2", "ok"))
+    first = dedup.decide(batch)
+    second = dedup.decide(batch)
+    assert first.verdicts == second.verdicts
+    assert first.puts == second.puts
+    assert first.counter_deltas == second.counter_deltas
+    assert dedup.index.counter("documents") == 1  # nothing written by decide
+    assert dedup.index.read([keys.verdict_key("b")]) == [None]
+    dedup.commit(first, {("in", 0): 7})
+    assert dedup.index.counter("documents") == 7
+    assert dedup.index.offsets() == {("in", 0): 7}
+    replay = dedup.decide(batch)
+    assert all(v.replayed for v in replay.verdicts)
+    assert [v.to_json() for v in replay.verdicts] == [v.to_json() for v in first.verdicts]
+
+
+def test_rocks_index_continues_after_reopen(tmp_path: Path) -> None:
+    config = DedupConfig()
+    path = tmp_path / "idx"
+    dedup = Deduplicator(open_index(path, config.index_params()), config)
+    dedup.process(docs(("a", A), ("a1", A1)), {("in", 0): 2})
+    dedup.index.close()
+    dedup = Deduplicator(open_index(path, config.index_params()), config)
+    try:
+        result = dedup.process(docs(("a1", "x"), ("a2", A2), ("ok", "ok")))
+        assert summary(result.verdicts) == [
+            ("a1", "duplicate", "a", "a"),
+            ("a2", "duplicate", "a1", "a"),
+            ("ok", "unique", None, "ok"),
+        ]
+        assert result.verdicts[0].replayed
+        assert dedup.index.counter("documents") == 4
+        assert dedup.index.offsets() == {("in", 0): 2}
+    finally:
+        dedup.index.close()
