@@ -111,7 +111,7 @@ def cmd_dedup(args: argparse.Namespace, out: IO[str], err: IO[str]) -> int:
                 else stack.enter_context(Path(args.input).open("rb"))
             )
             target: IO[str] = (
-                sys.stdout
+                out  # main's output stream: stdout unless a caller passes its own
                 if args.output == "-"
                 else stack.enter_context(Path(args.output).open("w", encoding="utf-8"))
             )
