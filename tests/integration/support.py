@@ -196,3 +196,71 @@ class ServiceThread:
             raise self.error
         assert self.exit_code is not None
         return self.exit_code
+
+
+def http_get(port: int, path: str) -> tuple[int, str]:
+    """Status and body of a GET on the service's HTTP port (errors are answers too)."""
+    import urllib.error
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=5) as resp:
+            return resp.status, resp.read().decode()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read().decode()
+
+
+def scrape(port: int, name: str) -> float | None:
+    """One unlabelled sample from /metrics, or None when the port does not answer yet."""
+    try:
+        status, body = http_get(port, "/metrics")
+    except OSError:
+        return None
+    if status != 200:
+        return None
+    for line in body.splitlines():
+        if line.startswith(name + " "):
+            return float(line.split()[1])
+    return None
+
+
+def write_toml(path: Path, config: dict[str, dict[str, Any]]) -> Path:
+    """A minimal TOML writer for test configs (strings, numbers, bools, string lists)."""
+
+    def value(v: Any) -> str:
+        if isinstance(v, bool):
+            return "true" if v else "false"
+        if isinstance(v, int | float):
+            return str(v)
+        if isinstance(v, list):
+            return "[" + ", ".join(value(x) for x in v) + "]"
+        return json.dumps(str(v))
+
+    lines = []
+    for section, values in config.items():
+        lines.append(f"[{section}]")
+        for key, v in values.items():
+            lines.append(f"{json.dumps(key) if '.' in key else key} = {value(v)}")
+        lines.append("")
+    path.write_text("\n".join(lines), encoding="utf-8")
+    return path
+
+
+def process_config(
+    bootstrap: str, topics: Topics, index: Path, port: int
+) -> dict[str, dict[str, Any]]:
+    """Settings for a service run as a subprocess (the TOML file's tables)."""
+    return {
+        "input": {"topics": [topics.input]},
+        "index": {"path": str(index)},
+        "http": {"port": port, "host": "127.0.0.1"},
+        "batch": {"max_messages": 500, "max_wait_ms": 20},
+        "service": {"shutdown_timeout_s": 20.0, "backoff_initial_s": 0.1},
+        "log": {"level": "INFO", "format": "kv"},
+        "kafka": {
+            "bootstrap.servers": bootstrap,
+            "group.id": topics.group,
+            "session.timeout.ms": "6000",
+            "heartbeat.interval.ms": "1000",
+        },
+    }
