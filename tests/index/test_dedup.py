@@ -16,7 +16,7 @@ from stream_dedup.index import Backend, DedupIndex, keys, open_index
 from stream_dedup.index.records import decode_doc
 from stream_dedup.models import Document, Verdict, VerdictKind
 from stream_dedup.normalize import normalize
-from stream_dedup.shingles import ShingleSpec, shingle_set
+from stream_dedup.shingles import ShingleSpec, shingle_batch, shingle_set
 from stream_dedup.signature import signatures
 from stream_dedup.verdict import Match, best_match, exact_jaccard
 
@@ -317,30 +317,44 @@ def kijiji_docs(kijiji_ads: list[tuple[str, str]]) -> list[Document]:
     return [Document(i, c) for i, c in kijiji_ads]
 
 
-def run_in_batches(dedup: Deduplicator, documents: list[Document], size: int) -> list[Verdict]:
+def run_in_batches(
+    dedup: Deduplicator, documents: list[Document], size: int
+) -> tuple[list[Verdict], tuple[int, int]]:
+    """Verdicts, and (truncated lookups, bucket evictions), of a run in batches of ``size``."""
     out: list[Verdict] = []
+    truncated = evicted = 0
     for lo in range(0, len(documents), size):
-        out.extend(dedup.process(documents[lo : lo + size]).verdicts)
-    return out
+        result = dedup.process(documents[lo : lo + size])
+        out.extend(result.verdicts)
+        truncated += result.stats.truncated_lookups
+        evicted += result.stats.bucket_evictions
+    return out, (truncated, evicted)
 
 
+@pytest.mark.parametrize(
+    "limits", [{}, {"max_bucket_size": 3, "max_candidates": 2}], ids=["default", "tight"]
+)
 def test_verdicts_do_not_depend_on_batch_size(
-    make_dedup: DedupFactory, kijiji_docs: list[Document]
+    make_dedup: DedupFactory, kijiji_docs: list[Document], limits: dict[str, int]
 ) -> None:
-    runs = {size: run_in_batches(make_dedup(), kijiji_docs, size) for size in (1000, 7, 1)}
-    reference = runs[1000]
-    assert runs[7] == reference
-    assert runs[1] == reference
+    runs = {size: run_in_batches(make_dedup(**limits), kijiji_docs, size) for size in (1000, 7, 1)}
+    reference, work = runs[1000]
+    assert runs[7] == (reference, work)
+    assert runs[1] == (reference, work)
+    if limits:
+        assert work[0] > 0 and work[1] > 0  # the bounds were really hit
     dups = [v for v in reference if v.is_duplicate]
-    assert 200 < len(dups) < 2000  # reposts are common in this data set
-    texts = {d.id: d.content for d in kijiji_docs}
+    assert 1000 < len(dups) < 1100  # reposts are common in this data set
+    sets = shingle_batch([normalize(d.content) for d in kijiji_docs], ShingleSpec(), 1)
+    shingled = {d.id: s for d, s in zip(kijiji_docs, sets, strict=True)}
     order = {d.id: n for n, d in enumerate(kijiji_docs)}
     for v in dups:
         assert v.duplicate_of is not None and v.similarity is not None
         assert order[v.duplicate_of] < order[v.id]
         assert order[v.cluster_id] <= order[v.duplicate_of]
         assert v.similarity >= 0.8
-        assert v.similarity == pytest.approx(jaccard(texts[v.id], texts[v.duplicate_of]), abs=1e-6)
+        exact = exact_jaccard(shingled[v.id], shingled[v.duplicate_of])
+        assert v.similarity == pytest.approx(exact, abs=1e-6)
 
 
 def test_huge_bucket_stays_bounded(backend_factory: Callable[[], Backend]) -> None:
