@@ -119,9 +119,9 @@ def produce_json(bootstrap: str, topic: str, docs: Iterable[dict[str, Any]]) -> 
 
 
 def read_topic(
-    bootstrap: str, topic: str, expected: int, timeout_s: float = 60.0, partitions: int = 1
+    bootstrap: str, topic: str, expected: int = 0, timeout_s: float = 60.0, partitions: int = 1
 ) -> list[Message]:
-    """Every message of ``topic`` from the beginning, once ``expected`` have arrived."""
+    """Every message of ``topic`` up to its end, waiting until at least ``expected`` exist."""
     consumer = Consumer(
         {
             "bootstrap.servers": bootstrap,
@@ -130,18 +130,21 @@ def read_topic(
             "fetch.wait.max.ms": 50,
         }
     )
-    consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in range(partitions)])
-    out: list[Message] = []
+    tps = [TopicPartition(topic, p, OFFSET_BEGINNING) for p in range(partitions)]
     deadline = time.monotonic() + timeout_s
     try:
-        while len(out) < expected and time.monotonic() < deadline:
+        while True:
+            ends = [consumer.get_watermark_offsets(tp, timeout=5) for tp in tps]
+            total = sum(high - low for low, high in ends)
+            if total >= expected or time.monotonic() > deadline:
+                break
+            time.sleep(0.1)
+        consumer.assign(tps)
+        out: list[Message] = []
+        while len(out) < total and time.monotonic() < deadline + 30:
             for msg in consumer.consume(1000, 0.5):
                 if msg.error() is None:
                     out.append(msg)
-        # anything beyond the expected count would be a bug: give it a moment to show up
-        for msg in consumer.consume(1000, 0.5):
-            if msg.error() is None:
-                out.append(msg)
     finally:
         consumer.close()
     return out
