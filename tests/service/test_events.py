@@ -1,0 +1,95 @@
+"""Events and dead letters as pure functions; record decoding for Kafka messages."""
+
+from __future__ import annotations
+
+import json
+from importlib import resources
+
+import jsonschema
+import pytest
+
+from stream_dedup.config import DocumentFormat
+from stream_dedup.decode import document_from_record
+from stream_dedup.errors import DecodeError
+from stream_dedup.events import Source, dead_letter, event
+from stream_dedup.models import Verdict, VerdictKind
+
+SOURCE = Source("news", 3, 42, 1_700_000_000_000, b"k", b'{"id": "a"}', [("h", b"v")])
+SCHEMA = json.loads(
+    resources.files("stream_dedup").joinpath("schemas/event.schema.json").read_text()
+)
+
+
+def test_duplicate_event_body_headers_and_key() -> None:
+    v = Verdict("a", VerdictKind.DUPLICATE, "b", 0.9, "c")
+    rec = event(v, SOURCE, {"id": "a"}, "news.duplicates", include_document=True)
+    body = json.loads(rec.value or b"")
+    jsonschema.validate(body, SCHEMA)
+    assert body["offset"] == 42 and body["partition"] == 3 and body["document"] == {"id": "a"}
+    assert rec.key == b"a"
+    assert dict(rec.headers)["stream-dedup.verdict"] == b"duplicate"
+    assert dict(rec.headers)["stream-dedup.duplicate-of"] == b"b"
+    # the same inputs give the same bytes: replays are identical
+    assert event(v, SOURCE, {"id": "a"}, "news.duplicates", include_document=True) == rec
+
+
+def test_unique_event_without_document() -> None:
+    v = Verdict("a", VerdictKind.UNIQUE, None, None, "a")
+    rec = event(v, SOURCE, {"id": "a"}, "news.unique", include_document=False)
+    body = json.loads(rec.value or b"")
+    jsonschema.validate(body, SCHEMA)
+    assert "document" not in body
+    assert "stream-dedup.duplicate-of" not in dict(rec.headers)
+
+
+def test_schema_rejects_inconsistent_duplicate() -> None:
+    body = json.loads(
+        event(
+            Verdict("a", VerdictKind.UNIQUE, None, None, "a"),
+            SOURCE,
+            None,
+            "t",
+            include_document=False,
+        ).value
+        or b""
+    )
+    body["verdict"] = "duplicate"
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate(body, SCHEMA)
+
+
+def test_dead_letter_keeps_the_original_and_says_why() -> None:
+    rec = dead_letter(SOURCE, "news.dlq", "invalid_json", ValueError("bad"), "decode")
+    headers = dict(rec.headers)
+    assert (rec.key, rec.value) == (SOURCE.key, SOURCE.value)
+    assert headers["h"] == b"v"
+    assert headers["__connect.errors.reason"] == b"invalid_json"
+    assert headers["__connect.errors.topic"] == b"news"
+    assert headers["__connect.errors.partition"] == b"3"
+    assert headers["__connect.errors.offset"] == b"42"
+    assert headers["__connect.errors.exception.class.name"] == b"builtins.ValueError"
+    assert headers["__connect.errors.exception.message"] == b"bad"
+
+
+def test_text_records_take_the_key_or_the_position() -> None:
+    fmt = DocumentFormat()
+    doc = document_from_record(b"hello", b"k1", ("t", 0, 5), fmt, text=True)
+    assert (doc.id, doc.content) == ("k1", "hello")
+    doc = document_from_record(b"hello", None, ("t", 2, 5), fmt, text=True)
+    assert doc.id == "t-2-5"
+
+
+@pytest.mark.parametrize(
+    ("value", "text", "reason"),
+    [
+        (b"x" * 11, False, "too_large"),
+        (None, False, "missing_content"),
+        (b"\xff\xfe", True, "invalid_utf8"),
+        (b"[1]", False, "not_an_object"),
+    ],
+)
+def test_record_errors(value: bytes | None, text: bool, reason: str) -> None:
+    with pytest.raises(DecodeError) as info:
+        document_from_record(value, None, ("t", 0, 0), DocumentFormat(), text=text, max_bytes=10)
+    assert info.value.reason == reason
+    assert info.value.raw == value
