@@ -317,3 +317,9 @@ def test_every_help_exits_0(argv: list[str], capsys: Capsys) -> None:
         main(argv, out=io.StringIO())
     assert info.value.code == 0
     assert "usage: stream-dedup" in capsys.readouterr().out
+
+
+def test_missing_input_file_is_a_clear_error(tmp_path: Path, capsys: Capsys) -> None:
+    code, _ = run("dedup", str(tmp_path / "nope.jsonl"), "-o", str(tmp_path / "out"))
+    assert code == 2
+    assert "nope.jsonl" in capsys.readouterr().err
