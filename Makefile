@@ -30,6 +30,9 @@ check: lint typecheck
 test: check
 	$(BIN)/pytest
 
+demo: $(STAMP)
+	$(BIN)/stream-dedup demo
+
 bench: $(STAMP)
 	$(BIN)/python bench/bench_offline.py
 

@@ -13,7 +13,7 @@ from contextlib import ExitStack
 from pathlib import Path
 from typing import IO, Any
 
-from stream_dedup import cli_ops
+from stream_dedup import cli_kafka, cli_ops
 from stream_dedup.bands import datasketch_choice
 from stream_dedup.batch import MalformedLineError, run_offline
 from stream_dedup.config import DedupConfig, DocumentFormat
@@ -269,6 +269,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_generate)
 
     cli_ops.register(sub)
+    cli_kafka.register(sub)
     add_run_command(sub)
     return parser
 

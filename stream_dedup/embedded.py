@@ -8,6 +8,7 @@ until it answers a metadata request, so callers never race its start-up.
 
 from __future__ import annotations
 
+import logging
 import os
 import shutil
 import socket
@@ -51,7 +52,10 @@ def free_port() -> int:
 
 def wait_for_broker(bootstrap: str, timeout_s: float = 30.0) -> None:
     """Block until a broker at ``bootstrap`` answers a metadata request."""
-    admin = AdminClient({"bootstrap.servers": bootstrap})
+    # Refused connections are expected while the broker starts: keep librdkafka quiet.
+    quiet = logging.getLogger("stream_dedup.embedded.probe")
+    quiet.setLevel(logging.CRITICAL)
+    admin = AdminClient({"bootstrap.servers": bootstrap}, logger=quiet)
     deadline = time.monotonic() + timeout_s
     last: Exception | None = None
     while time.monotonic() < deadline:
@@ -112,6 +116,8 @@ class EmbeddedBroker:
             stdout=log,
             stderr=subprocess.STDOUT,
         )
+        if not isinstance(log, int):
+            log.close()  # the child holds its own copy of the descriptor
         try:
             wait_for_broker(self.bootstrap, timeout_s)
         except BrokerStartError:
