@@ -1,0 +1,280 @@
+"""Service speed through a real broker: sustained throughput and end-to-end latency.
+
+Everything runs on this machine: the broker (an embedded Tansu, or the one at
+``KAFKA_BOOTSTRAP_SERVERS``), the service (``stream-dedup run`` as a subprocess, RocksDB
+index on disk) and this script's producer and consumer.
+
+1. **throughput**: ``-n`` news-like documents (~1.3 KB, from :mod:`stream_dedup.generate`)
+   are produced to the input topic first; then the service starts. Sustained docs/s is
+   measured from the first message consumed (``stream_dedup_messages_consumed_total`` > 0)
+   to the last batch committed (``stream_dedup_index_documents`` == n; a batch commits
+   only after all its events are confirmed delivered), both polled on ``/metrics``.
+2. **latency**: with the service running, documents are produced at a fixed offered load
+   (``--rate`` docs/s for ``--seconds``); each carries its send time, and this script's
+   consumer of the event topics records send -> event received. p50/p99 reported.
+
+Each phase is repeated ``--repeats`` times on fresh topics and a fresh index; medians are
+reported. Targets (issue 3): >= 10,000 docs/s sustained; p99 <= 100 ms at 1,000 docs/s.
+
+    .venv/bin/python bench/bench_service.py
+    .venv/bin/python bench/bench_service.py -n 50000 --rate 1000 --seconds 20 --repeats 3
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.request
+import uuid
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from confluent_kafka import OFFSET_BEGINNING, Consumer, Producer, TopicPartition
+
+from stream_dedup.embedded import EmbeddedBroker, create_topics, free_port
+from stream_dedup.generate import StreamSpec, write_jsonl
+
+
+def documents(n: int, seed: int) -> list[dict[str, Any]]:
+    buf = io.StringIO()
+    write_jsonl(StreamSpec(documents=n, seed=seed), buf)
+    return [json.loads(line) for line in buf.getvalue().splitlines()]
+
+
+def scrape(port: int) -> dict[str, float]:
+    """Unlabelled samples from /metrics ({} while the port does not answer)."""
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2) as resp:
+            text = resp.read().decode()
+    except OSError:
+        return {}
+    out = {}
+    for line in text.splitlines():
+        if line and not line.startswith("#") and "{" not in line:
+            name, value = line.split()[:2]
+            out[name] = float(value)
+    return out
+
+
+class Run:
+    """Fresh topics, a config file, and the service as a subprocess."""
+
+    def __init__(self, bootstrap: str, workdir: Path, args: argparse.Namespace) -> None:
+        self.topic = f"bench-{uuid.uuid4().hex[:8]}"
+        self.bootstrap = bootstrap
+        self.port = free_port()
+        create_topics(bootstrap, [self.topic, f"{self.topic}.unique", f"{self.topic}.duplicates"])
+        create_topics(bootstrap, [f"{self.topic}.dlq"])
+        self.config = workdir / f"{self.topic}.toml"
+        self.config.write_text(
+            f"""
+[input]
+topics = ["{self.topic}"]
+[index]
+path = "{workdir / self.topic}"
+[http]
+host = "127.0.0.1"
+port = {self.port}
+[batch]
+max_messages = {args.max_messages}
+max_wait_ms = {args.max_wait_ms}
+[log]
+level = "WARNING"
+[kafka]
+"bootstrap.servers" = "{bootstrap}"
+"group.id" = "g-{self.topic}"
+"session.timeout.ms" = "6000"
+"heartbeat.interval.ms" = "1000"
+""",
+            encoding="utf-8",
+        )
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "stream_dedup.cli", "run", "--config", str(self.config)],
+            stdout=subprocess.DEVNULL,
+        )
+
+    def wait_ready(self, timeout_s: float = 60) -> None:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/readyz", timeout=2):
+                    return
+            except OSError:
+                time.sleep(0.05)
+        raise RuntimeError("service did not become ready")
+
+    def stop(self) -> None:
+        if self.proc is not None:
+            self.proc.terminate()
+            self.proc.wait(timeout=60)
+
+
+def produce_all(bootstrap: str, topic: str, docs: list[dict[str, Any]]) -> None:
+    producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 20, "acks": "all"})
+    for d in docs:
+        while True:
+            try:
+                producer.produce(topic, json.dumps(d).encode())
+                break
+            except BufferError:
+                producer.poll(0.05)
+        producer.poll(0)
+    producer.flush(120)
+
+
+def throughput(bootstrap: str, workdir: Path, args: argparse.Namespace, seed: int) -> float:
+    docs = documents(args.documents, seed)
+    run = Run(bootstrap, workdir, args)
+    produce_all(bootstrap, run.topic, docs)
+    run.start()
+    first: float | None = None
+    try:
+        deadline = time.monotonic() + 600
+        while time.monotonic() < deadline:
+            m = scrape(run.port)
+            now = time.monotonic()
+            if first is None and m.get("stream_dedup_messages_consumed_total", 0) > 0:
+                first = now
+            if m.get("stream_dedup_index_documents", 0) >= len(docs):
+                assert first is not None
+                return len(docs) / (now - first)
+            time.sleep(0.01)
+        raise RuntimeError("throughput run did not finish")
+    finally:
+        run.stop()
+
+
+def latency(bootstrap: str, workdir: Path, args: argparse.Namespace, seed: int) -> list[float]:
+    total = int(args.rate * args.seconds)
+    docs = documents(total, seed)
+    run = Run(bootstrap, workdir, args)
+    run.start()
+    run.wait_ready()
+    received: list[float] = []
+    done = threading.Event()
+
+    def consume() -> None:
+        consumer = Consumer(
+            {
+                "bootstrap.servers": bootstrap,
+                "group.id": f"lat-{run.topic}",
+                "fetch.wait.max.ms": 5,
+                "enable.auto.commit": False,
+            }
+        )
+        consumer.assign(
+            [
+                TopicPartition(f"{run.topic}.unique", 0, OFFSET_BEGINNING),
+                TopicPartition(f"{run.topic}.duplicates", 0, OFFSET_BEGINNING),
+            ]
+        )
+        while len(received) < total and not done.is_set():
+            for msg in consumer.consume(1000, 0.1):
+                if msg.error() is None:
+                    now = time.time()
+                    sent = json.loads(msg.value() or b"{}")["document"]["sent"]
+                    received.append(now - sent)
+        consumer.close()
+
+    reader = threading.Thread(target=consume, daemon=True)
+    reader.start()
+    producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 1, "acks": "all"})
+    tick = 0.01
+    per_tick = max(1, round(args.rate * tick))
+    start = time.monotonic()
+    for i in range(0, total, per_tick):
+        target = start + (i / per_tick) * tick
+        pause = target - time.monotonic()
+        if pause > 0:
+            time.sleep(pause)
+        for d in docs[i : i + per_tick]:
+            d["sent"] = time.time()
+            producer.produce(run.topic, json.dumps(d).encode())
+        producer.poll(0)
+    producer.flush(60)
+    reader.join(timeout=60)
+    done.set()
+    run.stop()
+    if len(received) < total:
+        raise RuntimeError(f"only {len(received)} of {total} events arrived")
+    return received
+
+
+def quantile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("-n", "--documents", type=int, default=50_000)
+    p.add_argument("--rate", type=float, default=1000.0, help="offered load, docs/s (1000)")
+    p.add_argument("--seconds", type=float, default=20.0, help="latency phase length (20)")
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--max-messages", type=int, default=2000, help="batch.max_messages")
+    p.add_argument("--max-wait-ms", type=int, default=20, help="batch.max_wait_ms")
+    p.add_argument("--skip-latency", action="store_true")
+    p.add_argument("--skip-throughput", action="store_true")
+    p.add_argument("--json", metavar="FILE", help="also write the results as JSON")
+    args = p.parse_args()
+
+    broker: EmbeddedBroker | None = None
+    bootstrap = os.environ.get("KAFKA_BOOTSTRAP_SERVERS")
+    if not bootstrap:
+        broker = EmbeddedBroker()
+        broker.start()
+        bootstrap = broker.bootstrap
+    results: dict[str, Any] = {
+        "date": datetime.now(UTC).isoformat(timespec="seconds"),
+        "cpus": os.cpu_count(),
+        "documents": args.documents,
+        "batch": {"max_messages": args.max_messages, "max_wait_ms": args.max_wait_ms},
+    }
+    try:
+        with tempfile.TemporaryDirectory(prefix="bench-service-") as tmp:
+            work = Path(tmp)
+            if not args.skip_throughput:
+                rates = [throughput(bootstrap, work, args, seed=r) for r in range(args.repeats)]
+                results["throughput_docs_per_s"] = rates
+                print(
+                    f"throughput: median {statistics.median(rates):,.0f} docs/s over "
+                    f"{args.documents:,} documents (runs: "
+                    + ", ".join(f"{r:,.0f}" for r in rates)
+                    + ")  target >= 10,000"
+                )
+            if not args.skip_latency:
+                p50s, p99s = [], []
+                for r in range(args.repeats):
+                    lat = latency(bootstrap, work, args, seed=100 + r)
+                    p50s.append(quantile(lat, 0.50) * 1000)
+                    p99s.append(quantile(lat, 0.99) * 1000)
+                results["latency_ms"] = {"p50": p50s, "p99": p99s, "rate": args.rate}
+                print(
+                    f"latency at {args.rate:,.0f} docs/s offered: median p50 "
+                    f"{statistics.median(p50s):.1f} ms, median p99 "
+                    f"{statistics.median(p99s):.1f} ms (runs p99: "
+                    + ", ".join(f"{v:.1f}" for v in p99s)
+                    + ")  target p99 <= 100 ms"
+                )
+    finally:
+        if broker is not None:
+            broker.stop()
+    if args.json:
+        Path(args.json).write_text(json.dumps(results, indent=2), encoding="utf-8")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
