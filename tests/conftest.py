@@ -60,7 +60,7 @@ def index_factory(backend_factory: BackendFactory) -> IndexFactory:
 def read_kijiji() -> list[tuple[str, str]]:
     """``(id, content)`` per ad: id is the 1-based row number, content Title + " " + Short
     Description. Read literally: split on tabs, no quote handling, mojibake kept."""
-    lines = KIJIJI_TSV.read_text(encoding="utf-8").split("\n")
+    lines = KIJIJI_TSV.read_bytes().decode("utf-8").split("\n")  # no newline translation
     header = lines[0].split("\t")
     title, desc = header.index("Title"), header.index("Short Description")
     ads = []
