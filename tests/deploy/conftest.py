@@ -48,7 +48,8 @@ def _http_get(url: str, timeout_s: float = 2.0) -> tuple[int, str]:
         with urllib.request.urlopen(url, timeout=timeout_s) as resp:
             return resp.status, resp.read().decode("utf-8")
     except urllib.error.HTTPError as exc:
-        return exc.code, exc.read().decode("utf-8", "replace")
+        with exc:
+            return exc.code, exc.read().decode("utf-8", "replace")
 
 
 def _sample_sum(exposition: str, name: str) -> float:

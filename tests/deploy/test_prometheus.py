@@ -85,7 +85,8 @@ class PrometheusServer:
             with urllib.request.urlopen(url, timeout=10) as resp:
                 body: dict[str, Any] = json.load(resp)
         except urllib.error.HTTPError as exc:  # 400/422 carry the error as JSON
-            body = json.load(exc)
+            with exc:
+                body = json.load(exc)
         return body
 
     def query(self, promql: str) -> dict[str, Any]:
