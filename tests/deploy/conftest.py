@@ -131,13 +131,17 @@ class RunningService:
             time.sleep(0.2)
         raise AssertionError(f"service not ready after {timeout_s}s:\n{self.log()}")
 
-    def load_sample(self, documents: int, seed: int) -> None:
-        """Run the Compose ``load-sample`` command against the test broker and topic."""
+    def load_sample(self, documents: int) -> None:
+        """Run the Compose ``load-sample`` command against the test broker and topic.
+
+        The generator is deterministic: a larger sample starts with the smaller one, so a
+        second, larger load replays the first documents (as a re-run loader would) and
+        adds new ones."""
         entrypoint = load_compose()["services"]["load-sample"]["entrypoint"]
         assert entrypoint[:2] == ["sh", "-c"], entrypoint
         command = entrypoint[2]
         for old, new in (
-            ("-n 5000", f"-n {documents} --seed {seed}"),
+            ("-n 5000", f"-n {documents}"),
             ("--topic news", f"--topic {self.topics.input}"),
             ("--bootstrap-servers kafka:9092", f"--bootstrap-servers {self.bootstrap}"),
         ):
@@ -186,7 +190,7 @@ def service(bootstrap: str, tmp_path_factory: pytest.TempPathFactory) -> Iterato
     svc = RunningService(bootstrap, topics, tmp_path_factory.mktemp("deploy-service"))
     try:
         svc.wait_ready()
-        svc.load_sample(documents=300, seed=7)
+        svc.load_sample(documents=300)
         svc.wait_processed()
         yield svc
     finally:

@@ -154,8 +154,8 @@ def prometheus(service: RunningService, tmp_path: Path) -> Iterator[PrometheusSe
 def test_prometheus_answers_every_dashboard_query_with_data(
     service: RunningService, prometheus: PrometheusServer
 ) -> None:
-    # a second sample while Prometheus watches, so rates and quantiles have data
-    service.load_sample(documents=400, seed=11)
+    # a second, larger sample while Prometheus watches, so rates and quantiles have data
+    service.load_sample(documents=700)
     exposition = service.wait_processed()
     consumed = next(
         float(line.split()[-1])
