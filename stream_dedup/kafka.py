@@ -35,6 +35,7 @@ CONSUMER_DEFAULTS: Mapping[str, str] = {
     "auto.offset.reset": "earliest",
     "statistics.interval.ms": "5000",
     "fetch.wait.max.ms": "50",
+    "max.partition.fetch.bytes": "8388608",
     "enable.partition.eof": "false",
 }
 CONSUMER_ENFORCED: Mapping[str, str] = {
@@ -60,6 +61,7 @@ _CONSUMER_ONLY = (
     "partition.assignment.strategy",
     "max.poll.interval.ms",
     "fetch.",
+    "max.partition.fetch.bytes",
     "isolation.level",
     "enable.partition.eof",
     "check.crcs",

@@ -322,7 +322,6 @@ class Service:
                 )
             )
             record_sources.append(source)
-            self.metrics.verdicts.labels(verdict.verdict.value).inc()
         records.extend(dead)
 
         def rejected(i: int, exc: Exception) -> OutRecord | None:
@@ -335,6 +334,9 @@ class Service:
         self.metrics.batch_duration.observe(done - started)
         for msg in batch:
             self.metrics.document_latency.observe(done - self._received_at.pop(id(msg), started))
+        duplicates = sum(v.is_duplicate for v in result.verdicts)
+        self.metrics.verdicts.labels("duplicate").inc(duplicates)
+        self.metrics.verdicts.labels("unique").inc(len(result.verdicts) - duplicates)
         self.metrics.observe_work(result.stats.candidates, result.stats.verifications)
         self.metrics.replayed.inc(result.stats.replayed)
         self.metrics.truncated.inc(result.stats.truncated_lookups)
