@@ -118,15 +118,15 @@ class Deduplicator:
         deltas = dict.fromkeys(("documents", "indexed", "duplicates", "empty"), 0)
         verdicts: list[Verdict] = []
         live_pos = {doc_index: pos for pos, doc_index in enumerate(live)}
-
-        def lookup(key: bytes) -> bytes | None:
-            if key in puts:
-                return puts[key]
-            return db.get(key)
+        index_all = cfg.index_policy == "all"
+        bucket_bytes = self._bucket_bytes
+        # ``db`` doubles as the overlay: every put of the batch is also written into it, so
+        # one dict lookup sees the batch's own writes before the committed values.
+        get = db.get
 
         for i, doc in enumerate(docs):
             vkey = vkeys[i]
-            stored = lookup(vkey)
+            stored = get(vkey)
             if stored is not None:
                 verdicts.append(decode_verdict(doc.id, stored))
                 stats.replayed += 1
@@ -141,9 +141,9 @@ class Deduplicator:
                 stats.verifications.append(0)
             else:
                 doc_keys = bkeys[pos * nb : (pos + 1) * nb]
-                xkey = keys.exact_key(digests[i])
+                xkey = xkeys[pos]
                 match, n_cand, n_ver = self._match(
-                    sets[pos], sigs[pos], doc_keys, lookup(xkey), lookup, records, stats
+                    sets[pos], sigs[pos], doc_keys, get(xkey), get, records, stats
                 )
                 stats.candidates.append(n_cand)
                 stats.verifications.append(n_ver)
@@ -158,25 +158,27 @@ class Deduplicator:
                         match.cluster_id,
                     )
                     deltas["duplicates"] += 1
-                if cfg.index_policy == "all" or match is None:
+                if index_all or match is None:
                     docnum = next_docnum
                     next_docnum += 1
                     deltas["indexed"] += 1
                     payload = sets[pos].tobytes() if self._exact else sigs[pos].tobytes()
-                    dkey = keys.doc_key(docnum)
-                    puts[dkey] = encode_doc(doc.id, verdict.cluster_id, payload)
+                    puts[keys.doc_key(docnum)] = encode_doc(doc.id, verdict.cluster_id, payload)
                     records[docnum] = DocRecord(doc.id, verdict.cluster_id, payload)
-                    if lookup(xkey) is None:
-                        puts[xkey] = docnum.to_bytes(8, "little")
                     member = docnum.to_bytes(8, "little")
+                    if get(xkey) is None:
+                        puts[xkey] = db[xkey] = member
                     for bkey in doc_keys:
-                        old = lookup(bkey) or b""
-                        if len(old) >= self._bucket_bytes:
-                            old = old[len(old) - self._bucket_bytes + 8 :]
+                        old = get(bkey)
+                        if old is None:
+                            puts[bkey] = db[bkey] = member
+                            continue
+                        if len(old) >= bucket_bytes:
+                            old = old[len(old) - bucket_bytes + 8 :]
                             stats.bucket_evictions += 1
-                        puts[bkey] = old + member
+                        puts[bkey] = db[bkey] = old + member
             deltas["documents"] += 1
-            puts[vkey] = encode_verdict(verdict)
+            puts[vkey] = db[vkey] = encode_verdict(verdict)
             verdicts.append(verdict)
         return BatchResult(verdicts, puts, deltas, stats)
 
@@ -219,16 +221,17 @@ class Deduplicator:
             rec = records.get(n) or self._fetch_records([n])[n]
             stats.exact_hits += 1
             return Match(n, rec.doc_id, rec.cluster_id, 1.0), 1, 0
-        hits = [np.frombuffer(v, dtype="<u8") for k in doc_keys if (v := lookup(k))]
+        hits = [v for k in doc_keys if (v := lookup(k))]
         if not hits:
             return None, 0, 0
-        members, counts = np.unique(np.concatenate(hits), return_counts=True)
-        n_cand = int(members.size)
+        members = np.frombuffer(b"".join(hits), dtype="<u8")
+        chosen = set(members.tolist())
+        n_cand = len(chosen)
         if n_cand > self.config.max_candidates:
             stats.truncated_lookups += 1
-            order = np.lexsort((members, -counts))[: self.config.max_candidates]
-            members = members[order]
-        chosen = members.tolist()
+            unique, counts = np.unique(members, return_counts=True)
+            order = np.lexsort((unique, -counts))[: self.config.max_candidates]
+            chosen = set(unique[order].tolist())
         missing = [n for n in chosen if n not in records]
         if missing:
             records.update(self._fetch_records(missing))

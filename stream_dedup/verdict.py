@@ -10,14 +10,17 @@ from stream_dedup.hashing import U64
 
 
 def exact_jaccard(a: U64, b: U64) -> float:
-    """Jaccard similarity of two sorted arrays of distinct uint64 shingle hashes."""
+    """Jaccard similarity of two sorted arrays of distinct uint64 shingle hashes.
+
+    A shared hash appears twice in the merged arrays, so the intersection is the number of
+    equal neighbours after a stable sort, which for two sorted runs is a single linear merge
+    (several times faster than a binary search per element).
+    """
     if a.size == 0 or b.size == 0:
         return 0.0
-    if a.size > b.size:
-        a, b = b, a
-    pos = np.searchsorted(b, a)
-    np.minimum(pos, b.size - 1, out=pos)
-    inter = int(np.count_nonzero(b[pos] == a))
+    merged = np.concatenate((a, b))
+    merged.sort(kind="stable")
+    inter = int(np.count_nonzero(merged[1:] == merged[:-1]))
     return inter / (a.size + b.size - inter)
 
 

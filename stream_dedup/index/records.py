@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
+from json.encoder import encode_basestring_ascii
 
 from stream_dedup.errors import IndexCorruptError
 from stream_dedup.models import Verdict, VerdictKind
@@ -49,14 +50,18 @@ def decode_doc(raw: bytes) -> DocRecord:
 
 
 def encode_verdict(v: Verdict) -> bytes:
-    body = {
-        "k": "d" if v.is_duplicate else "u",
-        "of": v.duplicate_of,
-        "s": v.similarity,
-        "c": v.cluster_id,
-        "e": v.empty,
-    }
-    return json.dumps(body, separators=(",", ":")).encode()
+    """The verdict record: the bytes ``json.dumps(body, separators=(",", ":"))`` writes.
+
+    Formatted directly (strings escaped by json's own ASCII escaper, the similarity by
+    ``float.__repr__`` as json does), because building an encoder per call cost more than
+    the rest of a document's bookkeeping.
+    """
+    of = "null" if v.duplicate_of is None else encode_basestring_ascii(v.duplicate_of)
+    sim = "null" if v.similarity is None else float.__repr__(float(v.similarity))
+    return (
+        f'{{"k":"{"d" if v.is_duplicate else "u"}","of":{of},"s":{sim},'
+        f'"c":{encode_basestring_ascii(v.cluster_id)},"e":{"true" if v.empty else "false"}}}'
+    ).encode()
 
 
 def decode_verdict(doc_id: str, raw: bytes) -> Verdict:
