@@ -244,31 +244,39 @@ class Service:
         log.info("stopped", extra=_fields(documents=self.index.counter("documents")))
 
     def _collect(self, consumer: Consumer) -> list[Message]:
-        """Up to ``max_messages``, closing ``max_wait_ms`` after the first one arrives."""
+        """Up to ``max_messages``, closing ``max_wait_ms`` after the first one arrives.
+
+        The first message is awaited with ``poll`` (returns as soon as one is there);
+        the rest with ``consume``, which waits until it has its count or its timeout, so
+        its timeout is what is left of the batch window.
+        """
         limit = self.config.batch.max_messages
         wait_s = self.config.batch.max_wait_ms / 1000.0
-        deadline: float | None = None
-        while len(self._pending) < limit and not self._stop.is_set():
-            now = time.monotonic()
-            timeout = 0.2 if deadline is None else max(0.0, deadline - now)
-            msgs = consumer.consume(limit - len(self._pending), timeout)
-            received = time.perf_counter()
-            for msg in msgs:
-                err = raise_if_fatal(msg)
-                if err is not None:
-                    if err.code() != KafkaError._PARTITION_EOF:
-                        log.warning("consume error", extra=_fields(error=err.str()))
-                    continue
-                self._pending.append(msg)
-                self._received_at[id(msg)] = received
-            if not self._pending:
+        if not self._pending:
+            first = consumer.poll(0.2)
+            if first is None:
                 return []
-            if deadline is None:
-                deadline = time.monotonic() + wait_s
-            if time.monotonic() >= deadline:
+            self._take([first])
+        deadline = time.monotonic() + wait_s
+        while len(self._pending) < limit and not self._stop.is_set():
+            left = deadline - time.monotonic()
+            self._take(consumer.consume(limit - len(self._pending), max(0.0, left)))
+            if left <= 0:
                 break
         batch, self._pending = self._pending, []
         return batch
+
+    def _take(self, msgs: list[Message]) -> None:
+        """Keep consumed messages for the batch; log (or raise, if fatal) consumer errors."""
+        received = time.perf_counter()
+        for msg in msgs:
+            err = raise_if_fatal(msg)
+            if err is not None:
+                if err.code() != KafkaError._PARTITION_EOF:
+                    log.warning("consume error", extra=_fields(error=err.str()))
+                continue
+            self._pending.append(msg)
+            self._received_at[id(msg)] = received
 
     def _process(self, batch: list[Message]) -> None:
         """Decode, decide, build records, checkpoint: one batch."""
