@@ -8,7 +8,10 @@ lock); a second process on the same directory stops at start-up with
 a persistent volume for the index: a restarted instance resumes from the offsets stored
 in the index (see :mod:`stream_dedup.checkpoint`).
 
-A batch closes at ``batch.max_messages`` or ``batch.max_wait_ms`` after its first message.
+A batch closes at ``batch.max_messages`` or ``batch.max_wait_ms`` after its first message,
+and is decided in the canonical (topic, partition, offset) order. After a crash the first
+batch is instead the one the index's batch intent announces, collected until complete
+(see :mod:`stream_dedup.checkpoint`); normal batching resumes once it is committed.
 Bad input never stops the loop: a message that cannot be decoded, or whose processing
 raises, goes to the dead-letter topic and its offset is committed like any other.
 """
@@ -26,13 +29,22 @@ from types import FrameType
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
 from prometheus_client import CollectorRegistry
 
-from stream_dedup.checkpoint import Checkpoint, empty_result
+from stream_dedup.checkpoint import (
+    Checkpoint,
+    batch_ranges,
+    canonical_order,
+    empty_result,
+    intent_reached,
+    position,
+    split_intent,
+)
 from stream_dedup.decode import document_from_record
 from stream_dedup.dedup import BatchResult, Deduplicator
 from stream_dedup.endpoints import HttpEndpoints
 from stream_dedup.errors import DecodeError
 from stream_dedup.events import OutRecord, Source, dead_letter, event
 from stream_dedup.index import DedupIndex, open_index
+from stream_dedup.index.store import Ranges
 from stream_dedup.kafka import (
     BrokerWatch,
     DeliveryAbandonedError,
@@ -46,6 +58,7 @@ from stream_dedup.service_config import ServiceConfig
 
 log = logging.getLogger("stream_dedup.service")
 
+TpKey = tuple[str, int]
 DeduplicatorFactory = Callable[[DedupIndex, ServiceConfig], Deduplicator]
 
 
@@ -111,6 +124,10 @@ class Service:
         self._assigned: set[tuple[str, int]] = set()
         self._index_open = True
         self._pending: list[Message] = []
+        #: Ranges of a batch announced but not committed before the last stop: replay it.
+        self._intent = self.index.intent()
+        self._paused: set[tuple[str, int]] = set()
+        self._intent_warned_at = time.monotonic() - 15.0  # first warning after ~15 s
         self._received_at: dict[int, float] = {}
         self.http: HttpEndpoints | None = None
         self._consumer: Consumer | None = None
@@ -206,6 +223,14 @@ class Service:
                 http_port=self.http.port if self.http else None,
             ),
         )
+        if self._intent is not None:
+            log.info(
+                "replaying the batch announced before the last stop",
+                extra=_fields(
+                    ranges=[f"{t}:{p}@{a}-{b}" for (t, p), (a, b) in sorted(self._intent.items())],
+                    action="none: its events are re-emitted identically",
+                ),
+            )
         code = 0
         try:
             while not self._stop.is_set():
@@ -248,8 +273,11 @@ class Service:
 
         The first message is awaited with ``poll`` (returns as soon as one is there);
         the rest with ``consume``, which waits until it has its count or its timeout, so
-        its timeout is what is left of the batch window.
+        its timeout is what is left of the batch window. While a batch intent is pending,
+        the batch is the intent's instead (:meth:`_collect_intent`).
         """
+        if self._intent is not None:
+            return self._collect_intent(consumer, self._intent)
         limit = self.config.batch.max_messages
         wait_s = self.config.batch.max_wait_ms / 1000.0
         if not self._pending:
@@ -263,8 +291,67 @@ class Service:
             self._take(consumer.consume(limit - len(self._pending), max(0.0, left)))
             if left <= 0:
                 break
-        batch, self._pending = self._pending, []
+        batch, self._pending = self._pending[:limit], self._pending[limit:]
         return batch
+
+    def _collect_intent(self, consumer: Consumer, intent: Ranges) -> list[Message]:
+        """The announced batch once every intent partition reached its end, else ``[]``.
+
+        Messages beyond a range, or from other partitions, are held (in arrival order) for
+        the next batch. Partitions with nothing more to give this batch are paused so the
+        held messages stay few; they resume when the batch is complete.
+        """
+        missing = sorted(set(intent) - self._assigned)
+        if missing:
+            self._pause([tp for tp in self._assigned if tp not in self._paused])
+            now = time.monotonic()
+            if now - self._intent_warned_at > 30.0:
+                self._intent_warned_at = now
+                log.warning(
+                    "waiting for the partitions of the batch to replay",
+                    extra=_fields(
+                        missing=[f"{t}:{p}" for t, p in missing],
+                        action="run one instance for all partitions of the input topics; "
+                        "stop any other member of this consumer group",
+                    ),
+                )
+            msg = consumer.poll(0.2)  # serves the rebalance callbacks
+            if msg is not None:
+                self._take([msg])
+            return []
+        if not intent_reached(self._pending, intent):
+            self._take(consumer.consume(self.config.batch.max_messages, 0.2))
+            self._pause(self._done_for_intent(intent))
+            if not intent_reached(self._pending, intent):
+                return []
+        batch, self._pending = split_intent(self._pending, intent)
+        return batch
+
+    def _done_for_intent(self, intent: Ranges) -> list[TpKey]:
+        """Assigned, unpaused partitions that cannot add to the announced batch."""
+        last: dict[TpKey, int] = {}
+        for msg in self._pending:
+            topic, partition, offset = position(msg)
+            last[(topic, partition)] = max(last.get((topic, partition), -1), offset)
+        return [
+            tp
+            for tp in self._assigned
+            if tp not in self._paused
+            and (tp not in intent or last.get(tp, -1) >= intent[tp][1] - 1)
+        ]
+
+    def _pause(self, partitions: list[TpKey]) -> None:
+        if partitions and self._consumer is not None:
+            self._consumer.pause([TopicPartition(t, p) for t, p in partitions])
+            self._paused.update(partitions)
+
+    def _resume_all(self) -> None:
+        """Resume what :meth:`_pause` paused (fetching restarts after the last message seen)."""
+        if self._paused and self._consumer is not None:
+            live = [TopicPartition(t, p) for t, p in self._paused if (t, p) in self._assigned]
+            if live:
+                self._consumer.resume(live)
+        self._paused.clear()
 
     def _take(self, msgs: list[Message]) -> None:
         """Keep consumed messages for the batch; log (or raise, if fatal) consumer errors."""
@@ -279,20 +366,20 @@ class Service:
             self._received_at[id(msg)] = received
 
     def _process(self, batch: list[Message]) -> None:
-        """Decode, decide, build records, checkpoint: one batch."""
+        """Decode, decide (in canonical order), build records, checkpoint: one batch."""
         assert self._checkpoint is not None
         started = time.perf_counter()
         cfg = self.config
         self.metrics.consumed.inc(len(batch))
         self.metrics.batch_size.observe(len(batch))
-        offsets: dict[tuple[str, int], int] = {}
+        batch = canonical_order(batch)
+        ranges = batch_ranges(batch)
         docs: list[Document] = []
         doc_sources: list[Source] = []
         dead: list[OutRecord] = []
         for msg in batch:
             source = _source(msg)
             topic, partition, offset = source.topic, source.partition, source.offset
-            offsets[(topic, partition)] = max(offsets.get((topic, partition), 0), offset + 1)
             try:
                 doc = document_from_record(
                     source.value,
@@ -337,7 +424,10 @@ class Service:
                 raise exc  # a dead letter itself was rejected: nothing safer to send
             return self._dead_letter(record_sources[i], "processing_error", exc, "produce")
 
-        self._checkpoint.commit(records, result, offsets, rejected)
+        self._checkpoint.commit(records, result, ranges, rejected)
+        if self._intent is not None:  # the announced batch is stored: batch normally again
+            self._intent = None
+            self._resume_all()
         done = time.perf_counter()
         self.metrics.batch_duration.observe(done - started)
         for msg in batch:
@@ -393,14 +483,22 @@ class Service:
     # -- rebalances ----------------------------------------------------------------------
 
     def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
-        """Seek every assigned partition to the offset stored in the index."""
+        """Seek every assigned partition to the offset stored in the index.
+
+        A partition named by a pending batch intent goes to the intent's start (the same
+        offset when the index has one), so the announced batch is read again whole.
+        """
         self.metrics.rebalances.labels("assign").inc()
         stored = self.index.offsets()
+        intent = self._intent or {}
         for tp in partitions:
             key = (tp.topic, tp.partition)
-            if key in stored:
+            if key in intent:
+                tp.offset = intent[key][0]
+            elif key in stored:
                 tp.offset = stored[key]
             self._assigned.add(key)
+            self._paused.discard(key)
         log.info(
             "partitions assigned",
             extra=_fields(
@@ -415,13 +513,27 @@ class Service:
         self.metrics.assigned.set(len(self._assigned))
 
     def _on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
-        """Checkpoint what was collected before the partitions go."""
+        """Checkpoint what was collected before the partitions go.
+
+        While a batch intent is pending, only the complete announced batch may be
+        checkpointed; otherwise the revoked partitions' messages are dropped here and read
+        again from the index offsets at the next assignment.
+        """
         self.metrics.rebalances.labels("revoke").inc()
-        batch, self._pending = self._pending, []
-        if batch:
-            self._process(batch)
-        for tp in partitions:
-            self._assigned.discard((tp.topic, tp.partition))
+        revoked = {(tp.topic, tp.partition) for tp in partitions}
+        if self._intent is not None and intent_reached(self._pending, self._intent):
+            announced, self._pending = split_intent(self._pending, self._intent)
+            self._process(announced)
+        if self._intent is None:
+            batch, self._pending = self._pending, []
+            if batch:
+                self._process(batch)
+        else:
+            batch = []
+            self._pending = [m for m in self._pending if (m.topic(), m.partition()) not in revoked]
+            self._resume_all()
+        self._assigned -= revoked
+        self._paused -= revoked
         self.metrics.assigned.set(len(self._assigned))
         log.info(
             "partitions revoked",
@@ -439,6 +551,7 @@ class Service:
         lost = {(tp.topic, tp.partition) for tp in partitions}
         self._pending = [m for m in self._pending if (m.topic(), m.partition()) not in lost]
         self._assigned -= lost
+        self._paused -= lost
         self.metrics.assigned.set(len(self._assigned))
         log.warning(
             "partitions lost", extra=_fields(partitions=sorted(f"{t}:{p}" for t, p in lost))

@@ -7,6 +7,8 @@
     v <id, UTF-8>                       -> verdict record of a decided id (replay)
     x <16-byte digest of normalised text> -> docnum of the first document with that text
     o <topic, UTF-8> 0x00 <partition: u32 BE> -> next input offset to consume, uint64 LE
+    i                                   -> batch intent: JSON [[topic, partition, start, end], ...]
+                                           of the batch being emitted; empty once committed
 
 Docnums are dense internal numbers in arrival order, so "earliest" is "smallest docnum"
 and a bucket stays eight bytes per member.
@@ -25,6 +27,7 @@ DOC = b"d"
 VERDICT = b"v"
 EXACT = b"x"
 OFFSET = b"o"
+INTENT = b"i"
 
 _BAND_DTYPE = np.dtype([("p", "S1"), ("band", ">u2"), ("h", ">u8")])
 

@@ -4,10 +4,17 @@ The deduplicator reads through :meth:`DedupIndex.read` and hands every change of
 :meth:`DedupIndex.commit`, which writes index updates, counters and the processed input
 offsets in one atomic backend write. That single write is what lets the service resume
 exactly where it stopped.
+
+Before a batch's events leave the process, the service records the batch's input ranges as
+the *batch intent* (:meth:`DedupIndex.write_intent`); the commit that stores the batch
+clears it in the same write. An intent found at start-up names exactly the batch whose
+events may already be out, so the service can decide that same batch again. Ranges are
+plain ``(topic, partition) -> (start, end)`` pairs: the index knows nothing of Kafka.
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,6 +28,9 @@ from stream_dedup.index.rocks import RocksBackend
 
 #: Counters kept in the index, updated in the same write as the records they count.
 COUNTERS = ("documents", "indexed", "duplicates", "empty")
+
+#: Input ranges of one batch: (topic, partition) -> (first offset, last offset + 1).
+Ranges = Mapping[tuple[str, int], tuple[int, int]]
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,6 +72,7 @@ class DedupIndex:
             name: int.from_bytes(v, "little") if v else 0
             for name, v in zip(COUNTERS, raw, strict=True)
         }
+        self._intent_pending = self.intent() is not None
 
     @property
     def params(self) -> IndexParams:
@@ -85,7 +96,11 @@ class DedupIndex:
         counter_deltas: Mapping[str, int],
         offsets: Mapping[tuple[str, int], int] | None = None,
     ) -> None:
-        """Write a batch's records, counters and next input offsets atomically."""
+        """Write a batch's records, counters and next input offsets atomically.
+
+        A pending batch intent is cleared in the same write: the batch it announced is now
+        stored, so there is nothing left to replay.
+        """
         batch = dict(puts)
         new_counters = dict(self._counters)
         for name, delta in counter_deltas.items():
@@ -93,8 +108,29 @@ class DedupIndex:
             batch[keys.counter_key(name)] = new_counters[name].to_bytes(8, "little")
         for (topic, partition), offset in (offsets or {}).items():
             batch[keys.offset_key(topic, partition)] = offset.to_bytes(8, "little")
+        if self._intent_pending:
+            batch[keys.INTENT] = b""  # the backend has no delete; empty means "none"
         self._backend.write(batch)
         self._counters = new_counters
+        self._intent_pending = False
+
+    def write_intent(self, ranges: Ranges) -> None:
+        """Record the input ranges of the batch about to be emitted (one small atomic put).
+
+        Written before any of the batch's events are produced, so that after a crash the
+        same batch (same ranges, hence the same documents) can be decided again and its
+        replayed events equal the ones already emitted. Cleared by the next :meth:`commit`.
+        """
+        body = sorted([t, p, start, end] for (t, p), (start, end) in ranges.items())
+        self._backend.write({keys.INTENT: json.dumps(body, separators=(",", ":")).encode()})
+        self._intent_pending = True
+
+    def intent(self) -> dict[tuple[str, int], tuple[int, int]] | None:
+        """The ranges of a batch announced but never committed, or ``None``."""
+        raw = self._backend.get_many([keys.INTENT])[0]
+        if not raw:
+            return None
+        return {(str(t), int(p)): (int(a), int(b)) for t, p, a, b in json.loads(raw)}
 
     def offsets(self) -> dict[tuple[str, int], int]:
         """The next offset to consume per (topic, partition), as last committed."""

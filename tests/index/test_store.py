@@ -294,3 +294,74 @@ def test_open_index_without_path_is_a_fresh_memory_index_each_time() -> None:
     assert first.location == second.location == ":memory:"
     assert (first.counter("documents"), second.counter("documents")) == (1, 0)
     assert second.read([b"v\x01"]) == [None]
+
+
+# The batch intent: announced before the events go out, cleared by the commit.
+
+
+def test_batch_intent_round_trip_and_cleared_by_the_commit(index_factory: IndexFactory) -> None:
+    index = index_factory(PARAMS)
+    assert index.intent() is None
+    ranges = {("news", 2): (10, 15), ("news", 0): (3, 4), ("wire.eu", 256): (0, 500)}
+    index.write_intent(ranges)
+    assert index.intent() == ranges
+    assert index.offsets() == {}  # announcing a batch stores no offsets
+    index.commit({b"v\x01": b"a"}, {"documents": 1}, {tp: end for tp, (_, end) in ranges.items()})
+    assert index.intent() is None
+    assert index.offsets() == {("news", 2): 15, ("news", 0): 4, ("wire.eu", 256): 500}
+
+
+def test_batch_intent_is_one_small_write_and_cleared_in_the_commit_write(
+    backend_factory: Callable[[], Backend],
+) -> None:
+    backend = RecordingBackend(backend_factory())
+    index = DedupIndex(backend, PARAMS)  # type: ignore[arg-type]
+    backend.writes.clear()
+    index.write_intent({("news", 1): (7, 9)})
+    assert backend.writes == [{keys.INTENT: b'[["news",1,7,9]]'}]
+    index.commit({b"v\x01": b"a"}, {"documents": 1}, {("news", 1): 9})
+    assert len(backend.writes) == 2
+    assert backend.writes[1][keys.INTENT] == b""
+    assert backend.writes[1][keys.offset_key("news", 1)] == (9).to_bytes(8, "little")
+    index.commit({b"v\x02": b"b"}, {"documents": 1}, {("news", 1): 10})
+    assert keys.INTENT not in backend.writes[2]  # nothing pending, nothing to clear
+
+
+def test_failed_commit_keeps_the_batch_intent(backend_factory: Callable[[], Backend]) -> None:
+    backend = RecordingBackend(backend_factory())
+    index = DedupIndex(backend, PARAMS)  # type: ignore[arg-type]
+    index.write_intent({("t", 0): (1, 2)})
+    backend.fail_next = True
+    with pytest.raises(OSError, match="disk full"):
+        index.commit({b"v\x02": b"b"}, {"documents": 1}, {("t", 0): 2})
+    assert index.intent() == {("t", 0): (1, 2)}
+    index.commit({b"v\x02": b"b"}, {"documents": 1}, {("t", 0): 2})
+    assert index.intent() is None
+
+
+def test_rocks_batch_intent_survives_a_killed_process_and_reopen(tmp_path: Path) -> None:
+    path = tmp_path / "idx"
+    child = _run_child(
+        f"""
+        import os, signal
+        from stream_dedup.config import DedupConfig
+        from stream_dedup.index import open_index
+        index = open_index({str(path)!r}, DedupConfig().index_params())
+        index.commit({{b"v\\x07": b"kept"}}, {{"documents": 1}}, {{("t", 0): 8}})
+        index.write_intent({{("t", 0): (8, 20), ("t", 1): (0, 5)}})
+        os.kill(os.getpid(), signal.SIGKILL)
+        """
+    )
+    assert child.returncode == -signal.SIGKILL, child.stderr
+    index = open_index(path, PARAMS)
+    try:
+        assert index.intent() == {("t", 0): (8, 20), ("t", 1): (0, 5)}
+        assert index.offsets() == {("t", 0): 8}
+        index.commit({}, {"documents": 12}, {("t", 0): 20, ("t", 1): 5})  # clears after reopen
+    finally:
+        index.close()
+    again = open_index(path, PARAMS)
+    try:
+        assert again.intent() is None
+    finally:
+        again.close()
