@@ -39,7 +39,7 @@ from stream_dedup.index.records import (
 from stream_dedup.index.store import DedupIndex
 from stream_dedup.models import Document, Verdict, VerdictKind
 from stream_dedup.normalize import normalize
-from stream_dedup.shingles import shingle_batch
+from stream_dedup.shingles import shingle_sets
 from stream_dedup.signature import SIG_DTYPE, U32, estimate_jaccard, signatures
 from stream_dedup.verdict import Match, best_match, exact_jaccard
 
@@ -100,8 +100,9 @@ class Deduplicator:
         cfg = self.config
         norms = [normalize(d.content) for d in docs]
         live = [i for i, t in enumerate(norms) if t]
-        sets = shingle_batch([norms[i] for i in live], cfg.shingle, cfg.seed)
-        sigs = signatures(sets, cfg.num_perm, cfg.seed)
+        batch_sets = shingle_sets([norms[i] for i in live], cfg.shingle, cfg.seed)
+        sigs = signatures(batch_sets, cfg.num_perm, cfg.seed)
+        sets = batch_sets.as_list()
         bkeys = keys.bucket_keys(band_hashes(sigs, self.plan, cfg.seed))
         nb = self.plan.bands
         digests = {i: content_digest(norms[i]) for i in live}

@@ -21,16 +21,18 @@ POLY = np.uint64(0x9E3779B97F4A7C15)
 MASK32 = np.uint64(0xFFFFFFFF)
 
 
-def fmix64(h: U64) -> U64:
+def fmix64(h: U64, scratch: U64 | None = None) -> U64:
     """MurmurHash3's 64-bit finaliser, in place: a bijection that spreads every input bit.
 
-    Returns the same array for chaining.
+    Returns the same array for chaining. ``scratch``, an array of ``h``'s shape, holds the
+    shifted values, so a caller hashing many blocks allocates no temporaries.
     """
-    h ^= h >> _S33
+    t = np.empty_like(h) if scratch is None else scratch
+    h ^= np.right_shift(h, _S33, out=t)
     h *= _C1
-    h ^= h >> _S33
+    h ^= np.right_shift(h, _S33, out=t)
     h *= _C2
-    h ^= h >> _S33
+    h ^= np.right_shift(h, _S33, out=t)
     return h
 
 

@@ -3,16 +3,20 @@
 Why batches: hashing shingles one Python object at a time is the bottleneck of every peer
 (datasketch's update loop, the list of strings rensa needs). Here a whole batch is turned
 into one array of units (Unicode code points, or word hashes), every k-gram of the batch
-is hashed with a handful of vectorised operations, and the grams of each document are
-sorted in one 2-D ``np.sort``. Per document Python does a couple of slicing calls.
+is hashed with a handful of vectorised operations (in blocks that stay in the CPU cache),
+each document's grams are sorted in place, and one compaction keeps the distinct ones. Per
+document Python does a slice and a sort call.
 
 A unit sequence ``u_0 .. u_{k-1}`` hashes to ``fmix64(poly(u) + seed_mix)`` where ``poly`` is
-the polynomial ``((u_0 * P + u_1) * P + ...)`` modulo 2**64 and units are never 0 (code
-points are stored +1), so a short text's single shingle cannot alias a full k-gram by
-leading zeros. A non-empty text shorter than k is one shingle: the whole text.
+the polynomial ``((u_0 * P + u_1) * P + ...)`` modulo 2**64 and units are never 0 (a code
+point counts as itself + 1), so a short text's single shingle cannot alias a full k-gram
+by leading zeros. A non-empty text shorter than k is one shingle: the whole text. (The +1
+of a full gram is the constant ``P**(k-1) + ... + P + 1``, added once with ``seed_mix``.)
 
 The output, one sorted array of distinct uint64 hashes per document, is both what
-:mod:`stream_dedup.signature` sketches and what exact verification compares.
+:mod:`stream_dedup.signature` sketches and what exact verification compares. It comes as
+:class:`ShingleSets`, the whole batch in one flat array, or as a list of per-document
+arrays (:func:`shingle_batch`, views into that flat array).
 """
 
 from __future__ import annotations
@@ -28,11 +32,15 @@ import numpy.typing as npt
 from stream_dedup.hashing import POLY, U64, fmix64, mix_seed
 
 SHINGLER_VERSION = 1
-_PAD = np.uint64(0xFFFFFFFFFFFFFFFF)
 _SALT_SHINGLE = 0x5348
-_CHUNK = 256
+#: Gram positions hashed per block: a block's uint64 arrays (256 KiB) stay in the L2 cache
+#: through the ~20 passes of the polynomial and ``fmix64``.
+_BLOCK = 1 << 15
 _EMPTY = np.zeros(0, dtype=np.uint64)
 _EMPTY.flags.writeable = False
+
+I64 = npt.NDArray[np.int64]
+Units = npt.NDArray[np.uint32] | U64
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,20 +57,60 @@ class ShingleSpec:
             raise ValueError(f"shingle size k must be between 1 and 64, not {self.k}")
 
 
-def _units_char(texts: Sequence[str]) -> tuple[U64, npt.NDArray[np.int64]]:
+@dataclass(frozen=True, slots=True)
+class ShingleSets:
+    """A batch's shingle sets in one array: set i is ``flat[starts[i] : starts[i] + sizes[i]]``.
+
+    Sets lie back to back in ``flat``. One array for the whole batch is what lets
+    :func:`~stream_dedup.signature.signatures` sketch every set at once without copying.
+    """
+
+    flat: U64
+    starts: I64
+    sizes: I64
+
+    def __len__(self) -> int:
+        return int(self.sizes.size)
+
+    def __getitem__(self, i: int) -> U64:
+        """Set ``i`` (a view into ``flat``)."""
+        start = int(self.starts[i])
+        return self.flat[start : start + int(self.sizes[i])]
+
+    def as_list(self) -> list[U64]:
+        """Every set, in document order (views into ``flat``)."""
+        flat = self.flat
+        return [
+            flat[s : s + n] for s, n in zip(self.starts.tolist(), self.sizes.tolist(), strict=True)
+        ]
+
+    @classmethod
+    def from_list(cls, sets: Sequence[U64]) -> ShingleSets:
+        """Sets given one array each, concatenated into one (a copy)."""
+        sizes = np.fromiter((s.size for s in sets), dtype=np.int64, count=len(sets))
+        starts = np.zeros(len(sets), dtype=np.int64)
+        if len(sets) > 1:
+            np.cumsum(sizes[:-1], out=starts[1:])
+        flat = np.concatenate(sets) if len(sets) else _EMPTY
+        return cls(flat, starts, sizes)
+
+
+def _units_char(texts: Sequence[str], k: int) -> tuple[Units, I64]:
+    """Code points of the batch, then ``k - 1`` zeros so every position has a full window."""
     # surrogatepass: JSON input may carry lone surrogates ("\ud800"); they are code points too.
-    joined = "".join(texts).encode("utf-32-le", "surrogatepass")
-    units = np.frombuffer(joined, dtype="<u4").astype(np.uint64)
-    units += np.uint64(1)
+    joined = "".join([*texts, "\0" * (k - 1)]).encode("utf-32-le", "surrogatepass")
+    units = np.frombuffer(joined, dtype="<u4")
     return units, np.fromiter((len(t) for t in texts), dtype=np.int64, count=len(texts))
 
 
-def _units_word(texts: Sequence[str], seed: int) -> tuple[U64, npt.NDArray[np.int64]]:
+def _units_word(texts: Sequence[str], seed: int, k: int) -> tuple[Units, I64]:
+    """Word hashes (never 0) of the batch, then ``k - 1`` zeros."""
     words = [t.split(" ") if t else [] for t in texts]
     flat = [w for ws in words for w in ws]
+    hashed = np.zeros(len(flat) + k - 1, dtype=np.uint64)
     # Hash UTF-8 bytes (what mmh3 hashes for a str anyway): mmh3 crashes the interpreter on a
     # str holding a lone surrogate, which JSON input can carry.
-    hashed = np.fromiter(
+    hashed[: len(flat)] = np.fromiter(
         (
             mmh3.hash64(w.encode("utf-8", "surrogatepass"), seed & 0xFFFFFFFF, signed=False)[0] | 1
             for w in flat
@@ -73,73 +121,96 @@ def _units_word(texts: Sequence[str], seed: int) -> tuple[U64, npt.NDArray[np.in
     return hashed, np.fromiter((len(ws) for ws in words), dtype=np.int64, count=len(texts))
 
 
-def _gram_hashes(units: U64, k: int, seed_mix: np.uint64) -> U64:
-    """Hash of the k-gram starting at every unit position (grams may run past a document)."""
-    n = units.size
-    padded = np.zeros(n + k - 1, dtype=np.uint64)
-    padded[:n] = units
-    acc = padded[0:n].copy()
-    for j in range(1, k):
-        acc *= POLY
-        acc += padded[j : j + n]
-    acc += seed_mix
-    return fmix64(acc)
+def _horner(values: Sequence[int], start: U64) -> U64:
+    """``start`` extended by ``values`` with the polynomial hash, in place (tiny inputs)."""
+    for v in values:
+        start *= POLY
+        start += np.uint64(v)
+    return start
 
 
-def _short_hash(units: U64, seed_mix: np.uint64) -> np.uint64:
+def _gram_hashes(units: Units, n: int, k: int, bias: np.uint64) -> U64:
+    """``fmix64(poly(u_i .. u_{i+k-1}) + bias)`` at each of the first ``n`` positions.
+
+    Grams may run past a document (their hashes are never used); ``units`` holds ``k - 1``
+    trailing zeros so that the last windows exist.
+    """
+    out = np.empty(n, dtype=np.uint64)
+    scratch = np.empty(min(n, _BLOCK), dtype=np.uint64)
+    for lo in range(0, n, _BLOCK):
+        hi = min(lo + _BLOCK, n)
+        acc = out[lo:hi]
+        acc[:] = units[lo:hi]
+        for j in range(1, k):
+            acc *= POLY
+            acc += units[lo + j : hi + j]
+        acc += bias
+        fmix64(acc, scratch[: hi - lo])
+    return out
+
+
+def _short_hash(units: Units, offset: int, seed_mix: np.uint64) -> np.uint64:
     """Hash of a whole sequence shorter than k (the same polynomial, fewer terms)."""
-    acc = units[0:1].copy()
-    for j in range(1, units.size):
-        acc *= POLY
-        acc += units[j : j + 1]
+    acc = _horner([u + offset for u in units.tolist()], np.zeros(1, dtype=np.uint64))
     acc += seed_mix
     return np.uint64(fmix64(acc)[0])
 
 
-def shingle_batch(texts: Sequence[str], spec: ShingleSpec, seed: int) -> list[U64]:
+def shingle_sets(texts: Sequence[str], spec: ShingleSpec, seed: int) -> ShingleSets:
     """The sorted distinct shingle hashes of every (already normalised) text in ``texts``.
 
-    Documents are sorted into chunks of similar length, so the 2-D sort wastes little on
-    padding even when a 200-character brief shares a batch with a 20 KB feature.
+    Each document's grams are sorted where they lie in the batch's gram array (one
+    ``np.sort`` call per document, no padded copy); then one pass marks the grams to keep (a
+    document's own grams, each once) and one compaction gathers them, in document order.
     """
     seed_mix = mix_seed(seed, _SALT_SHINGLE)
-    if spec.kind == "char":
-        units, lengths = _units_char(texts)
-    else:
-        units, lengths = _units_word(texts, seed)
     k = spec.k
+    if spec.kind == "char":
+        units, lengths = _units_char(texts, k)
+        offset = 1
+    else:
+        units, lengths = _units_word(texts, seed, k)
+        offset = 0
     n_docs = len(texts)
     starts = np.zeros(n_docs, dtype=np.int64)
     if n_docs > 1:
         np.cumsum(lengths[:-1], out=starts[1:])
     counts = np.where(lengths >= k, lengths - k + 1, np.minimum(lengths, 1))
-    sets: list[U64] = [_EMPTY] * n_docs
-    if n_docs == 0 or int(counts.max()) == 0:
-        return sets
-    grams = _gram_hashes(units, k, seed_mix)
-    for d in np.flatnonzero((lengths > 0) & (lengths < k)):
+    sizes = np.zeros(n_docs, dtype=np.int64)
+    n = int(units.size) - (k - 1)
+    if n == 0:
+        return ShingleSets(_EMPTY, sizes.copy(), sizes)
+    # Every full gram's units carry +offset: sum(offset * P**j, j < k), plus the seed.
+    bias = _horner([offset] * k, np.zeros(1, dtype=np.uint64))
+    bias += seed_mix
+    grams = _gram_hashes(units, n, k, np.uint64(bias[0]))
+    for d in np.flatnonzero((lengths > 0) & (lengths < k)).tolist():
         s = int(starts[d])
-        grams[s] = _short_hash(units[s : s + int(lengths[d])], seed_mix)
-    order = np.argsort(counts, kind="stable")
-    last = units.size - 1
-    for lo in range(0, n_docs, _CHUNK):
-        chunk = order[lo : lo + _CHUNK]
-        c_counts = counts[chunk]
-        width = int(c_counts.max())
-        if width == 0:
-            continue
-        cols = np.arange(width, dtype=np.int64)
-        idx = starts[chunk][:, None] + cols[None, :]
-        np.minimum(idx, last, out=idx)
-        table = grams[idx]
-        table[cols[None, :] >= c_counts[:, None]] = _PAD
-        table.sort(axis=1)
-        keep = np.ones(table.shape, dtype=bool)
-        np.not_equal(table[:, 1:], table[:, :-1], out=keep[:, 1:])
-        for row, d in enumerate(chunk.tolist()):
-            c = int(c_counts[row])
-            sets[d] = table[row, :c][keep[row, :c]]
-    return sets
+        grams[s] = _short_hash(units[s : s + int(lengths[d])], offset, seed_mix)
+    for s, c in zip(starts.tolist(), counts.tolist(), strict=True):
+        grams[s : s + c].sort()
+    # Keep a gram unless it repeats its sorted predecessor within the document, or it is
+    # one of the (lengths - counts) windows at a document's end that run into the next.
+    keep = np.empty(n, dtype=bool)
+    keep[0] = True
+    np.not_equal(grams[1:], grams[:-1], out=keep[1:])
+    live = counts > 0
+    keep[starts[live]] = True
+    tails = lengths - counts
+    n_tail = int(tails.sum())
+    if n_tail:
+        first_tail = starts + counts - (np.cumsum(tails) - tails)
+        keep[np.repeat(first_tail, tails) + np.arange(n_tail)] = False
+    sizes[live] = np.add.reduceat(keep, starts[live], dtype=np.int64)
+    return ShingleSets(grams[keep], np.cumsum(sizes) - sizes, sizes)
+
+
+def shingle_batch(texts: Sequence[str], spec: ShingleSpec, seed: int) -> list[U64]:
+    """The sorted distinct shingle hashes of every (already normalised) text in ``texts``.
+
+    One array per text, views into :func:`shingle_sets`' flat array.
+    """
+    return shingle_sets(texts, spec, seed).as_list()
 
 
 def shingle_set(text: str, spec: ShingleSpec, seed: int) -> U64:

@@ -9,8 +9,9 @@ bins sample without replacement. Bins left empty (short texts) are filled by *op
 densification*: empty bin i probes bins ``probe(i, 1), probe(i, 2), ...`` drawn by a
 seeded hash that depends only on (i, attempt) and copies the first non-empty bin's value.
 Two sets that share a bin's contents therefore densify identically, which keeps
-``P[sig_a[i] == sig_b[i]] = J(a, b)`` (Shrivastava 2017, Theorem 1). ``bench/bench_signature``
-compares the schemes' speed; ``tests/unit/test_signature.py`` checks the error.
+``P[sig_a[i] == sig_b[i]] = J(a, b)`` (Shrivastava 2017, Theorem 1). ``bench/bench_offline.py``
+measures the speed against datasketch and rensa; ``tests/unit/test_signature.py`` checks the
+error.
 
 Byte layout (persisted, pinned by a golden test): ``num_perm`` little-endian uint32.
 Shingle hash ``h`` (uint64, from :mod:`stream_dedup.shingles`) falls in bin
@@ -27,6 +28,7 @@ import numpy as np
 import numpy.typing as npt
 
 from stream_dedup.hashing import MASK32, U64, fmix64, mix_seed
+from stream_dedup.shingles import ShingleSets
 
 SIGNATURE_SCHEME = "oph-optimal-densification-v1"
 SIG_DTYPE = np.dtype("<u4")
@@ -47,25 +49,35 @@ def _probe_table(num_perm: int, seed: int) -> npt.NDArray[np.int64]:
     return ((h >> np.uint64(32)) * np.uint64(num_perm) >> np.uint64(32)).astype(np.int64)
 
 
-def signatures(sets: Sequence[U64], num_perm: int, seed: int) -> U32:
-    """The ``(len(sets), num_perm)`` uint32 signatures of non-empty sorted hash sets."""
+def signatures(sets: Sequence[U64] | ShingleSets, num_perm: int, seed: int) -> U32:
+    """The ``(len(sets), num_perm)`` uint32 signatures of non-empty sorted hash sets.
+
+    ``sets`` is one array per document, or a :class:`~stream_dedup.shingles.ShingleSets`
+    batch, which is sketched in place (the list is first concatenated into one).
+    """
+    if not isinstance(sets, ShingleSets):
+        sets = ShingleSets.from_list(sets)
     n_docs = len(sets)
     sig = np.zeros((n_docs, num_perm), dtype=SIG_DTYPE)
     if n_docs == 0:
         return sig
-    sizes = np.fromiter((s.size for s in sets), dtype=np.int64, count=n_docs)
-    if int(sizes.min()) == 0:
+    if int(sets.sizes.min()) == 0:
         raise ValueError("cannot sketch an empty shingle set (empty documents have no signature)")
-    flat = np.concatenate(sets)
-    bins = ((flat >> np.uint64(32)) * np.uint64(num_perm)) >> np.uint64(32)
-    first = np.ones(flat.size, dtype=bool)
+    flat = sets.flat
+    bins = flat >> np.uint64(32)
+    bins *= np.uint64(num_perm)
+    bins >>= np.uint64(32)
+    first = np.empty(flat.size, dtype=bool)
+    first[0] = True
     np.not_equal(bins[1:], bins[:-1], out=first[1:])
-    starts = np.zeros(n_docs, dtype=np.int64)
-    np.cumsum(sizes[:-1], out=starts[1:])
-    first[starts] = True
-    doc_of = np.repeat(np.arange(n_docs, dtype=np.int64), sizes)
-    rows, cols = doc_of[first], bins[first].astype(np.int64)
-    sig[rows, cols] = (flat[first] & MASK32).astype(SIG_DTYPE)
+    first[sets.starts] = True
+    at = np.flatnonzero(first)
+    # Sets lie back to back in ``flat``: a position belongs to the last set starting at or
+    # before it.
+    by_start = np.argsort(sets.starts)
+    rows = by_start[np.searchsorted(sets.starts[by_start], at, side="right") - 1]
+    cols = bins[at].astype(np.int64)
+    sig[rows, cols] = (flat[at] & MASK32).astype(SIG_DTYPE)
     filled = np.zeros((n_docs, num_perm), dtype=bool)
     filled[rows, cols] = True
     if not filled.all():
