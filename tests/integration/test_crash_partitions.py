@@ -1,0 +1,166 @@
+"""``kill -9`` with several input partitions: a replayed batch is the batch first emitted.
+
+With one partition a re-read batch can only grow at its end; with several, the consumer
+may interleave partitions differently after a restart. The batch intent and the canonical
+(topic, partition, offset) order make the replay decide the same documents in the same
+order, so every ``duplicate_of`` is the one already emitted.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from stream_dedup.embedded import free_port
+from stream_dedup.generate import StreamSpec, write_jsonl
+from stream_dedup.index import keys, open_index
+from stream_dedup.index.records import decode_doc
+
+from .support import Topics, events, process_config, produce, read_topic, scrape, write_toml
+from .test_process import wait_until
+from .test_service import offline_reference
+
+pytestmark = [pytest.mark.broker, pytest.mark.slow]
+
+DOCUMENTS = 2000
+PARTITIONS = 3
+KILLS = 5
+
+#: ``stream-dedup run`` with every delivery confirmation taking 0.2 s longer, so that most
+#: of a busy run is spent between the intent write and the commit: the moment a kill must
+#: hit for a replay to happen. Everything else is the real service.
+SLOW_CONFIRM = """
+import sys, time
+from stream_dedup import cli, kafka
+confirm = kafka.EventProducer.confirm
+def slow(self, *args, **kwargs):
+    confirm(self, *args, **kwargs)
+    time.sleep(0.2)
+kafka.EventProducer.confirm = slow
+sys.exit(cli.main(sys.argv[1:]))
+"""
+
+
+def start(script: Path, config: Path, log: Path) -> subprocess.Popen[bytes]:
+    with log.open("ab") as sink:
+        return subprocess.Popen(
+            [sys.executable, str(script), "run", "--config", str(config)],
+            stdout=subprocess.DEVNULL,
+            stderr=sink,
+        )
+
+
+def decision_order(index_path: Path) -> list[str]:
+    """Ids in the order the service decided them: the index numbers documents that way."""
+    index = open_index(index_path, None)
+    try:
+        n = index.counter("indexed")
+        raw = index.read([keys.doc_key(i) for i in range(n)])
+        assert index.intent() is None  # the clean stop committed everything announced
+    finally:
+        index.close()
+    return [decode_doc(r).doc_id for r in raw if r is not None]
+
+
+def test_kill_9_with_several_partitions_replays_identical_events(
+    bootstrap: str, tmp_path: Path
+) -> None:
+    topics = Topics.fresh()
+    topics.create(bootstrap, partitions=PARTITIONS)
+    stream = tmp_path / "stream.jsonl"
+    with stream.open("w", encoding="utf-8") as fh:
+        write_jsonl(StreamSpec(documents=DOCUMENTS, seed=29), fh)
+    docs: list[dict[str, Any]] = [json.loads(line) for line in stream.read_text().splitlines()]
+
+    def feed() -> None:  # ~70 documents/s, round-robin, so near-duplicates cross partitions
+        for i in range(0, len(docs), 40):
+            for p in range(PARTITIONS):
+                chunk = docs[i + p : i + 40 : PARTITIONS]
+                records = ((None, json.dumps(d).encode(), None) for d in chunk)
+                produce(bootstrap, topics.input, records, partition=p)
+            time.sleep(1.0)
+
+    port = free_port()
+    settings = process_config(bootstrap, topics, tmp_path / "index", port)
+    # Small batches: the backlog that builds while a run restarts takes several batches,
+    # so a kill soon after the first commit usually lands inside one (events out, not stored).
+    settings["batch"] = {"max_messages": 100, "max_wait_ms": 50}
+    config = write_toml(tmp_path / "stream-dedup.toml", settings)
+    log = tmp_path / "service.log"
+    script = tmp_path / "slow_confirm.py"
+    script.write_text(textwrap.dedent(SLOW_CONFIRM), encoding="utf-8")
+    rng = random.Random(5)
+    feeder = threading.Thread(target=feed, daemon=True)
+    feeder.start()
+    kills = 0
+    while kills < KILLS:
+        proc = start(script, config, log)
+        try:
+            wait_until(lambda: scrape(port, "stream_dedup_index_documents") is not None, 30, "up")
+            first = scrape(port, "stream_dedup_index_documents") or 0.0
+            deadline = time.monotonic() + 40
+            while (scrape(port, "stream_dedup_index_documents") or 0) <= first:
+                assert time.monotonic() < deadline or not feeder.is_alive(), "no progress"
+                if not feeder.is_alive():
+                    break
+                time.sleep(0.01)
+            time.sleep(rng.uniform(0.0, 0.3))
+            proc.send_signal(signal.SIGKILL)
+            proc.wait(timeout=10)
+            kills += 1
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    feeder.join(timeout=60)
+    assert not feeder.is_alive()
+
+    proc = start(script, config, log)
+    try:
+        wait_until(
+            lambda: scrape(port, "stream_dedup_index_documents") == DOCUMENTS, 60, "all documents"
+        )
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=25) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+    out = read_topic(bootstrap, topics.unique) + read_topic(bootstrap, topics.duplicates)
+    by_id: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    for ev in events(out):
+        by_id[ev["id"]].append(ev)
+    assert set(by_id) == {d["id"] for d in docs}  # nothing lost
+    assert {ev["partition"] for evs in by_id.values() for ev in evs} == set(range(PARTITIONS))
+    for doc_id, evs in by_id.items():
+        assert all(e == evs[0] for e in evs), (doc_id, evs)  # replays equal the first emission
+
+    order = decision_order(tmp_path / "index")
+    assert sorted(order) == sorted(by_id)
+    rank = {doc_id: i for i, doc_id in enumerate(order)}
+    by_doc = {d["id"]: d for d in docs}
+    reference = offline_reference([by_doc[i] for i in order], tmp_path)
+    duplicates = 0
+    for doc_id, evs in by_id.items():
+        ev, ref = evs[0], reference[doc_id]
+        for field in ("verdict", "duplicate_of", "similarity", "cluster_id"):
+            assert ev[field] == ref[field], (doc_id, field, ev[field], ref[field])
+        if ev["duplicate_of"] is not None:
+            duplicates += 1
+            assert rank[ev["duplicate_of"]] < rank[doc_id]  # named a document decided earlier
+    assert duplicates > 0
+    replays = log.read_text(encoding="utf-8").count("replaying the batch announced")
+    assert replays >= 1, "no kill hit a batch between its intent and its commit"
+    print(f"kills={kills} replayed_batches={replays} events={len(out)}")
