@@ -1,6 +1,7 @@
 """Offline speed: stream-dedup against datasketch and rensa, in one process, same documents.
 
-Two measurements, each repeated and reported as the median:
+Two measurements, each repeated (repetitions interleaved across libraries) and reported as
+the median:
 
 1. **signatures**: normalised text -> 128-value MinHash signature. datasketch
    (``MinHash.update_batch`` over the UTF-8 encoded char 5-gram list), rensa
@@ -62,6 +63,9 @@ RENSA_BANDS = 16
 
 #: A benchmarked function: documents and a fresh scratch directory -> duplicates found (or None)
 Bench = Callable[[Sequence[Document], str], int | None]
+
+#: (task, library, function, documents, note) of one measurement
+Planned = tuple[str, str, Bench, list[Document], str]
 
 #: (what, minimum ratio ours / theirs)
 TARGETS = {
@@ -188,35 +192,41 @@ def ours_pipeline(docs: Sequence[Document], workdir: str, batch_size: int) -> in
 # --- harness ------------------------------------------------------------------------------
 
 
-def measure(
-    task: str,
-    library: str,
-    fn: Bench,
-    docs: Sequence[Document],
-    repeats: int,
-    note: str = "",
-) -> Measurement:
-    """Run ``fn`` once on a few documents (warm-up), then ``repeats`` timed times.
+def timed_run(fn: Bench, docs: Sequence[Document]) -> tuple[float, int | None]:
+    """Seconds for one run of ``fn`` on ``docs`` in a fresh scratch directory, and its result.
 
-    Each run gets a fresh empty directory, created and removed outside the clock.
+    The directory is created and removed outside the clock.
     """
-    seconds: list[float] = []
-    dups: int | None = None
     with tempfile.TemporaryDirectory(prefix="bench-") as tmp:
-        fn(docs[: min(200, len(docs))], tmp)  # imports, caches, allocator
+        start = time.perf_counter()
+        dups = fn(docs, tmp)
+        return time.perf_counter() - start, dups
+
+
+def measure_all(plan: Sequence[Planned], repeats: int) -> list[Measurement]:
+    """Every planned measurement, ``repeats`` times, interleaved.
+
+    Each function first runs once on a few documents (imports, caches, allocator). Then the
+    repetitions go round the whole plan (rep 1 of everything, rep 2, ...), so a change in
+    the machine's load during the run affects every library alike instead of one of them.
+    """
+    out = [
+        Measurement(task, library, len(docs), [], None, note)
+        for task, library, _, docs, note in plan
+    ]
+    for _, _, fn, docs, _ in plan:
+        timed_run(fn, docs[: min(200, len(docs))])
     for rep in range(repeats):
-        with tempfile.TemporaryDirectory(prefix="bench-") as tmp:
-            start = time.perf_counter()
-            dups = fn(docs, tmp)
-            elapsed = time.perf_counter() - start
-        seconds.append(elapsed)
-        print(
-            f"  {task:<10} {library:<12} rep {rep + 1}/{repeats}: {elapsed:6.2f} s "
-            f"({len(docs) / elapsed:,.0f} docs/s)",
-            file=sys.stderr,
-            flush=True,
-        )
-    return Measurement(task, library, len(docs), seconds, dups, note)
+        for (task, library, fn, docs, _), m in zip(plan, out, strict=True):
+            elapsed, m.duplicates = timed_run(fn, docs)
+            m.seconds.append(elapsed)
+            print(
+                f"  rep {rep + 1}/{repeats} {task:<10} {library:<12} {elapsed:6.2f} s "
+                f"({len(docs) / elapsed:,.0f} docs/s)",
+                file=sys.stderr,
+                flush=True,
+            )
+    return out
 
 
 def load_documents(n: int, seed: int) -> list[Document]:
@@ -254,7 +264,7 @@ def run(args: argparse.Namespace) -> Report:
     report = Report(environment(args, docs))
     sub_note = f"first {len(subset)} documents"
     bs = args.batch_size
-    plan: list[tuple[str, str, Bench, list[Document], str]] = [
+    plan: list[Planned] = [
         ("signatures", "datasketch", datasketch_signatures, subset, sub_note),
         ("signatures", "rensa", rensa_signatures, docs, ""),
         ("signatures", "stream-dedup", lambda d, _: ours_signatures(d, bs), docs, ""),
@@ -262,8 +272,7 @@ def run(args: argparse.Namespace) -> Report:
         ("pipeline", "rensa", rensa_pipeline, docs, "in memory"),
         ("pipeline", "stream-dedup", lambda d, w: ours_pipeline(d, w, bs), docs, "RocksDB + exact"),
     ]
-    for task, library, fn, chosen, note in plan:
-        report.measurements.append(measure(task, library, fn, chosen, args.repeats, note))
+    report.measurements = measure_all(plan, args.repeats)
     return report
 
 

@@ -118,7 +118,9 @@ class Deduplicator:
         stats = BatchStats()
         deltas = dict.fromkeys(("documents", "indexed", "duplicates", "empty"), 0)
         verdicts: list[Verdict] = []
-        live_pos = {doc_index: pos for pos, doc_index in enumerate(live)}
+        live_pos: list[int | None] = [None] * len(docs)
+        for p, doc_index in enumerate(live):
+            live_pos[doc_index] = p
         index_all = cfg.index_policy == "all"
         bucket_bytes = self._bucket_bytes
         # ``db`` doubles as the overlay: every put of the batch is also written into it, so
@@ -134,7 +136,7 @@ class Deduplicator:
                 stats.candidates.append(0)
                 stats.verifications.append(0)
                 continue
-            pos = live_pos.get(i)
+            pos = live_pos[i]
             if pos is None:
                 verdict = Verdict(doc.id, VerdictKind.UNIQUE, None, None, doc.id, empty=True)
                 deltas["empty"] += 1
@@ -169,15 +171,16 @@ class Deduplicator:
                     member = docnum.to_bytes(8, "little")
                     if get(xkey) is None:
                         puts[xkey] = db[xkey] = member
-                    for bkey in doc_keys:
-                        old = get(bkey)
-                        if old is None:
-                            puts[bkey] = db[bkey] = member
-                            continue
+                    # Append to every bucket: an empty one becomes just this member.
+                    buckets = dict.fromkeys(doc_keys, member)
+                    for bkey in [k for k in doc_keys if get(k)]:
+                        old = get(bkey) or b""
                         if len(old) >= bucket_bytes:
                             old = old[len(old) - bucket_bytes + 8 :]
                             stats.bucket_evictions += 1
-                        puts[bkey] = db[bkey] = old + member
+                        buckets[bkey] = old + member
+                    puts.update(buckets)
+                    db.update(buckets)
             deltas["documents"] += 1
             puts[vkey] = db[vkey] = encode_verdict(verdict)
             verdicts.append(verdict)

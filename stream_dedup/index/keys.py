@@ -43,9 +43,9 @@ def bucket_keys(band_hashes: U64) -> list[bytes]:
     packed["p"] = BUCKET
     packed["band"] = np.tile(np.arange(bands, dtype=np.uint16), n)
     packed["h"] = band_hashes.reshape(-1)
-    raw = packed.tobytes()
-    size = _BAND_DTYPE.itemsize
-    return [raw[i : i + size] for i in range(0, len(raw), size)]
+    # An unstructured void view turns into whole ``bytes`` per key (trailing NULs kept).
+    keys: list[bytes] = packed.view(f"V{_BAND_DTYPE.itemsize}").tolist()
+    return keys
 
 
 def doc_key(docnum: int) -> bytes:

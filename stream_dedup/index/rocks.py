@@ -30,11 +30,14 @@ def _options() -> Options:
     Most band buckets a document looks up do not exist, so whole-key bloom filters, in the
     memtable and in every SST file, answer those misses without searching the memtable's
     skiplist or reading data blocks (halves the batched-read time at 8k-24k documents).
+    A 32 MiB memtable (RocksDB's default is 64) starts flushing to SST files in the
+    background during a run, rather than leaving one large flush to ``close``.
     """
     opts = Options(raw_mode=True)
     opts.create_if_missing(True)
     opts.set_compression_type(DBCompressionType.lz4())
     opts.increase_parallelism(2)
+    opts.set_write_buffer_size(32 << 20)
     opts.set_memtable_whole_key_filtering(True)
     opts.set_memtable_prefix_bloom_ratio(0.05)
     table = BlockBasedOptions()
