@@ -100,6 +100,17 @@ def test_metrics_and_health_in_process(bootstrap: str, topics: Topics, tmp_path:
     produce_json(bootstrap, topics.input, docs)
     svc.wait_for("stream_dedup_index_documents", len(docs))
     m = svc.metric
+    # Verdicts are counted after the Kafka offset commit, the last step of a checkpoint,
+    # which follows the index write that the documents gauge reads.
+    wait_until(
+        lambda: (
+            m("stream_dedup_verdicts_total", {"verdict": "unique"})
+            + m("stream_dedup_verdicts_total", {"verdict": "duplicate"})
+            >= len(docs)
+        ),
+        30,
+        "verdict counters",
+    )
     unique = m("stream_dedup_verdicts_total", {"verdict": "unique"})
     duplicate = m("stream_dedup_verdicts_total", {"verdict": "duplicate"})
     assert unique + duplicate == len(docs) and duplicate > 0
