@@ -19,7 +19,7 @@ verified, and the best verified match at or above the threshold decides.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -144,9 +144,10 @@ class Deduplicator:
                 stats.verifications.append(0)
             else:
                 doc_keys = bkeys[pos * nb : (pos + 1) * nb]
+                held = [(k, v) for k in doc_keys if (v := get(k))]
                 xkey = xkeys[pos]
                 match, n_cand, n_ver = self._match(
-                    sets[pos], sigs[pos], doc_keys, get(xkey), get, records, stats
+                    sets[pos], sigs[pos], [v for _, v in held], get(xkey), records, stats
                 )
                 stats.candidates.append(n_cand)
                 stats.verifications.append(n_ver)
@@ -173,8 +174,7 @@ class Deduplicator:
                         puts[xkey] = db[xkey] = member
                     # Append to every bucket: an empty one becomes just this member.
                     buckets = dict.fromkeys(doc_keys, member)
-                    for bkey in [k for k in doc_keys if get(k)]:
-                        old = get(bkey) or b""
+                    for bkey, old in held:
                         if len(old) >= bucket_bytes:
                             old = old[len(old) - bucket_bytes + 8 :]
                             stats.bucket_evictions += 1
@@ -213,19 +213,20 @@ class Deduplicator:
         self,
         shingles: U64,
         sig: U32,
-        doc_keys: list[bytes],
+        hits: list[bytes],
         exact_hit: bytes | None,
-        lookup: Callable[[bytes], bytes | None],
         records: dict[int, DocRecord],
         stats: BatchStats,
     ) -> tuple[Match | None, int, int]:
-        """Best verified earlier match of one document, candidates seen, verifications."""
+        """Best verified earlier match of one document, candidates seen, verifications.
+
+        ``hits`` are the values of the document's non-empty band buckets.
+        """
         if exact_hit is not None:
             n = int.from_bytes(exact_hit, "little")
             rec = records.get(n) or self._fetch_records([n])[n]
             stats.exact_hits += 1
             return Match(n, rec.doc_id, rec.cluster_id, 1.0), 1, 0
-        hits = [v for k in doc_keys if (v := lookup(k))]
         if not hits:
             return None, 0, 0
         members = np.frombuffer(b"".join(hits), dtype="<u8")
