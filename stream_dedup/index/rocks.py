@@ -23,6 +23,8 @@ from rocksdict import (
 
 from stream_dedup.errors import IndexLockedError, IndexStoreError
 
+_READ_CHUNK = 512
+
 
 def _options() -> Options:
     """Options for the deduplicator's access pattern: mostly point lookups that miss.
@@ -67,9 +69,12 @@ class RocksBackend:
         return self._path
 
     def get_many(self, keys: Sequence[bytes]) -> list[bytes | None]:
-        if not keys:
-            return []
-        values: list[bytes | None] = self._db.get(list(keys)) or []
+        # Multi-gets of _READ_CHUNK keys: rocksdict's cost per key grows with the list
+        # (0.3 us at a few hundred keys, 1 us at 20k), so a batch's ~20k keys go in chunks.
+        get = self._db.get
+        values: list[bytes | None] = []
+        for lo in range(0, len(keys), _READ_CHUNK):
+            values.extend(get(list(keys[lo : lo + _READ_CHUNK])) or [])
         return values
 
     def write(self, puts: Mapping[bytes, bytes]) -> None:
