@@ -6,8 +6,9 @@ the median:
 1. **signatures**: normalised text -> 128-value MinHash signature. datasketch
    (``MinHash.update_batch`` over the UTF-8 encoded char 5-gram list), rensa
    (``RMinHash.update`` over the list of 5-gram strings: building that Python list is part of
-   rensa's cost) and stream-dedup (``normalize`` + ``shingle_batch`` + ``signatures`` in
-   batches). All three use :func:`stream_dedup.normalize.normalize` and pay for it.
+   rensa's cost) and stream-dedup (``normalize`` + ``shingle_sets`` + ``signatures`` in
+   batches, the path ``Deduplicator.decide`` takes). All three use
+   :func:`stream_dedup.normalize.normalize` and pay for it.
 2. **pipeline**: every document decided against those before it. datasketch
    (``MinHashLSH(threshold=0.8)``, query then insert), rensa (``RMinHashLSH(threshold=0.8,
    num_bands=16)`` in memory, query then insert) and stream-dedup's offline path as
@@ -52,7 +53,7 @@ from stream_dedup.generate import StreamSpec, generate
 from stream_dedup.index import open_index
 from stream_dedup.models import Document
 from stream_dedup.normalize import normalize
-from stream_dedup.shingles import ShingleSpec, shingle_batch
+from stream_dedup.shingles import ShingleSpec, shingle_sets
 from stream_dedup.signature import signatures
 
 K = 5
@@ -169,8 +170,7 @@ def ours_signatures(docs: Sequence[Document], batch_size: int) -> int | None:
     spec = ShingleSpec("char", K)
     for lo in range(0, len(docs), batch_size):
         norms = [normalize(d.content) for d in docs[lo : lo + batch_size]]
-        sets = shingle_batch([t for t in norms if t], spec, SEED)
-        signatures(sets, NUM_PERM, SEED)
+        signatures(shingle_sets([t for t in norms if t], spec, SEED), NUM_PERM, SEED)
     return None
 
 
