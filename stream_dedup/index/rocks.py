@@ -48,6 +48,17 @@ def _options() -> Options:
     return opts
 
 
+def _wal_bytes(path: Path) -> int:
+    """Bytes in write-ahead log files; RocksDB may delete one between listing and stat."""
+    total = 0
+    for log_file in path.glob("*.log"):
+        try:
+            total += log_file.stat().st_size
+        except FileNotFoundError:
+            continue
+    return total
+
+
 class RocksBackend:
     """A RocksDB database in one directory."""
 
@@ -100,8 +111,7 @@ class RocksBackend:
         for name in ("rocksdb.total-sst-files-size", "rocksdb.cur-size-all-mem-tables"):
             value = self._db.property_int_value(name)
             total += int(value or 0)
-        wal = sum(p.stat().st_size for p in Path(self._path).glob("*.log"))
-        return total + wal
+        return total + _wal_bytes(Path(self._path))
 
     @property
     def db(self) -> Rdict:
