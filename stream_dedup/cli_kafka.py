@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from stream_dedup.demo import DemoOptions, run_demo
+from stream_dedup.service_cli import add_set_option
 from stream_dedup.service_config import load_config, parse_assignments
 
 
@@ -64,14 +65,7 @@ def register(sub: Any) -> None:
     p.add_argument("--topic", required=True, help="destination topic")
     p.add_argument("--bootstrap-servers", help="Kafka bootstrap servers (host:port,...)")
     p.add_argument("--config", metavar="FILE", help="service TOML file for [kafka] settings")
-    p.add_argument(
-        "--set",
-        dest="assignments",
-        action="append",
-        default=[],
-        metavar="SECTION.KEY=VALUE",
-        help="override one setting, e.g. --set kafka.security.protocol=SASL_SSL",
-    )
+    add_set_option(p)
     p.set_defaults(func=cmd_produce)
 
     p = sub.add_parser(

@@ -18,6 +18,19 @@ from stream_dedup.service_config import load_config, parse_assignments
 log = logging.getLogger("stream_dedup.service")
 
 
+def add_set_option(p: argparse.ArgumentParser) -> None:
+    """The repeatable ``--set section.key=value`` override shared by commands that read config."""
+    p.add_argument(
+        "--set",
+        dest="assignments",
+        action="append",
+        default=[],
+        metavar="SECTION.KEY=VALUE",
+        help="override one setting, e.g. --set batch.max_wait_ms=50 or "
+        "--set kafka.security.protocol=SASL_SSL (repeatable)",
+    )
+
+
 def add_run_command(sub: Any) -> None:
     """Register ``run`` on the CLI's subparsers."""
     p = sub.add_parser(
@@ -29,15 +42,7 @@ def add_run_command(sub: Any) -> None:
         "environment variables < flags. See config/stream-dedup.toml for every setting.",
     )
     p.add_argument("--config", metavar="FILE", help="TOML configuration file")
-    p.add_argument(
-        "--set",
-        dest="assignments",
-        action="append",
-        default=[],
-        metavar="SECTION.KEY=VALUE",
-        help="override one setting, e.g. --set batch.max_wait_ms=50 or "
-        "--set kafka.security.protocol=SASL_SSL (repeatable)",
-    )
+    add_set_option(p)
     p.add_argument("--bootstrap-servers", help="shortcut for kafka.bootstrap.servers")
     p.add_argument("--topics", help="shortcut for input.topics (comma-separated)")
     p.add_argument("--index", dest="index_path", help="shortcut for index.path")
