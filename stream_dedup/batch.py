@@ -12,7 +12,9 @@ import json
 import sys
 import time
 from collections.abc import Iterable, Iterator
+from contextlib import ExitStack
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import IO, Literal
 
 from stream_dedup.config import DocumentFormat
@@ -96,6 +98,13 @@ def batched(docs: Iterable[Document], size: int) -> Iterator[list[Document]]:
             batch = []
     if batch:
         yield batch
+
+
+def open_input(path: str, stack: ExitStack) -> IO[bytes]:
+    """The binary input stream for a path argument: ``-`` is standard input."""
+    if path == "-":
+        return sys.stdin.buffer
+    return stack.enter_context(Path(path).open("rb"))
 
 
 def verdict_line(v: Verdict) -> str:

@@ -15,7 +15,7 @@ from typing import IO, Any
 
 from stream_dedup import cli_kafka, cli_ops
 from stream_dedup.bands import datasketch_choice
-from stream_dedup.batch import MalformedLineError, run_offline
+from stream_dedup.batch import MalformedLineError, open_input, run_offline
 from stream_dedup.config import DedupConfig, DocumentFormat
 from stream_dedup.dedup import Deduplicator
 from stream_dedup.errors import ConfigError, IndexStoreError, StreamDedupError
@@ -105,11 +105,7 @@ def cmd_dedup(args: argparse.Namespace, out: IO[str], err: IO[str]) -> int:
         dedup = Deduplicator(index, config)
         show = err if (args.progress or (args.progress is None and err.isatty())) else None
         with ExitStack() as stack:
-            source: IO[bytes] = (
-                sys.stdin.buffer
-                if args.input == "-"
-                else stack.enter_context(Path(args.input).open("rb"))
-            )
+            source = open_input(args.input, stack)
             target: IO[str] = (
                 out  # main's output stream: stdout unless a caller passes its own
                 if args.output == "-"

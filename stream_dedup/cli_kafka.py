@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import argparse
-import sys
 from contextlib import ExitStack
-from pathlib import Path
 from typing import IO, Any
 
+from stream_dedup.batch import open_input
 from stream_dedup.demo import DemoOptions, run_demo
 from stream_dedup.service_cli import add_set_option
 from stream_dedup.service_config import load_config, parse_assignments
@@ -26,11 +25,7 @@ def cmd_produce(args: argparse.Namespace, out: IO[str], err: IO[str]) -> int:
         err.flush()
 
     with ExitStack() as stack:
-        source: IO[bytes] = (
-            sys.stdin.buffer
-            if args.input == "-"
-            else stack.enter_context(Path(args.input).open("rb"))
-        )
+        source = open_input(args.input, stack)
         sent = produce_lines(
             source,
             args.topic,
