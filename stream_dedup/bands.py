@@ -23,8 +23,7 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
-from stream_dedup.hashing import POLY, U64, fmix64, mix_seed
-from stream_dedup.signature import U32
+from stream_dedup.hashing import POLY, U32, U64, fmix64, mix_seed
 
 DEFAULT_RECALL_AT_THRESHOLD = 0.95
 _SALT_BAND = 0x42414E44

@@ -27,7 +27,7 @@ import numpy as np
 from stream_dedup.bands import band_hashes
 from stream_dedup.config import DedupConfig
 from stream_dedup.errors import IndexCorruptError
-from stream_dedup.hashing import U64
+from stream_dedup.hashing import U32
 from stream_dedup.index import keys
 from stream_dedup.index.records import (
     DocRecord,
@@ -40,8 +40,8 @@ from stream_dedup.index.store import DedupIndex
 from stream_dedup.models import Document, Verdict, VerdictKind
 from stream_dedup.normalize import normalize
 from stream_dedup.shingles import shingle_sets
-from stream_dedup.signature import SIG_DTYPE, U32, estimate_jaccard, signatures
-from stream_dedup.verdict import Match, best_match, exact_jaccard
+from stream_dedup.signature import SIG_DTYPE, estimate_jaccard, signatures
+from stream_dedup.verdict import Match, best_match, exact_jaccard, verification_sets
 
 
 @dataclass(slots=True)
@@ -102,7 +102,7 @@ class Deduplicator:
         live = [i for i, t in enumerate(norms) if t]
         batch_sets = shingle_sets([norms[i] for i in live], cfg.shingle, cfg.seed)
         sigs = signatures(batch_sets, cfg.num_perm, cfg.seed)
-        sets = batch_sets.as_list()
+        sets = verification_sets(batch_sets) if self._exact else []
         bkeys = keys.bucket_keys(band_hashes(sigs, self.plan, cfg.seed))
         nb = self.plan.bands
         digests = {i: content_digest(norms[i]) for i in live}
@@ -147,7 +147,12 @@ class Deduplicator:
                 held = [(k, v) for k in doc_keys if (v := get(k))]
                 xkey = xkeys[pos]
                 match, n_cand, n_ver = self._match(
-                    sets[pos], sigs[pos], [v for _, v in held], get(xkey), records, stats
+                    sets[pos] if self._exact else None,
+                    sigs[pos],
+                    [v for _, v in held],
+                    get(xkey),
+                    records,
+                    stats,
                 )
                 stats.candidates.append(n_cand)
                 stats.verifications.append(n_ver)
@@ -211,7 +216,7 @@ class Deduplicator:
 
     def _match(
         self,
-        shingles: U64,
+        shingles: U32 | None,
         sig: U32,
         hits: list[bytes],
         exact_hit: bytes | None,
@@ -243,9 +248,8 @@ class Deduplicator:
         matches = []
         for n in chosen:
             rec = records[n]
-            if self._exact:
-                other = np.frombuffer(rec.payload, dtype="<u8")
-                sim = exact_jaccard(shingles, other)
+            if shingles is not None:
+                sim = exact_jaccard(shingles, np.frombuffer(rec.payload, dtype="<u4"))
             else:
                 sim = estimate_jaccard(sig, np.frombuffer(rec.payload, dtype=SIG_DTYPE))
             matches.append(Match(n, rec.doc_id, rec.cluster_id, sim))

@@ -12,6 +12,7 @@ import numpy as np
 import numpy.typing as npt
 
 U64 = npt.NDArray[np.uint64]
+U32 = npt.NDArray[np.uint32]
 
 _C1 = np.uint64(0xFF51AFD7ED558CCD)
 _C2 = np.uint64(0xC4CEB9FE1A85EC53)

@@ -27,15 +27,13 @@ from functools import lru_cache
 import numpy as np
 import numpy.typing as npt
 
-from stream_dedup.hashing import MASK32, U64, fmix64, mix_seed
+from stream_dedup.hashing import MASK32, U32, U64, fmix64, mix_seed
 from stream_dedup.shingles import ShingleSets
 
 SIGNATURE_SCHEME = "oph-optimal-densification-v1"
 SIG_DTYPE = np.dtype("<u4")
 _SALT_PROBE = 0x4F5048
 _PROBE_ROUNDS = 512
-
-U32 = npt.NDArray[np.uint32]
 
 
 @lru_cache(maxsize=8)

@@ -9,7 +9,7 @@ from typing import Any, Literal
 from stream_dedup.errors import IndexCorruptError
 
 #: Version of the on-disk layout (keys and value encodings in :mod:`.keys`, :mod:`.records`).
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
 
 VerifyMode = Literal["exact", "signature"]
 IndexPolicy = Literal["all", "uniques"]

@@ -4,8 +4,9 @@ Document record (``d`` keys)::
 
     u16 LE id length | id UTF-8 | u16 LE cluster length | cluster id UTF-8 | payload
 
-The payload is what verification compares: the sorted distinct shingle hashes as uint64
-LE (``verify = "exact"``, 8 bytes per distinct shingle) or the signature as uint32 LE
+The payload is what verification compares: the document's verification set, the sorted
+distinct high 32 bits of its shingle hashes as uint32 LE (``verify = "exact"``, 4 bytes per
+distinct shingle; see :mod:`stream_dedup.verdict`) or the signature as uint32 LE
 (``verify = "signature"``, 4 x num_perm bytes).
 
 Verdict record (``v`` keys): compact JSON ``{"k": "u"|"d", "of", "s", "c", "e"}`` so a
