@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import json
+import random
+import signal
+import subprocess
 import threading
 import time
 import uuid
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -273,3 +276,44 @@ def process_config(
             "heartbeat.interval.ms": "1000",
         },
     }
+
+
+def kill_9_loop(
+    start: Callable[[], subprocess.Popen[bytes]],
+    port: int,
+    kills: int,
+    feeder: threading.Thread,
+    rng: random.Random,
+    jitter_s: float,
+) -> int:
+    """Start the service and ``kill -9`` it, ``kills`` times; returns the kills done.
+
+    Each run is killed only once it has committed something (its indexed-documents gauge
+    grew), or the feeder is done, and then at a random moment within ``jitter_s``: a kill
+    before the first commit would test nothing the next kill does not. The gauge is polled
+    every 10 ms so that a kill can land soon after a commit, inside the next batch.
+    """
+    done = 0
+    while done < kills:
+        proc = start()
+        try:
+            deadline = time.monotonic() + 30
+            while scrape(port, "stream_dedup_index_documents") is None:
+                assert time.monotonic() < deadline, "the service did not come up"
+                time.sleep(0.05)
+            first = scrape(port, "stream_dedup_index_documents") or 0.0
+            deadline = time.monotonic() + 40
+            while (scrape(port, "stream_dedup_index_documents") or 0.0) <= first:
+                if not feeder.is_alive():
+                    break
+                assert time.monotonic() < deadline, "the service made no progress"
+                time.sleep(0.01)
+            time.sleep(rng.uniform(0.0, jitter_s))
+            proc.send_signal(signal.SIGKILL)
+            proc.wait(timeout=10)
+            done += 1
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    return done

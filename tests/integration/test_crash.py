@@ -19,6 +19,7 @@ from stream_dedup.generate import StreamSpec, write_jsonl
 from .support import (
     Topics,
     events,
+    kill_9_loop,
     process_config,
     produce,
     read_topic,
@@ -58,29 +59,7 @@ def test_kill_9_loop_loses_nothing_and_replays_identically(
     rng = random.Random(3)
     feeder = threading.Thread(target=feed, daemon=True)
     feeder.start()
-    kills = 0
-    while kills < KILLS:
-        proc = start(config, log)
-        try:
-            wait_until(lambda: scrape(port, "stream_dedup_index_documents") is not None, 30, "up")
-            first = scrape(port, "stream_dedup_index_documents") or 0.0
-            # kill only once this run has made progress, at a random moment after that
-            wait_until(
-                lambda first=first: (
-                    (scrape(port, "stream_dedup_index_documents") or 0) > first
-                    or not feeder.is_alive()
-                ),
-                40,
-                "progress",
-            )
-            time.sleep(rng.uniform(0.0, 0.4))
-            proc.send_signal(signal.SIGKILL)
-            proc.wait(timeout=10)
-            kills += 1
-        finally:
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
+    kills = kill_9_loop(lambda: start(config, log), port, KILLS, feeder, rng, 0.4)
     feeder.join(timeout=60)
     assert not feeder.is_alive()
 

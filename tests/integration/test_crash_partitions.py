@@ -27,7 +27,16 @@ from stream_dedup.generate import StreamSpec, write_jsonl
 from stream_dedup.index import keys, open_index
 from stream_dedup.index.records import decode_doc
 
-from .support import Topics, events, process_config, produce, read_topic, scrape, write_toml
+from .support import (
+    Topics,
+    events,
+    kill_9_loop,
+    process_config,
+    produce,
+    read_topic,
+    scrape,
+    write_toml,
+)
 from .test_process import wait_until
 from .test_service import offline_reference
 
@@ -103,26 +112,7 @@ def test_kill_9_with_several_partitions_replays_identical_events(
     rng = random.Random(5)
     feeder = threading.Thread(target=feed, daemon=True)
     feeder.start()
-    kills = 0
-    while kills < KILLS:
-        proc = start(script, config, log)
-        try:
-            wait_until(lambda: scrape(port, "stream_dedup_index_documents") is not None, 30, "up")
-            first = scrape(port, "stream_dedup_index_documents") or 0.0
-            deadline = time.monotonic() + 40
-            while (scrape(port, "stream_dedup_index_documents") or 0) <= first:
-                assert time.monotonic() < deadline or not feeder.is_alive(), "no progress"
-                if not feeder.is_alive():
-                    break
-                time.sleep(0.01)
-            time.sleep(rng.uniform(0.0, 0.3))
-            proc.send_signal(signal.SIGKILL)
-            proc.wait(timeout=10)
-            kills += 1
-        finally:
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
+    kills = kill_9_loop(lambda: start(script, config, log), port, KILLS, feeder, rng, 0.3)
     feeder.join(timeout=60)
     assert not feeder.is_alive()
 
