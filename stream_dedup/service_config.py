@@ -118,7 +118,12 @@ class IndexConfig:
 
 @dataclass(frozen=True, slots=True)
 class BatchConfig:
-    """A batch closes at ``max_messages`` or ``max_wait_ms`` after its first message."""
+    """A batch closes when no more messages are fetched, at ``max_messages``, or ``max_wait_ms``.
+
+    The batch never waits for messages that have not arrived (that would add the wait to
+    every document at low load); ``max_wait_ms`` bounds how long it keeps taking messages
+    that do keep arriving, counted from its first message.
+    """
 
     max_messages: int = 2000
     max_wait_ms: int = 20
