@@ -34,13 +34,19 @@ import threading
 import time
 import urllib.request
 import uuid
+from collections.abc import Mapping
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 from confluent_kafka import OFFSET_BEGINNING, Consumer, Producer, TopicPartition
 
-from stream_dedup.embedded import EmbeddedBroker, create_topics, free_port
+from stream_dedup.embedded import (
+    TANSU_CONSUMER_SETTINGS,
+    EmbeddedBroker,
+    create_topics,
+    free_port,
+)
 from stream_dedup.generate import StreamSpec, write_jsonl
 
 
@@ -68,7 +74,13 @@ def scrape(port: int) -> dict[str, float]:
 class Run:
     """Fresh topics, a config file, and the service as a subprocess."""
 
-    def __init__(self, bootstrap: str, workdir: Path, args: argparse.Namespace) -> None:
+    def __init__(
+        self,
+        bootstrap: str,
+        workdir: Path,
+        args: argparse.Namespace,
+        kafka: Mapping[str, str],
+    ) -> None:
         self.topic = f"bench-{uuid.uuid4().hex[:8]}"
         self.bootstrap = bootstrap
         self.port = free_port()
@@ -94,7 +106,8 @@ level = "WARNING"
 "group.id" = "g-{self.topic}"
 "session.timeout.ms" = "6000"
 "heartbeat.interval.ms" = "1000"
-""",
+"""
+            + "".join(f'"{k}" = "{v}"\n' for k, v in kafka.items()),
             encoding="utf-8",
         )
         self.proc: subprocess.Popen[bytes] | None = None
@@ -134,9 +147,11 @@ def produce_all(bootstrap: str, topic: str, docs: list[dict[str, Any]]) -> None:
     producer.flush(120)
 
 
-def throughput(bootstrap: str, workdir: Path, args: argparse.Namespace, seed: int) -> float:
+def throughput(
+    bootstrap: str, workdir: Path, args: argparse.Namespace, seed: int, kafka: Mapping[str, str]
+) -> float:
     docs = documents(args.documents, seed)
-    run = Run(bootstrap, workdir, args)
+    run = Run(bootstrap, workdir, args, kafka)
     produce_all(bootstrap, run.topic, docs)
     run.start()
     first: float | None = None
@@ -156,13 +171,22 @@ def throughput(bootstrap: str, workdir: Path, args: argparse.Namespace, seed: in
         run.stop()
 
 
-def latency(bootstrap: str, workdir: Path, args: argparse.Namespace, seed: int) -> list[float]:
+def latency(
+    bootstrap: str, workdir: Path, args: argparse.Namespace, seed: int, kafka: Mapping[str, str]
+) -> list[float]:
+    """send -> event received, in seconds, for every timed document.
+
+    Before the timed load, probe documents go through until one's event comes back, so
+    the figures are the steady state at the offered load, not the start-up of the
+    service's consumer and of this reader (group join, first fetch).
+    """
     total = int(args.rate * args.seconds)
     docs = documents(total, seed)
-    run = Run(bootstrap, workdir, args)
+    run = Run(bootstrap, workdir, args, kafka)
     run.start()
     run.wait_ready()
     received: list[float] = []
+    warmed = threading.Event()
     done = threading.Event()
 
     def consume() -> None:
@@ -170,8 +194,8 @@ def latency(bootstrap: str, workdir: Path, args: argparse.Namespace, seed: int) 
             {
                 "bootstrap.servers": bootstrap,
                 "group.id": f"lat-{run.topic}",
-                "fetch.wait.max.ms": 5,
                 "enable.auto.commit": False,
+                **kafka,
             }
         )
         consumer.assign(
@@ -181,16 +205,33 @@ def latency(bootstrap: str, workdir: Path, args: argparse.Namespace, seed: int) 
             ]
         )
         while len(received) < total and not done.is_set():
-            for msg in consumer.consume(1000, 0.1):
+            # poll() returns on the first message; consume(n, timeout) alone would wait
+            # until n messages or the timeout, adding up to the timeout to the latency.
+            first = consumer.poll(0.1)
+            if first is None:
+                continue
+            for msg in [first, *consumer.consume(1000, 0)]:
                 if msg.error() is None:
                     now = time.time()
-                    sent = json.loads(msg.value() or b"{}")["document"]["sent"]
-                    received.append(now - sent)
+                    doc = json.loads(msg.value() or b"{}")["document"]
+                    if "sent" in doc:
+                        received.append(now - doc["sent"])
+                    else:
+                        warmed.set()
         consumer.close()
 
     reader = threading.Thread(target=consume, daemon=True)
     reader.start()
     producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 1, "acks": "all"})
+    for probe in range(60):
+        text = f"warm-up probe {probe} {uuid.uuid4().hex}"
+        doc = {"id": f"probe-{probe}", "title": "probe", "text": text}
+        producer.produce(run.topic, json.dumps(doc).encode())
+        producer.flush(5)
+        if warmed.wait(0.5):
+            break
+    else:
+        raise RuntimeError("no probe event came back within 30 s")
     tick = 0.01
     per_tick = max(1, round(args.rate * tick))
     start = time.monotonic()
@@ -236,17 +277,21 @@ def main() -> int:
         broker = EmbeddedBroker()
         broker.start()
         bootstrap = broker.bootstrap
+    # Client settings the embedded broker needs (see stream_dedup.embedded), for the
+    # service's clients and this script's; another broker runs with the service's defaults.
+    kafka = dict(TANSU_CONSUMER_SETTINGS) if broker is not None else {}
     results: dict[str, Any] = {
         "date": datetime.now(UTC).isoformat(timespec="seconds"),
         "cpus": os.cpu_count(),
         "documents": args.documents,
         "batch": {"max_messages": args.max_messages, "max_wait_ms": args.max_wait_ms},
+        "kafka": kafka,
     }
     try:
         with tempfile.TemporaryDirectory(prefix="bench-service-") as tmp:
             work = Path(tmp)
             if not args.skip_throughput:
-                rates = [throughput(bootstrap, work, args, seed=r) for r in range(args.repeats)]
+                rates = [throughput(bootstrap, work, args, r, kafka) for r in range(args.repeats)]
                 results["throughput_docs_per_s"] = rates
                 print(
                     f"throughput: median {statistics.median(rates):,.0f} docs/s over "
@@ -257,7 +302,7 @@ def main() -> int:
             if not args.skip_latency:
                 p50s, p99s = [], []
                 for r in range(args.repeats):
-                    lat = latency(bootstrap, work, args, seed=100 + r)
+                    lat = latency(bootstrap, work, args, 100 + r, kafka)
                     p50s.append(quantile(lat, 0.50) * 1000)
                     p99s.append(quantile(lat, 0.99) * 1000)
                 results["latency_ms"] = {"p50": p50s, "p99": p99s, "rate": args.rate}
