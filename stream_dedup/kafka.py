@@ -32,10 +32,20 @@ from stream_dedup.events import OutRecord
 log = logging.getLogger("stream_dedup.kafka")
 
 CONSUMER_DEFAULTS: Mapping[str, str] = {
+    # A group with no stored offsets starts at the oldest message: nothing goes undecided.
     "auto.offset.reset": "earliest",
+    # Feeds the consumer-lag metric; dropped when no statistics callback is given.
     "statistics.interval.ms": "5000",
+    # How long the broker may hold a fetch that finds no data (librdkafka: 500). Apache
+    # Kafka answers as soon as fetch.min.bytes (1) has arrived, so there this costs no
+    # latency, only up to 20 empty fetches/s per broker while idle. A broker that polls
+    # its log instead (Tansu sleeps out the wait, then reads again) adds up to this much
+    # to every message; 50 ms bounds that. The embedded broker's clients go lower still
+    # (stream_dedup.embedded.TANSU_CONSUMER_SETTINGS).
     "fetch.wait.max.ms": "50",
+    # A backlog arrives in few large fetches, so batches fill up to batch.max_messages.
     "max.partition.fetch.bytes": "8388608",
+    # The loop has no use for end-of-partition events.
     "enable.partition.eof": "false",
 }
 CONSUMER_ENFORCED: Mapping[str, str] = {
@@ -43,7 +53,11 @@ CONSUMER_ENFORCED: Mapping[str, str] = {
     "enable.auto.offset.store": "false",
 }
 PRODUCER_DEFAULTS: Mapping[str, str] = {
+    # Lets a batch's events share produce requests. It adds no latency to a batch: the
+    # checkpoint's flush() sends what is queued at once, whatever linger.ms says.
     "linger.ms": "2",
+    # librdkafka's own default, stated because confirm() relies on a delivery that cannot
+    # be made being reported as failed (then produced again), not retried forever.
     "message.timeout.ms": "300000",
 }
 PRODUCER_ENFORCED: Mapping[str, str] = {
