@@ -18,6 +18,8 @@ from confluent_kafka import OFFSET_BEGINNING, Consumer, Message, Producer, Topic
 from prometheus_client import CollectorRegistry
 
 from stream_dedup.embedded import create_topics
+from stream_dedup.index import keys, open_index
+from stream_dedup.index.records import decode_doc
 from stream_dedup.service import DeduplicatorFactory, Service, default_deduplicator
 from stream_dedup.service_config import ServiceConfig, build_config
 
@@ -317,3 +319,15 @@ def kill_9_loop(
                 proc.kill()
                 proc.wait()
     return done
+
+
+def decision_order(index_path: Path) -> list[str]:
+    """Ids in the order the service decided them: the index numbers documents that way."""
+    index = open_index(index_path, None)
+    try:
+        n = index.counter("indexed")
+        raw = index.read([keys.doc_key(i) for i in range(n)])
+        assert index.intent() is None  # the clean stop committed everything announced
+    finally:
+        index.close()
+    return [decode_doc(r).doc_id for r in raw if r is not None]

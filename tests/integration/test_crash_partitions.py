@@ -24,11 +24,10 @@ import pytest
 
 from stream_dedup.embedded import free_port
 from stream_dedup.generate import StreamSpec, write_jsonl
-from stream_dedup.index import keys, open_index
-from stream_dedup.index.records import decode_doc
 
 from .support import (
     Topics,
+    decision_order,
     events,
     kill_9_loop,
     process_config,
@@ -68,18 +67,6 @@ def start(script: Path, config: Path, log: Path) -> subprocess.Popen[bytes]:
             stdout=subprocess.DEVNULL,
             stderr=sink,
         )
-
-
-def decision_order(index_path: Path) -> list[str]:
-    """Ids in the order the service decided them: the index numbers documents that way."""
-    index = open_index(index_path, None)
-    try:
-        n = index.counter("indexed")
-        raw = index.read([keys.doc_key(i) for i in range(n)])
-        assert index.intent() is None  # the clean stop committed everything announced
-    finally:
-        index.close()
-    return [decode_doc(r).doc_id for r in raw if r is not None]
 
 
 def test_kill_9_with_several_partitions_replays_identical_events(
