@@ -18,13 +18,11 @@ verified, and the best verified match at or above the threshold decides.
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
 
-from stream_dedup.bands import band_hashes
 from stream_dedup.config import DedupConfig
 from stream_dedup.errors import IndexCorruptError
 from stream_dedup.hashing import U32
@@ -38,10 +36,9 @@ from stream_dedup.index.records import (
 )
 from stream_dedup.index.store import DedupIndex
 from stream_dedup.models import Document, Verdict, VerdictKind
-from stream_dedup.normalize import normalize
-from stream_dedup.shingles import shingle_sets
-from stream_dedup.signature import SIG_DTYPE, estimate_jaccard, signatures
-from stream_dedup.verdict import Match, best_match, exact_jaccard, verification_sets
+from stream_dedup.signature import SIG_DTYPE, estimate_jaccard
+from stream_dedup.sketch import sketch
+from stream_dedup.verdict import Match, best_match, exact_jaccard
 
 
 @dataclass(slots=True)
@@ -64,11 +61,6 @@ class BatchResult:
     puts: dict[bytes, bytes]
     counter_deltas: dict[str, int]
     stats: BatchStats
-
-
-def content_digest(normalised: str) -> bytes:
-    """16-byte digest of normalised text for the exact-duplicate fast path."""
-    return hashlib.blake2b(normalised.encode("utf-8", "surrogatepass"), digest_size=16).digest()
 
 
 class Deduplicator:
@@ -98,17 +90,11 @@ class Deduplicator:
     def decide(self, docs: Sequence[Document]) -> BatchResult:
         """Verdicts for ``docs`` in order; see the module docstring for the rules."""
         cfg = self.config
-        norms = [normalize(d.content) for d in docs]
-        live = [i for i, t in enumerate(norms) if t]
-        batch_sets = shingle_sets([norms[i] for i in live], cfg.shingle, cfg.seed)
-        sigs = signatures(batch_sets, cfg.num_perm, cfg.seed)
-        sets = verification_sets(batch_sets) if self._exact else []
-        bkeys = keys.bucket_keys(band_hashes(sigs, self.plan, cfg.seed))
+        sk = sketch([d.content for d in docs], cfg, self.plan)
+        live, sets, sigs, bkeys, xkeys = sk.live, sk.sets, sk.sigs, sk.bucket_keys, sk.exact_keys
         nb = self.plan.bands
-        digests = {i: content_digest(norms[i]) for i in live}
 
         vkeys = [keys.verdict_key(d.id) for d in docs]
-        xkeys = [keys.exact_key(digests[i]) for i in live]
         read = self.index.read(vkeys + xkeys + bkeys)
         db: dict[bytes, bytes | None] = dict(zip(vkeys + xkeys + bkeys, read, strict=True))
 

@@ -32,7 +32,8 @@ import numpy.typing as npt
 from stream_dedup.hashing import POLY, U64, fmix64, mix_seed
 
 SHINGLER_VERSION = 1
-_SALT_SHINGLE = 0x5348
+#: Salt of the shingle hash's seed constant (:func:`~stream_dedup.hashing.mix_seed`).
+SHINGLE_SALT = 0x5348
 #: Gram positions hashed per block: a block's uint64 arrays (256 KiB) stay in the L2 cache
 #: through the ~20 passes of the polynomial and ``fmix64``.
 _BLOCK = 1 << 15
@@ -149,6 +150,17 @@ def _gram_hashes(units: Units, n: int, k: int, bias: np.uint64) -> U64:
     return out
 
 
+def full_gram_bias(k: int, offset: int, seed_mix: np.uint64) -> np.uint64:
+    """What a full gram's hash adds to the polynomial of its raw units before ``fmix64``.
+
+    Every unit of a full gram carries ``+offset`` (code points count as themselves + 1), which
+    adds ``sum(offset * P**j, j < k)``; the seed constant comes on top.
+    """
+    bias = _horner([offset] * k, np.zeros(1, dtype=np.uint64))
+    bias += seed_mix
+    return np.uint64(bias[0])
+
+
 def _short_hash(units: Units, offset: int, seed_mix: np.uint64) -> np.uint64:
     """Hash of a whole sequence shorter than k (the same polynomial, fewer terms)."""
     acc = _horner([u + offset for u in units.tolist()], np.zeros(1, dtype=np.uint64))
@@ -163,7 +175,7 @@ def shingle_sets(texts: Sequence[str], spec: ShingleSpec, seed: int) -> ShingleS
     ``np.sort`` call per document, no padded copy); then one pass marks the grams to keep (a
     document's own grams, each once) and one compaction gathers them, in document order.
     """
-    seed_mix = mix_seed(seed, _SALT_SHINGLE)
+    seed_mix = mix_seed(seed, SHINGLE_SALT)
     k = spec.k
     if spec.kind == "char":
         units, lengths = _units_char(texts, k)
@@ -180,10 +192,7 @@ def shingle_sets(texts: Sequence[str], spec: ShingleSpec, seed: int) -> ShingleS
     n = int(units.size) - (k - 1)
     if n == 0:
         return ShingleSets(_EMPTY, sizes.copy(), sizes)
-    # Every full gram's units carry +offset: sum(offset * P**j, j < k), plus the seed.
-    bias = _horner([offset] * k, np.zeros(1, dtype=np.uint64))
-    bias += seed_mix
-    grams = _gram_hashes(units, n, k, np.uint64(bias[0]))
+    grams = _gram_hashes(units, n, k, full_gram_bias(k, offset, seed_mix))
     for d in np.flatnonzero((lengths > 0) & (lengths < k)).tolist():
         s = int(starts[d])
         grams[s] = _short_hash(units[s : s + int(lengths[d])], offset, seed_mix)

@@ -79,11 +79,11 @@ def signatures(sets: Sequence[U64] | ShingleSets, num_perm: int, seed: int) -> U
     filled = np.zeros((n_docs, num_perm), dtype=bool)
     filled[rows, cols] = True
     if not filled.all():
-        _densify(sig, filled, num_perm, seed)
+        densify(sig, filled, num_perm, seed)
     return sig
 
 
-def _densify(sig: U32, filled: npt.NDArray[np.bool_], num_perm: int, seed: int) -> None:
+def densify(sig: U32, filled: npt.NDArray[np.bool_], num_perm: int, seed: int) -> None:
     """Fill empty bins in place by optimal densification (see module docstring).
 
     Attempts run over all pending (doc, bin) pairs of the batch at once. If a bin finds

@@ -36,7 +36,7 @@ def char_hash_ref(gram: str, seed: int) -> int:
     acc = 0
     for ch in gram:
         acc = (acc * POLY + ord(ch) + 1) & M64
-    return fmix64_ref((acc + int(mix_seed(seed, shingles._SALT_SHINGLE))) & M64)
+    return fmix64_ref((acc + int(mix_seed(seed, shingles.SHINGLE_SALT))) & M64)
 
 
 def word_grams_ref(text: str, k: int) -> set[tuple[str, ...]]:

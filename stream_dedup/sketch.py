@@ -1,0 +1,123 @@
+"""A batch's index-independent work: normalise, shingle, sign, band, digest.
+
+Everything a decision needs from the documents themselves, computed for the whole batch at
+once before the index is read. Character shingles (the default) take the compiled path of
+:mod:`stream_dedup.kernels`: NFKC and ``casefold`` per text (C code in the standard library),
+then one pass per document that collapses whitespace, one that hashes the grams into the
+signature bins and their verification halves, numpy's sort per document, and one pass that
+drops repeats. Word shingles take the numpy path of :mod:`stream_dedup.shingles`. Both give
+exactly what :func:`~stream_dedup.normalize.normalize`, :func:`~stream_dedup.shingles.
+shingle_sets`, :func:`~stream_dedup.signature.signatures` and
+:func:`~stream_dedup.verdict.verification_sets` give, which the tests check.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import unicodedata
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from stream_dedup import kernels
+from stream_dedup.bands import BandPlan, band_hashes
+from stream_dedup.config import DedupConfig
+from stream_dedup.hashing import POLY, U32, mix_seed
+from stream_dedup.index import keys
+from stream_dedup.normalize import normalize
+from stream_dedup.shingles import SHINGLE_SALT, full_gram_bias, shingle_sets
+from stream_dedup.signature import SIG_DTYPE, densify, signatures
+from stream_dedup.verdict import verification_sets
+
+
+@dataclass(frozen=True, slots=True)
+class Sketch:
+    """What the index lookups and the decisions of one batch need from its documents.
+
+    ``live`` are the positions of documents with non-empty normalised content; the other
+    fields hold one entry per live document, in that order (``bucket_keys``: ``bands`` per
+    document). ``sets`` (verification sets) is empty unless verification is exact.
+    """
+
+    live: list[int]
+    sets: list[U32]
+    sigs: U32
+    bucket_keys: list[bytes]
+    exact_keys: list[bytes]
+
+
+def content_digest(utf8: bytes) -> bytes:
+    """16-byte digest of normalised text (UTF-8) for the exact-duplicate fast path."""
+    return hashlib.blake2b(utf8, digest_size=16).digest()
+
+
+def sketch(texts: Sequence[str], config: DedupConfig, plan: BandPlan) -> Sketch:
+    """The :class:`Sketch` of a batch of raw document contents."""
+    if config.shingle.kind == "char":
+        live, sets, sigs, digests = _sketch_char(texts, config)
+    else:
+        live, sets, sigs, digests = _sketch_numpy(texts, config)
+    return Sketch(
+        live=live,
+        sets=sets,
+        sigs=sigs,
+        bucket_keys=keys.bucket_keys(band_hashes(sigs, plan, config.seed)),
+        exact_keys=[keys.exact_key(d) for d in digests],
+    )
+
+
+def _sketch_char(
+    texts: Sequence[str], config: DedupConfig
+) -> tuple[list[int], list[U32], U32, list[bytes]]:
+    k = config.shingle.k
+    folded = [unicodedata.normalize("NFKC", t).casefold() for t in texts]
+    raw = np.frombuffer("".join(folded).encode("utf-32-le", "surrogatepass"), dtype="<u4")
+    lengths = np.fromiter((len(t) for t in folded), dtype=np.int64, count=len(folded))
+    starts = np.cumsum(lengths) - lengths
+    units, lengths, utf8, utf8_lengths = kernels.collapse_whitespace(
+        raw, starts, lengths, kernels.WHITESPACE, k - 1
+    )
+    starts = np.cumsum(lengths) - lengths
+    utf8_starts = np.cumsum(utf8_lengths) - utf8_lengths
+    live_at = np.flatnonzero(lengths > 0)
+    starts, lengths = starts[live_at], lengths[live_at]
+    n = live_at.size
+    sigs = np.zeros((n, config.num_perm), dtype=SIG_DTYPE)
+    filled = np.zeros((n, config.num_perm), dtype=bool)
+    counts = np.where(lengths >= k, lengths - k + 1, 1)
+    high = np.empty(int(counts.sum()), dtype="<u4")
+    seed_mix = mix_seed(config.seed, SHINGLE_SALT)
+    runs = kernels.sketch_grams(
+        units, starts, lengths, k, POLY, full_gram_bias(k, 1, seed_mix), seed_mix,
+        sigs, filled, high,
+    )  # fmt: skip
+    if not filled.all():
+        densify(sigs, filled, config.num_perm, config.seed)
+    sets: list[U32] = []
+    if config.verify == "exact":
+        bounds = runs.tolist()
+        for lo, hi in itertools.pairwise(bounds):
+            high[lo:hi].sort()
+        flat, sizes = kernels.drop_repeats(high, runs)
+        at = (np.cumsum(sizes) - sizes).tolist()
+        sets = [flat[a : a + c] for a, c in zip(at, sizes.tolist(), strict=True)]
+    text = utf8.tobytes()
+    digests = [
+        content_digest(text[s : s + c])
+        for s, c in zip(utf8_starts[live_at].tolist(), utf8_lengths[live_at].tolist(), strict=True)
+    ]
+    return live_at.tolist(), sets, sigs, digests
+
+
+def _sketch_numpy(
+    texts: Sequence[str], config: DedupConfig
+) -> tuple[list[int], list[U32], U32, list[bytes]]:
+    norms = [normalize(t) for t in texts]
+    live = [i for i, t in enumerate(norms) if t]
+    batch = shingle_sets([norms[i] for i in live], config.shingle, config.seed)
+    sigs = signatures(batch, config.num_perm, config.seed)
+    sets = verification_sets(batch) if config.verify == "exact" else []
+    digests = [content_digest(norms[i].encode("utf-8", "surrogatepass")) for i in live]
+    return live, sets, sigs, digests

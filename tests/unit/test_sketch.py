@@ -1,0 +1,90 @@
+"""The compiled sketch path gives exactly what the reference functions give."""
+
+from __future__ import annotations
+
+import random
+import sys
+
+import numpy as np
+import pytest
+
+from stream_dedup.config import DedupConfig
+from stream_dedup.generate import StreamSpec, generate
+from stream_dedup.kernels import WHITESPACE
+from stream_dedup.shingles import ShingleSpec
+from stream_dedup.sketch import _sketch_char, _sketch_numpy, sketch
+
+EDGE_CASES = [
+    "",
+    " ",
+    "  \n\t \r\x0b\x0c ",
+    "a",
+    "ab",
+    "abcd",
+    "abcde",
+    " a b ",
+    "hello   world  ",
+    "x\u3000\u3000y\u2028z\u2029",
+    "\x1c\x1dq\x85 r\xa0s\u1680t\u2000\u200au\u202f\u205fv",
+    "\ufb01ve \u2460 \uff21\uff22",  # NFKC: ligature, circled digit, full width
+    "Stra\u00dfe \u0130stanbul \u03a3\u039f\u03a3",  # casefold: sharp s, dotted I, final sigma
+    "e\u0301 \u00e9",  # combining accent vs precomposed
+    "\ud800abc\udfff",  # lone surrogates (JSON can carry them)
+    "\U0001f600 emoji \U0001f600\U0001f600 \U00010348",
+    "\u200b\u200c\u200d zero width (not whitespace)",
+    "tab\tsep\tvalues\n\n\nand lines\r\n",
+]
+
+
+def random_texts(n: int, seed: int) -> list[str]:
+    """Texts drawn from an alphabet rich in whitespace and multi-byte characters."""
+    rng = random.Random(seed)
+    alphabet = [chr(c) for c in np.flatnonzero(WHITESPACE).tolist()] + list(
+        "abcdeé ßİΣς\u0301\u3000\ufb01\U0001f600\ud800"
+    )
+    return ["".join(rng.choices(alphabet, k=rng.randint(0, 40))) for _ in range(n)]
+
+
+def assert_same(texts: list[str], config: DedupConfig) -> None:
+    live, sets, sigs, digests = _sketch_char(texts, config)
+    ref_live, ref_sets, ref_sigs, ref_digests = _sketch_numpy(texts, config)
+    assert live == ref_live
+    assert np.array_equal(sigs, ref_sigs)
+    assert len(sets) == len(ref_sets)
+    assert all(np.array_equal(a, b) for a, b in zip(sets, ref_sets, strict=True))
+    assert digests == ref_digests
+
+
+@pytest.mark.parametrize("k", [1, 3, 5, 9])
+def test_edge_cases_match_the_reference(k: int) -> None:
+    assert_same(EDGE_CASES, DedupConfig(shingle=ShingleSpec("char", k)))
+
+
+def test_random_unicode_matches_the_reference() -> None:
+    for seed in range(5):
+        assert_same(random_texts(400, seed), DedupConfig())
+
+
+def test_every_whitespace_character_collapses_like_str_split() -> None:
+    texts = [f"a{chr(c)}{chr(c)}b{chr(c)}" for c in range(0x3001) if chr(c).isspace()]
+    texts += [f"a{chr(c)}b" for c in range(0x3001)]
+    assert_same(texts, DedupConfig())
+    assert sys.maxunicode >= 0x3000 and WHITESPACE.sum() == sum(
+        chr(c).isspace() for c in range(sys.maxunicode + 1)
+    )
+
+
+def test_news_and_ads_match_the_reference(kijiji_ads: list[tuple[str, str]]) -> None:
+    news = [f"{d['title']}\n{d['text']}" for d in generate(StreamSpec(documents=500, seed=5))]
+    assert_same(news, DedupConfig())
+    assert_same([content for _, content in kijiji_ads], DedupConfig())
+    assert_same(news[:200], DedupConfig(verify="signature", num_perm=64))
+
+
+def test_sketch_lines_up_live_documents_with_their_keys() -> None:
+    config = DedupConfig()
+    sk = sketch(["first text here", "", "   ", "second one"], config, config.band_plan())
+    assert sk.live == [0, 3]
+    assert sk.sigs.shape == (2, config.num_perm)
+    assert len(sk.bucket_keys) == 2 * config.band_plan().bands
+    assert len(sk.exact_keys) == len(sk.sets) == 2
