@@ -177,3 +177,18 @@ def drop_repeats(values: Any, runs: Any) -> tuple[Any, Any]:
                 pos += 1
         sizes[d] = pos - begin
     return out[:pos], sizes
+
+
+@numba.njit(**_JIT)  # type: ignore[untyped-decorator]
+def intersection_size(a: Any, b: Any) -> int:
+    """How many values two sorted arrays of distinct values share (one merge pass)."""
+    i = 0
+    j = 0
+    shared = 0
+    while i < a.size and j < b.size:
+        x = a[i]
+        y = b[j]
+        shared += x == y
+        i += x <= y
+        j += y <= x
+    return shared
