@@ -135,6 +135,15 @@ class EmbeddedBroker:
             self.stop()
             raise
 
+    @property
+    def pid(self) -> int | None:
+        """The broker's process id while it runs, else None.
+
+        Tansu keeps everything in memory, so an outage cannot be staged by restarting it;
+        pausing the process (SIGSTOP, then SIGCONT) makes it unreachable and keeps its data.
+        """
+        return self._proc.pid if self._proc is not None else None
+
     def stop(self) -> None:
         if self._proc is None:
             return
