@@ -559,5 +559,13 @@ class Service:
         self._paused -= lost
         self.metrics.assigned.set(len(self._assigned))
         log.warning(
-            "partitions lost", extra=_fields(partitions=sorted(f"{t}:{p}" for t, p in lost))
+            "partitions lost",
+            extra=_fields(
+                partitions=sorted(f"{t}:{p}" for t, p in lost),
+                action=(
+                    "the session with the group coordinator expired (broker unreachable or"
+                    " the loop stalled longer than session.timeout.ms); their uncommitted"
+                    " messages are decided again when the partitions come back"
+                ),
+            ),
         )
