@@ -78,6 +78,7 @@ class Reader(threading.Thread):
         self.consumer = Consumer(conf)
         self.consumer.assign([TopicPartition(topic, 0, OFFSET_BEGINNING)])
         self.latencies: list[float] = []
+        self.sent: list[int] = []  # perf_counter_ns() at produce, parallel to latencies
         self.probed = threading.Event()
         self.stop = threading.Event()
 
@@ -98,13 +99,14 @@ class Reader(threading.Thread):
                 measured, sent = _HEAD.unpack_from(msg.value() or b"")
                 if measured:
                     self.latencies.append((now - sent) / 1e6)
+                    self.sent.append(sent)
                 else:
                     self.probed.set()
         self.consumer.close()
 
 
 def one_run(bootstrap: str, args: argparse.Namespace) -> dict[str, list[float]]:
-    """One fresh topic, one timed run; returns the acked and hop latencies in ms."""
+    """One fresh topic, one timed run: acked and hop latencies in ms, hop send times in s."""
     topic = f"hop-{uuid.uuid4().hex[:8]}"
     create_topics(bootstrap, [topic])
     consumer_conf: dict[str, Any] = {
@@ -143,6 +145,7 @@ def one_run(bootstrap: str, args: argparse.Namespace) -> dict[str, list[float]]:
 
     total = int(args.rate * args.seconds)
     start = time.perf_counter()
+    start_ns = time.perf_counter_ns()
     for i in range(total):
         due = start + i / args.rate
         while (pause := due - time.perf_counter()) > 0:
@@ -163,7 +166,19 @@ def one_run(bootstrap: str, args: argparse.Namespace) -> dict[str, list[float]]:
     reader.join(10)
     if len(reader.latencies) < total:
         raise RuntimeError(f"only {len(reader.latencies)} of {total} messages came back")
-    return {"acked": acked, "hop": reader.latencies}
+    sent_s = [(t - start_ns) / 1e9 for t in reader.sent]
+    return {"acked": acked, "hop": reader.latencies, "sent_s": sent_s}
+
+
+def timeline(run: dict[str, list[float]], every: float) -> str:
+    """Hop p50/p99 per window of send time: shows latency that grows as the topic does."""
+    windows: dict[int, list[float]] = {}
+    for sent, lat in zip(run["sent_s"], run["hop"], strict=True):
+        windows.setdefault(int(sent // every), []).append(lat)
+    return "\n".join(
+        f"    {w * every:6.0f} s  p50 {quantile(v, 0.5):7.1f}  p99 {quantile(v, 0.99):7.1f} ms"
+        for w, v in sorted(windows.items())
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -188,6 +203,12 @@ def main(argv: list[str] | None = None) -> int:
         default=[],
         metavar="KEY=VALUE",
         help="librdkafka consumer setting (repeatable)",
+    )
+    p.add_argument(
+        "--every",
+        type=float,
+        metavar="SECONDS",
+        help="also print each run's hop p50/p99 per window of this many seconds",
     )
     p.add_argument("--json", metavar="FILE", help="also write the results as JSON")
     args = p.parse_args(argv)
@@ -232,6 +253,9 @@ def main(argv: list[str] | None = None) -> int:
             + "   runs p99: "
             + ", ".join(f"{v:.1f}" for v in per_q[0.99])
         )
+    if args.every:
+        for i, run in enumerate(runs, start=1):
+            print(f"  run {i}, hop by send time:\n{timeline(run, args.every)}")
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=2), encoding="utf-8")
     return 0
