@@ -39,8 +39,8 @@ CONSUMER_DEFAULTS: Mapping[str, str] = {
     # How long the broker may hold a fetch that finds no data (librdkafka: 500). Apache
     # Kafka answers as soon as fetch.min.bytes (1) has arrived, so there this costs no
     # latency, only up to 20 empty fetches/s per broker while idle. A broker that polls
-    # its log instead (Tansu sleeps out the wait, then reads again) adds up to this much
-    # to every message; 50 ms bounds that. The embedded broker's clients go lower still
+    # its log instead (Tansu re-reads on a timer within the wait) adds up to this much
+    # to a message; 50 ms bounds that. The embedded broker's clients go lower still
     # (stream_dedup.embedded.TANSU_CONSUMER_SETTINGS).
     "fetch.wait.max.ms": "50",
     # A backlog arrives in few large fetches, so batches fill up to batch.max_messages.
