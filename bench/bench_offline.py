@@ -48,6 +48,7 @@ import numpy as np
 from datasketch import MinHash, MinHashLSH
 from rensa import RMinHash, RMinHashLSH
 
+from stream_dedup.allocator import keep_freed_memory
 from stream_dedup.config import DedupConfig
 from stream_dedup.dedup import Deduplicator
 from stream_dedup.generate import StreamSpec, generate
@@ -272,6 +273,7 @@ def run(args: argparse.Namespace) -> Report:
     report = Report(environment(args, docs))
     sub_note = f"first {len(subset)} documents"
     bs = args.batch_size
+    keep_freed_memory()  # as the command line does
     # Load (or compile, on the first run after an install) the sketch kernels outside
     # the timings, as the peers' native code is loaded at import.
     with tempfile.TemporaryDirectory() as warm:

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from stream_dedup import cli_kafka, cli_ops
+from stream_dedup.allocator import keep_freed_memory
 from stream_dedup.bands import datasketch_choice
 from stream_dedup.batch import MalformedLineError, open_input, run_offline
 from stream_dedup.config import DedupConfig, DocumentFormat
@@ -275,6 +276,7 @@ def main(argv: Sequence[str] | None = None, out: IO[str] | None = None) -> int:
     out = out or sys.stdout
     err = sys.stderr
     args = build_parser().parse_args(argv)
+    keep_freed_memory()
     try:
         code: int = args.func(args, out, err)
     except ConfigError as exc:
