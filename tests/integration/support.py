@@ -17,6 +17,7 @@ from typing import Any
 from confluent_kafka import OFFSET_BEGINNING, Consumer, Message, Producer, TopicPartition
 from prometheus_client import CollectorRegistry
 
+from stream_dedup.cli import main as cli_main
 from stream_dedup.embedded import create_topics
 from stream_dedup.index import keys, open_index
 from stream_dedup.index.records import decode_doc
@@ -331,3 +332,32 @@ def decision_order(index_path: Path) -> list[str]:
     finally:
         index.close()
     return [decode_doc(r).doc_id for r in raw if r is not None]
+
+
+def offline_reference(docs: list[dict[str, str]], tmp_path: Path) -> dict[str, dict[str, object]]:
+    """Verdicts of the offline ``dedup`` command on the same documents, by id."""
+    source = tmp_path / "docs.jsonl"
+    source.write_text("".join(json.dumps(d) + "\n" for d in docs), encoding="utf-8")
+    out = tmp_path / "verdicts.jsonl"
+    assert cli_main(["dedup", str(source), "-o", str(out), "-q"]) == 0
+    lines = [json.loads(line) for line in out.read_text(encoding="utf-8").splitlines()]
+    return {v["id"]: v for v in lines}
+
+
+def assert_equal_to_offline_in_decision_order(
+    by_id: dict[str, list[dict[str, Any]]],
+    docs: list[dict[str, str]],
+    index_path: Path,
+    tmp_path: Path,
+) -> list[str]:
+    """Every id's first event equals the offline run over the documents in the order the
+    service decided them (read from its index, since partitions interleave); returns it."""
+    order = decision_order(index_path)
+    assert sorted(order) == sorted(by_id)
+    by_doc = {d["id"]: d for d in docs}
+    reference = offline_reference([by_doc[i] for i in order], tmp_path)
+    for doc_id, evs in by_id.items():
+        ev, ref = evs[0], reference[doc_id]
+        for field in ("verdict", "duplicate_of", "similarity", "cluster_id"):
+            assert ev[field] == ref[field], (doc_id, field, ev[field], ref[field])
+    return order

@@ -20,6 +20,7 @@ from .support import (
     Topics,
     events,
     kill_9_loop,
+    offline_reference,
     process_config,
     produce,
     read_topic,
@@ -27,7 +28,6 @@ from .support import (
     write_toml,
 )
 from .test_process import start, wait_until
-from .test_service import offline_reference
 
 pytestmark = [pytest.mark.broker, pytest.mark.slow]
 

@@ -33,13 +33,13 @@ from .support import (
     Topics,
     events,
     http_get,
+    offline_reference,
     process_config,
     read_topic,
     scrape,
     write_toml,
 )
 from .test_process import start, wait_until
-from .test_service import offline_reference
 
 pytestmark = [pytest.mark.broker, pytest.mark.slow]
 

@@ -30,13 +30,12 @@ from stream_dedup.generate import StreamSpec, write_jsonl
 from .support import (
     ServiceThread,
     Topics,
-    decision_order,
+    assert_equal_to_offline_in_decision_order,
     events,
     make_config,
     produce,
     read_topic,
 )
-from .test_service import offline_reference
 
 pytestmark = [pytest.mark.broker, pytest.mark.slow]
 
@@ -172,16 +171,8 @@ def test_second_member_joins_and_leaves_nothing_lost(
     assert set(by_id) == {d["id"] for d in docs}  # nothing lost, the intruder's reads included
     for doc_id, evs in by_id.items():
         assert all(e == evs[0] for e in evs), (doc_id, evs)  # a re-read equals the first event
-    order = decision_order(tmp_path / "index")
-    assert sorted(order) == sorted(by_id)
-    by_doc = {d["id"]: d for d in docs}
-    reference = offline_reference([by_doc[i] for i in order], tmp_path)
-    duplicates = 0
-    for doc_id, evs in by_id.items():
-        ev, ref = evs[0], reference[doc_id]
-        for field in ("verdict", "duplicate_of", "similarity", "cluster_id"):
-            assert ev[field] == ref[field], (doc_id, field, ev[field], ref[field])
-        duplicates += ev["verdict"] == "duplicate"
+    assert_equal_to_offline_in_decision_order(by_id, docs, tmp_path / "index", tmp_path)
+    duplicates = sum(evs[0]["verdict"] == "duplicate" for evs in by_id.values())
     assert duplicates > 100
     assert read_topic(bootstrap, topics.dlq, idle_s=1.0) == []
     print(f"documents={len(docs)} intruder_partitions={sorted(held)} intruder_read={read}")

@@ -10,7 +10,6 @@ from pathlib import Path
 import jsonschema
 import pytest
 
-from stream_dedup.cli import main as cli_main
 from stream_dedup.dedup import BatchResult, Deduplicator
 from stream_dedup.index import DedupIndex
 from stream_dedup.models import Document
@@ -22,22 +21,13 @@ from .support import (
     events,
     kijiji_documents,
     make_config,
+    offline_reference,
     produce,
     produce_json,
     read_topic,
 )
 
 pytestmark = pytest.mark.broker
-
-
-def offline_reference(docs: list[dict[str, str]], tmp_path: Path) -> dict[str, dict[str, object]]:
-    """Verdicts of the offline ``dedup`` command on the same documents, by id."""
-    source = tmp_path / "docs.jsonl"
-    source.write_text("".join(json.dumps(d) + "\n" for d in docs), encoding="utf-8")
-    out = tmp_path / "verdicts.jsonl"
-    assert cli_main(["dedup", str(source), "-o", str(out), "-q"]) == 0
-    lines = [json.loads(line) for line in out.read_text(encoding="utf-8").splitlines()]
-    return {v["id"]: v for v in lines}
 
 
 class FailingDeduplicator(Deduplicator):

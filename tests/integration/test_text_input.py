@@ -18,10 +18,10 @@ from .support import (
     events,
     kijiji_documents,
     make_config,
+    offline_reference,
     produce,
     read_topic,
 )
-from .test_service import offline_reference
 
 pytestmark = pytest.mark.broker
 
