@@ -159,6 +159,7 @@ class Checkpoint:
         self._dedup.commit(result, offsets)  # 4. one WriteBatch; clears the intent
         self._commit_kafka(offsets)  # 5. offsets to Kafka, for lag tools
         self._metrics.commits.inc()
+        self._metrics.last_commit.set_to_current_time()
         self._metrics.commit_duration.observe(time.perf_counter() - started)
 
     def _commit_kafka(self, offsets: Offsets) -> None:

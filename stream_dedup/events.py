@@ -11,7 +11,8 @@ partition:
        "offset": 42, "timestamp": 1717000000000, "document": {...}}
 
   ``timestamp`` is the input message's timestamp in milliseconds (``null`` if it had
-  none); ``document`` is the original JSON object (or text) unless pass-through is off.
+  none); ``document`` is the original JSON object, byte for byte as it arrived (or the
+  text, as a JSON string), unless pass-through is off.
   Headers carry the verdict so consumers can route without parsing: see
   :data:`HEADER_VERDICT` and friends.
 
@@ -28,6 +29,8 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from typing import Any
+
+import orjson
 
 from stream_dedup.models import Verdict
 
@@ -76,30 +79,44 @@ class OutRecord:
 def _dumps(body: dict[str, Any]) -> bytes:
     """Compact UTF-8 JSON; text with lone surrogates falls back to ASCII escapes."""
     try:
-        return json.dumps(body, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
-    except UnicodeEncodeError:
+        return orjson.dumps(body)
+    except orjson.JSONEncodeError:  # a str with lone surrogates
         return json.dumps(body, separators=(",", ":")).encode("ascii")
 
 
-def event(
-    verdict: Verdict, source: Source, document: Any, topic: str, *, include_document: bool
-) -> OutRecord:
-    """The event for one decided document."""
+def document_json(value: bytes, *, text: bool) -> bytes:
+    """What an event's ``document`` field holds for an input message's value.
+
+    A JSON record is passed through as its own bytes, never parsed and re-encoded: it has
+    been parsed once already, so it is valid JSON, and re-encoding a news article would
+    cost more than deciding it. A text record (valid UTF-8, already checked) becomes a
+    JSON string.
+    """
+    return orjson.dumps(value.decode("utf-8")) if text else value
+
+
+def event(verdict: Verdict, source: Source, document: bytes | None, topic: str) -> OutRecord:
+    """The event for one decided document; ``document`` is its JSON text, or None to omit it.
+
+    The fields are encoded once and the document's JSON (see :func:`document_json`)
+    spliced in as the last member, so the event is a pure function of its inputs.
+    """
     body: dict[str, Any] = verdict.to_json()
     body["empty"] = verdict.empty
     body["topic"] = source.topic
     body["partition"] = source.partition
     body["offset"] = source.offset
     body["timestamp"] = source.timestamp
-    if include_document:
-        body["document"] = document
+    value = _dumps(body)
+    if document is not None:
+        value = b"".join((value[:-1], b',"document":', document, b"}"))
     headers: Headers = [
         (HEADER_VERDICT, verdict.verdict.value.encode()),
         (HEADER_CLUSTER, verdict.cluster_id.encode("utf-8", "surrogatepass")),
     ]
     if verdict.duplicate_of is not None:
         headers.append((HEADER_DUPLICATE_OF, verdict.duplicate_of.encode("utf-8", "surrogatepass")))
-    return OutRecord(topic, verdict.id.encode("utf-8", "surrogatepass"), _dumps(body), headers)
+    return OutRecord(topic, verdict.id.encode("utf-8", "surrogatepass"), value, headers)
 
 
 def dead_letter(

@@ -221,7 +221,12 @@ class EventProducer:
         self._failed: list[tuple[OutRecord, KafkaError]] = []
 
     def produce(self, rec: OutRecord) -> None:
-        """Queue one record; raises KafkaException if the client rejects it outright."""
+        """Queue one record; raises KafkaException if the client rejects it outright.
+
+        Delivery reports are served by :meth:`confirm` (and by ``poll`` when the local
+        queue is full), not once per record. Each report carries its record, to be produced
+        again whole if delivery failed (a report's message has no headers).
+        """
         while True:
             try:
                 self._producer.produce(
@@ -235,7 +240,6 @@ class EventProducer:
             except BufferError:
                 self._producer.poll(0.05)
         self._pending += 1
-        self._producer.poll(0)
 
     def _delivered(self, rec: OutRecord, err: KafkaError | None, _msg: Message) -> None:
         self._pending -= 1

@@ -6,7 +6,10 @@ Prometheus practice: prefix ``stream_dedup_``, counters end in ``_total``, base 
 (seconds, bytes). Labels are bounded and created up front at zero so that dashboards and
 alerts see a series before the first event. Values that are only known at scrape time
 (index size, consumer lag) come from a custom collector instead of being pushed from the
-hot loop.
+hot loop. The per-document histograms are :class:`BatchHistogram`: one numpy pass per batch
+instead of a locked ``observe`` per document. The ``*_created`` series of the client
+library are not exported (:func:`prometheus_client.disable_created_metrics`): they double the
+series count and no query here uses them.
 
 ==============================================  =========  =================================
 name                                            type       meaning
@@ -22,6 +25,7 @@ stream_dedup_batch_size_messages                histogram  messages per batch
 stream_dedup_candidates_per_document            histogram  band candidates per document
 stream_dedup_verifications_per_document         histogram  candidates verified per document
 stream_dedup_commits_total                      counter    completed checkpoints
+stream_dedup_last_commit_timestamp_seconds      gauge      Unix time of the last checkpoint
 stream_dedup_commit_duration_seconds            histogram  one checkpoint (flush, index, kafka)
 stream_dedup_kafka_commit_failures_total        counter    offset commits Kafka refused
 stream_dedup_rebalances_total{kind}             counter    partition assign / revoke
@@ -38,9 +42,17 @@ import json
 import threading
 from collections.abc import Callable, Iterator, Sequence
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
-from prometheus_client.core import GaugeMetricFamily
+import numpy as np
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    disable_created_metrics,
+)
+from prometheus_client.core import GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.registry import Collector
+from prometheus_client.utils import floatToGoString
 
 from stream_dedup.errors import DecodeError
 from stream_dedup.models import VerdictKind
@@ -50,6 +62,51 @@ PREFIX = "stream_dedup"
 _LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 _COUNT_BUCKETS = (0, 1, 2, 5, 10, 20, 50, 100, 200, 500, 1000)
 _BATCH_BUCKETS = (1, 10, 50, 100, 500, 1000, 2000, 5000, 10000)
+
+
+class BatchHistogram(Collector):
+    """A Prometheus histogram observed a batch of values at a time.
+
+    Same exposition as :class:`prometheus_client.Histogram` (cumulative ``_bucket`` series
+    with ``le`` labels, ``_count``, ``_sum``), but :meth:`observe_many` bins a whole batch
+    with one numpy pass: at thousands of documents per second, a locked ``observe`` per
+    document and histogram was a measurable share of the loop.
+    """
+
+    def __init__(
+        self, name: str, documentation: str, buckets: Sequence[float], registry: CollectorRegistry
+    ) -> None:
+        self._name = name
+        self._doc = documentation
+        self._bounds = np.asarray(buckets, dtype=np.float64)
+        labels: list[str] = [floatToGoString(b) for b in buckets]  # type: ignore[no-untyped-call]
+        self._labels = [*labels, "+Inf"]
+        self._counts = np.zeros(len(buckets) + 1, dtype=np.int64)
+        self._sum = 0.0
+        self._lock = threading.Lock()
+        registry.register(self)
+
+    def observe_many(self, values: Sequence[float] | np.ndarray) -> None:
+        """Add every value of one batch (a value equal to a bound counts in its bucket)."""
+        v = np.asarray(values, dtype=np.float64)
+        if v.size == 0:
+            return
+        counts = np.bincount(np.searchsorted(self._bounds, v), minlength=self._counts.size)
+        total = float(v.sum())
+        with self._lock:
+            self._counts += counts
+            self._sum += total
+
+    def collect(self) -> Iterator[HistogramMetricFamily]:
+        with self._lock:
+            cumulative = np.cumsum(self._counts).tolist()
+            total = self._sum
+        yield HistogramMetricFamily(
+            self._name,
+            self._doc,
+            buckets=list(zip(self._labels, cumulative, strict=True)),
+            sum_value=total,
+        )
 
 
 class _ScrapeCollector(Collector):
@@ -84,6 +141,7 @@ class Metrics:
     """Every metric of the service, registered on ``registry``."""
 
     def __init__(self, registry: CollectorRegistry) -> None:
+        disable_created_metrics()  # type: ignore[no-untyped-call]
         self.registry = registry
         self.index_source: Callable[[], tuple[int, int]] | None = None
         self._lag: dict[tuple[str, int], int] = {}
@@ -113,28 +171,30 @@ class Metrics:
             buckets=_LATENCY_BUCKETS,
             registry=r,
         )
-        self.document_latency = Histogram(
+        self.document_latency = BatchHistogram(
             f"{p}_document_latency_seconds",
             "From a message being consumed to its batch being checkpointed.",
-            buckets=_LATENCY_BUCKETS,
-            registry=r,
+            _LATENCY_BUCKETS,
+            r,
         )
         self.batch_size = Histogram(
             f"{p}_batch_size_messages", "Messages per batch.", buckets=_BATCH_BUCKETS, registry=r
         )
-        self.candidates = Histogram(
-            f"{p}_candidates_per_document",
-            "Band candidates found per document.",
-            buckets=_COUNT_BUCKETS,
-            registry=r,
+        self.candidates = BatchHistogram(
+            f"{p}_candidates_per_document", "Band candidates found per document.", _COUNT_BUCKETS, r
         )
-        self.verifications = Histogram(
+        self.verifications = BatchHistogram(
             f"{p}_verifications_per_document",
             "Candidates verified per document.",
-            buckets=_COUNT_BUCKETS,
-            registry=r,
+            _COUNT_BUCKETS,
+            r,
         )
         self.commits = Counter(f"{p}_commits", "Completed checkpoints.", registry=r)
+        self.last_commit = Gauge(
+            f"{p}_last_commit_timestamp_seconds",
+            "Unix time of the last completed checkpoint (alert when it stops moving under lag).",
+            registry=r,
+        )
         self.commit_duration = Histogram(
             f"{p}_commit_duration_seconds",
             "One checkpoint: flush and confirm, index write, Kafka offset commit.",
@@ -154,10 +214,8 @@ class Metrics:
 
     def observe_work(self, candidates: Sequence[int], verifications: Sequence[int]) -> None:
         """Per-document candidate and verification counts of one batch."""
-        for c in candidates:
-            self.candidates.observe(c)
-        for v in verifications:
-            self.verifications.observe(v)
+        self.candidates.observe_many(candidates)
+        self.verifications.observe_many(verifications)
 
     def on_statistics(self, raw: str) -> None:
         """librdkafka ``stats_cb``: keep the consumer lag of every partition we consume."""

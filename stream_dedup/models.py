@@ -16,14 +16,10 @@ class VerdictKind(StrEnum):
 
 @dataclass(frozen=True, slots=True)
 class Document:
-    """One document of the stream: a stable id and the text to compare.
-
-    ``payload`` optionally carries the original record so the service can pass it through.
-    """
+    """One document of the stream: a stable id and the text to compare."""
 
     id: str
     content: str
-    payload: Any = None
 
 
 @dataclass(frozen=True, slots=True)

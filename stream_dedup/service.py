@@ -43,7 +43,7 @@ from stream_dedup.decode import document_from_record
 from stream_dedup.dedup import BatchResult, Deduplicator
 from stream_dedup.endpoints import HttpEndpoints
 from stream_dedup.errors import DecodeError
-from stream_dedup.events import OutRecord, Source, dead_letter, event
+from stream_dedup.events import OutRecord, Source, dead_letter, document_json, event
 from stream_dedup.index import DedupIndex, open_index
 from stream_dedup.index.store import Ranges
 from stream_dedup.kafka import (
@@ -199,6 +199,7 @@ class Service:
                 cfg.http.host, cfg.http.port, self.registry, self.health, self.ready
             )
             self.http.start()
+        self.dedup.warm_up()
         consumer_watch = BrokerWatch("consumer")
         producer = EventProducer(cfg.kafka, BrokerWatch("producer"))
         consumer = build_consumer(cfg.kafka, consumer_watch, self.metrics.on_statistics)
@@ -403,24 +404,17 @@ class Service:
         for i, error in failed:
             dead.append(self._dead_letter(doc_sources[i], "processing_error", error, "process"))
         failed_idx = {i for i, _ in failed}
-        kept = [
-            (d, s)
-            for i, (d, s) in enumerate(zip(docs, doc_sources, strict=True))
-            if i not in failed_idx
-        ]
+        kept = [s for i, s in enumerate(doc_sources) if i not in failed_idx]
         records: list[OutRecord] = []
         record_sources: list[Source] = []
-        for (doc, source), verdict in zip(kept, result.verdicts, strict=True):
+        for source, verdict in zip(kept, result.verdicts, strict=True):
             topic = cfg.duplicate_topic if verdict.is_duplicate else cfg.unique_topic
-            records.append(
-                event(
-                    verdict,
-                    source,
-                    doc.payload,
-                    topic,
-                    include_document=cfg.output.include_document,
-                )
+            document = (
+                document_json(source.value, text=self._text)
+                if cfg.output.include_document and source.value is not None
+                else None
             )
+            records.append(event(verdict, source, document, topic))
             record_sources.append(source)
         records.extend(dead)
 
@@ -435,8 +429,10 @@ class Service:
             self._resume_all()
         done = time.perf_counter()
         self.metrics.batch_duration.observe(done - started)
-        for msg in batch:
-            self.metrics.document_latency.observe(done - self._received_at.pop(id(msg), started))
+        received = self._received_at
+        self.metrics.document_latency.observe_many(
+            [done - received.pop(id(msg), started) for msg in batch]
+        )
         duplicates = sum(v.is_duplicate for v in result.verdicts)
         self.metrics.verdicts.labels("duplicate").inc(duplicates)
         self.metrics.verdicts.labels("unique").inc(len(result.verdicts) - duplicates)

@@ -9,6 +9,7 @@ opener gets :class:`~stream_dedup.errors.IndexLockedError`.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 
@@ -53,14 +54,16 @@ def _options() -> Options:
     return opts
 
 
-def _wal_bytes(path: Path) -> int:
+def _wal_bytes(path: str) -> int:
     """Bytes in write-ahead log files; RocksDB may delete one between listing and stat."""
     total = 0
-    for log_file in path.glob("*.log"):
-        try:
-            total += log_file.stat().st_size
-        except FileNotFoundError:
-            continue
+    with os.scandir(path) as entries:
+        for entry in entries:
+            if entry.name.endswith(".log"):
+                try:
+                    total += entry.stat().st_size
+                except FileNotFoundError:
+                    continue
     return total
 
 
@@ -97,8 +100,9 @@ class RocksBackend:
         # In key order: the memtable's skiplist then continues each insert from the last
         # one, which makes a batch of ~20k keys several times cheaper to apply.
         batch = WriteBatch(raw_mode=True)
-        for key in sorted(puts):
-            batch.put(key, puts[key])
+        put = batch.put
+        for key in sorted(puts):  # keys alone: sorting (key, value) pairs is 3x slower
+            put(key, puts[key])
         self._db.write(batch, self._write_opts)
 
     def scan_prefix(self, prefix: bytes) -> Iterator[tuple[bytes, bytes]]:
@@ -116,7 +120,7 @@ class RocksBackend:
         for name in ("rocksdb.total-sst-files-size", "rocksdb.cur-size-all-mem-tables"):
             value = self._db.property_int_value(name)
             total += int(value or 0)
-        return total + _wal_bytes(Path(self._path))
+        return total + _wal_bytes(self._path)
 
     @property
     def db(self) -> Rdict:

@@ -13,6 +13,7 @@ The broker is this test's own: pausing the session's broker would stall every ot
 from __future__ import annotations
 
 import json
+import logging
 import os
 import re
 import signal
@@ -27,7 +28,9 @@ import pytest
 from confluent_kafka import Producer
 
 from stream_dedup.embedded import EmbeddedBroker, free_port
+from stream_dedup.events import OutRecord
 from stream_dedup.generate import StreamSpec, write_jsonl
+from stream_dedup.kafka import BrokerWatch, EventProducer
 
 from .support import (
     Topics,
@@ -183,3 +186,46 @@ def test_paused_broker_is_waited_for_and_nothing_is_lost(
     assert duplicates > 100
     assert read_topic(bootstrap, topics.dlq, idle_s=1.0) == []
     print(f"events={len(out)} waits={waited} lost={len(lost)}")
+
+
+def test_deliveries_that_fail_are_produced_again_with_their_headers(
+    broker: EmbeddedBroker, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Records whose delivery times out during an outage are re-sent whole once it ends.
+
+    The producer's ``message.timeout.ms`` is shorter than the pause, so librdkafka reports
+    every record queued during it as failed; :meth:`EventProducer.confirm` rebuilds each
+    from its delivery report and produces it again after a backoff, until delivered.
+    """
+    assert broker.pid is not None
+    topics = Topics.fresh()
+    topics.create(broker.bootstrap)
+    producer = EventProducer(
+        {"bootstrap.servers": broker.bootstrap, "message.timeout.ms": "1500"},
+        BrokerWatch("producer"),
+    )
+    sent = [
+        OutRecord(
+            topics.unique,
+            f"id-{i}".encode(),
+            json.dumps({"n": i}).encode(),
+            [("stream-dedup.verdict", b"unique"), ("n", str(i).encode())],
+        )
+        for i in range(40)
+    ]
+    os.kill(broker.pid, signal.SIGSTOP)
+    threading.Timer(4.0, os.kill, (broker.pid, signal.SIGCONT)).start()
+    with caplog.at_level(logging.WARNING, logger="stream_dedup.kafka"):
+        for rec in sent:
+            producer.produce(rec)
+        producer.confirm(step_s=0.5, backoff=(0.5, 1.0))
+    assert producer.close(5.0) == 0
+    failed = [
+        r
+        for r in caplog.records
+        if r.getMessage() == "event deliveries failed, producing them again"
+    ]
+    assert failed, [r.getMessage() for r in caplog.records]
+    got = read_topic(broker.bootstrap, topics.unique, expected=len(sent))
+    received = {(m.key(), m.value(), tuple(m.headers() or [])) for m in got}
+    assert received == {(r.key, r.value, tuple(r.headers)) for r in sent}

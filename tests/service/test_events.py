@@ -11,7 +11,7 @@ import pytest
 from stream_dedup.config import DocumentFormat
 from stream_dedup.decode import document_from_record
 from stream_dedup.errors import DecodeError
-from stream_dedup.events import Source, dead_letter, event
+from stream_dedup.events import Source, dead_letter, document_json, event
 from stream_dedup.models import Verdict, VerdictKind
 
 SOURCE = Source("news", 3, 42, 1_700_000_000_000, b"k", b'{"id": "a"}', [("h", b"v")])
@@ -22,7 +22,7 @@ SCHEMA = json.loads(
 
 def test_duplicate_event_body_headers_and_key() -> None:
     v = Verdict("a", VerdictKind.DUPLICATE, "b", 0.9, "c")
-    rec = event(v, SOURCE, {"id": "a"}, "news.duplicates", include_document=True)
+    rec = event(v, SOURCE, b'{"id": "a"}', "news.duplicates")
     body = json.loads(rec.value or b"")
     jsonschema.validate(body, SCHEMA)
     assert body["offset"] == 42 and body["partition"] == 3 and body["document"] == {"id": "a"}
@@ -30,12 +30,24 @@ def test_duplicate_event_body_headers_and_key() -> None:
     assert dict(rec.headers)["stream-dedup.verdict"] == b"duplicate"
     assert dict(rec.headers)["stream-dedup.duplicate-of"] == b"b"
     # the same inputs give the same bytes: replays are identical
-    assert event(v, SOURCE, {"id": "a"}, "news.duplicates", include_document=True) == rec
+    assert event(v, SOURCE, b'{"id": "a"}', "news.duplicates") == rec
+
+
+def test_document_is_passed_through_byte_for_byte_or_as_a_json_string() -> None:
+    v = Verdict("a", VerdictKind.UNIQUE, None, None, "a")
+    raw = b'{ "id" : "a",  "text": "caf\xc3\xa9 \\u00e9", "n": 1.0 }'
+    rec = event(v, SOURCE, document_json(raw, text=False), "news.unique")
+    assert (rec.value or b"").endswith(b',"document":' + raw + b"}")
+    body = json.loads(rec.value or b"")
+    jsonschema.validate(body, SCHEMA)
+    assert body["document"] == json.loads(raw) and body["verdict"] == "unique"
+    text = event(v, SOURCE, document_json('caf\u00e9 "q"'.encode(), text=True), "t")
+    assert json.loads(text.value or b"")["document"] == 'caf\u00e9 "q"'
 
 
 def test_unique_event_without_document() -> None:
     v = Verdict("a", VerdictKind.UNIQUE, None, None, "a")
-    rec = event(v, SOURCE, {"id": "a"}, "news.unique", include_document=False)
+    rec = event(v, SOURCE, None, "news.unique")
     body = json.loads(rec.value or b"")
     jsonschema.validate(body, SCHEMA)
     assert "document" not in body
@@ -49,7 +61,6 @@ def test_schema_rejects_inconsistent_duplicate() -> None:
             SOURCE,
             None,
             "t",
-            include_document=False,
         ).value
         or b""
     )

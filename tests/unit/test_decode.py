@@ -14,7 +14,25 @@ FMT = DocumentFormat()
 def test_default_format_joins_title_and_text_with_a_newline() -> None:
     doc = document_from_json(b'{"id": "a1", "title": "Hello", "text": "World", "x": 1}', FMT)
     assert (doc.id, doc.content) == ("a1", "Hello\nWorld")
-    assert doc.payload == {"id": "a1", "title": "Hello", "text": "World", "x": 1}
+
+
+def test_inputs_the_fast_parser_refuses_are_read_as_the_standard_library_reads_them() -> None:
+    # NaN and lone surrogate escapes: orjson refuses them, Python's json accepts them
+    doc = document_from_json(b'{"id": "a", "text": "x", "score": NaN}', FMT)
+    assert (doc.id, doc.content) == ("a", "x")
+    assert document_from_json(b'{"id": "a", "text": "\\ud800 x"}', FMT).content == "\ud800 x"
+    # an integer id beyond 64 bits stays exact (orjson would read it as a float)
+    big = 123456789012345678901234567890
+    assert document_from_json(f'{{"id": {big}, "text": "x"}}'.encode(), FMT).id == str(big)
+    with pytest.raises(DecodeError) as err:
+        document_from_json(b'{"id": 1.5, "text": "x"}', FMT)
+    assert err.value.reason == "invalid_id"
+    with pytest.raises(DecodeError) as err:
+        document_from_json(b'{"id": "a", "text": "\xff"}', FMT)
+    assert err.value.reason == "invalid_utf8"
+    with pytest.raises(DecodeError) as err:
+        document_from_json(b'{"id": "a", "text": }', FMT)
+    assert err.value.reason == "invalid_json" and err.value.raw == b'{"id": "a", "text": }'
 
 
 def test_absent_or_null_content_fields_are_skipped() -> None:

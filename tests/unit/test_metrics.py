@@ -1,0 +1,48 @@
+"""The batch-observed histogram exports exactly what the client library's histogram would."""
+
+from __future__ import annotations
+
+import numpy as np
+from prometheus_client import CollectorRegistry, Histogram, generate_latest
+
+from stream_dedup.metrics import BatchHistogram, Metrics
+
+BUCKETS = (0, 1, 2, 5, 10, 0.25)
+
+
+def test_batch_histogram_matches_prometheus_histogram_sample_for_sample() -> None:
+    bounds = tuple(sorted(BUCKETS))
+    ours, theirs = CollectorRegistry(), CollectorRegistry()
+    batch = BatchHistogram("x_per_doc", "help", bounds, ours)
+    reference = Histogram("x_per_doc", "help", buckets=bounds, registry=theirs)
+    rng = np.random.default_rng(7)
+    for size in (0, 1, 17, 500):
+        # bounds themselves, negatives, values past the last bound
+        values = np.concatenate([rng.integers(-1, 14, size), np.asarray(bounds)[: size % 7]])
+        batch.observe_many(values.tolist())
+        for v in values.tolist():
+            reference.observe(v)
+    ours_text = generate_latest(ours).decode()
+    theirs_text = generate_latest(theirs).decode()
+    assert [ln for ln in ours_text.splitlines() if not ln.endswith("_created")] == [
+        ln for ln in theirs_text.splitlines() if "_created" not in ln
+    ]
+    assert ours.get_sample_value("x_per_doc_bucket", {"le": "1.0"}) == theirs.get_sample_value(
+        "x_per_doc_bucket", {"le": "1.0"}
+    )
+    assert (ours.get_sample_value("x_per_doc_count") or 0) > 500
+
+
+def test_service_metrics_have_no_created_series() -> None:
+    registry = CollectorRegistry()
+    metrics = Metrics(registry)
+    metrics.consumed.inc(3)
+    metrics.observe_work([0, 4, 40], [0, 1, 3])
+    text = generate_latest(registry).decode()
+    assert "_created" not in text
+    assert registry.get_sample_value("stream_dedup_messages_consumed_total") == 3
+    assert registry.get_sample_value("stream_dedup_candidates_per_document_count") == 3
+    assert registry.get_sample_value("stream_dedup_candidates_per_document_sum") == 44
+    assert (
+        registry.get_sample_value("stream_dedup_candidates_per_document_bucket", {"le": "5.0"}) == 2
+    )
