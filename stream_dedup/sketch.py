@@ -4,9 +4,9 @@ Everything a decision needs from the documents themselves, computed for the whol
 once before the index is read. Character shingles (the default) take the compiled path of
 :mod:`stream_dedup.kernels`: NFKC and ``casefold`` per text (C code in the standard library),
 then one pass per document that collapses whitespace, one that hashes the grams into the
-signature bins and their verification halves, and one that sorts each document's halves
-and drops repeats. Word shingles take the numpy path of :mod:`stream_dedup.shingles`. Both
-give exactly what :func:`~stream_dedup.normalize.normalize`, :func:`~stream_dedup.shingles.
+signature bins and their verification halves, numpy's sort per document, and one pass that
+drops repeats. Word shingles take the numpy path of :mod:`stream_dedup.shingles`. Both give
+exactly what :func:`~stream_dedup.normalize.normalize`, :func:`~stream_dedup.shingles.
 shingle_sets`, :func:`~stream_dedup.signature.signatures` and
 :func:`~stream_dedup.verdict.verification_sets` give, which the tests check.
 """
@@ -14,6 +14,7 @@ shingle_sets`, :func:`~stream_dedup.signature.signatures` and
 from __future__ import annotations
 
 import hashlib
+import itertools
 import unicodedata
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -96,7 +97,10 @@ def _sketch_char(
         densify(sigs, filled, config.num_perm, config.seed)
     sets: list[U32] = []
     if config.verify == "exact":
-        flat, sizes = kernels.sorted_sets(high, runs)
+        bounds = runs.tolist()
+        for lo, hi in itertools.pairwise(bounds):
+            high[lo:hi].sort()
+        flat, sizes = kernels.drop_repeats(high, runs)
         at = (np.cumsum(sizes) - sizes).tolist()
         sets = [flat[a : a + c] for a, c in zip(at, sizes.tolist(), strict=True)]
     text = utf8.tobytes()
