@@ -22,7 +22,12 @@ from typing import IO, Any
 
 from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
 
-from stream_dedup.embedded import EmbeddedBroker, create_topics, free_port
+from stream_dedup.embedded import (
+    TANSU_CONSUMER_SETTINGS,
+    EmbeddedBroker,
+    create_topics,
+    free_port,
+)
 from stream_dedup.generate import StreamSpec, generate
 from stream_dedup.produce import produce_lines
 from stream_dedup.service_config import load_config
@@ -85,6 +90,7 @@ def _read_topic(bootstrap: str, topic: str, expected: int) -> list[dict[str, Any
             "group.id": f"demo-reader-{time.monotonic_ns()}",
             "enable.auto.commit": "false",
             "session.timeout.ms": "6000",
+            **TANSU_CONSUMER_SETTINGS,
         },
         logger=logging.getLogger("stream_dedup.produce"),
     )
@@ -137,6 +143,7 @@ def run_demo(opts: DemoOptions, out: IO[str]) -> int:
                         "bootstrap.servers": broker.bootstrap,
                         "group.id": "stream-dedup-demo",
                         "session.timeout.ms": "6000",
+                        **TANSU_CONSUMER_SETTINGS,
                     },
                     "input": {"topics": ["news"]},
                     "index": {"path": index_dir},
