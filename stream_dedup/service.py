@@ -14,7 +14,8 @@ decided in the canonical (topic, partition, offset) order. After a crash the fir
 is instead the one the index's batch intent announces, collected until complete
 (see :mod:`stream_dedup.checkpoint`); normal batching resumes once it is committed.
 Bad input never stops the loop: a message that cannot be decoded, or whose processing
-raises, goes to the dead-letter topic and its offset is committed like any other.
+raises, goes to the dead-letter topic (:mod:`stream_dedup.outputs` builds a batch's events
+and dead letters) and its offset is committed like any other.
 """
 
 from __future__ import annotations
@@ -34,16 +35,12 @@ from stream_dedup.checkpoint import (
     Checkpoint,
     batch_ranges,
     canonical_order,
-    empty_result,
     intent_reached,
     position,
     split_intent,
 )
-from stream_dedup.decode import document_from_record
-from stream_dedup.dedup import BatchResult, Deduplicator
+from stream_dedup.dedup import Deduplicator
 from stream_dedup.endpoints import HttpEndpoints
-from stream_dedup.errors import DecodeError
-from stream_dedup.events import OutRecord, Source, dead_letter, document_json, event
 from stream_dedup.index import DedupIndex, open_index
 from stream_dedup.index.store import Ranges
 from stream_dedup.kafka import (
@@ -54,7 +51,7 @@ from stream_dedup.kafka import (
     raise_if_fatal,
 )
 from stream_dedup.metrics import Metrics
-from stream_dedup.models import Document
+from stream_dedup.outputs import BatchOutputs
 from stream_dedup.service_config import ServiceConfig
 
 log = logging.getLogger("stream_dedup.service")
@@ -65,23 +62,6 @@ DeduplicatorFactory = Callable[[DedupIndex, ServiceConfig], Deduplicator]
 
 def default_deduplicator(index: DedupIndex, config: ServiceConfig) -> Deduplicator:
     return Deduplicator(index, config.dedup.dedup_config())
-
-
-def _source(msg: Message) -> Source:
-    """The position and contents of a consumed (error-free) message."""
-    topic, partition, offset = msg.topic(), msg.partition(), msg.offset()
-    assert topic is not None and partition is not None and offset is not None
-    ts_type, ts = msg.timestamp()
-    headers = msg.headers() or []
-    return Source(
-        topic,
-        partition,
-        offset,
-        ts if ts_type else None,
-        msg.key(),
-        msg.value(),
-        list(headers.items()) if isinstance(headers, dict) else list(headers),
-    )
 
 
 def _fields(**kw: object) -> dict[str, dict[str, object]]:
@@ -113,12 +93,11 @@ class Service:
             self.index.counter("documents"),
             self.index.size_bytes(),
         )
-        self._fmt = config.input.document_format()
+        self._outputs = BatchOutputs(config, self.dedup, self.metrics)
         strategy = config.kafka.get("partition.assignment.strategy", "")
         self._cooperative = (
             "cooperative" in strategy or config.kafka.get("group.protocol") == "consumer"
         )
-        self._text = config.input.format == "text"
         self._stop = threading.Event()
         self._stop_requested_at: float | None = None
         self._last_beat = time.monotonic()
@@ -375,55 +354,11 @@ class Service:
         """Decode, decide (in canonical order), build records, checkpoint: one batch."""
         assert self._checkpoint is not None
         started = time.perf_counter()
-        cfg = self.config
         self.metrics.consumed.inc(len(batch))
         self.metrics.batch_size.observe(len(batch))
         batch = canonical_order(batch)
-        ranges = batch_ranges(batch)
-        docs: list[Document] = []
-        doc_sources: list[Source] = []
-        dead: list[OutRecord] = []
-        for msg in batch:
-            source = _source(msg)
-            topic, partition, offset = source.topic, source.partition, source.offset
-            try:
-                doc = document_from_record(
-                    source.value,
-                    source.key,
-                    (topic, partition, offset),
-                    self._fmt,
-                    text=self._text,
-                    max_bytes=cfg.input.max_message_bytes,
-                )
-            except DecodeError as exc:
-                dead.append(self._dead_letter(source, exc.reason, exc, "decode"))
-                continue
-            docs.append(doc)
-            doc_sources.append(source)
-        result, failed = self._decide(docs)
-        for i, error in failed:
-            dead.append(self._dead_letter(doc_sources[i], "processing_error", error, "process"))
-        failed_idx = {i for i, _ in failed}
-        kept = [s for i, s in enumerate(doc_sources) if i not in failed_idx]
-        records: list[OutRecord] = []
-        record_sources: list[Source] = []
-        for source, verdict in zip(kept, result.verdicts, strict=True):
-            topic = cfg.duplicate_topic if verdict.is_duplicate else cfg.unique_topic
-            document = (
-                document_json(source.value, text=self._text)
-                if cfg.output.include_document and source.value is not None
-                else None
-            )
-            records.append(event(verdict, source, document, topic))
-            record_sources.append(source)
-        records.extend(dead)
-
-        def rejected(i: int, exc: Exception) -> OutRecord | None:
-            if i >= len(record_sources):
-                raise exc  # a dead letter itself was rejected: nothing safer to send
-            return self._dead_letter(record_sources[i], "processing_error", exc, "produce")
-
-        self._checkpoint.commit(records, result, ranges, rejected)
+        out = self._outputs.build(batch)
+        self._checkpoint.commit(out.records, out.result, batch_ranges(batch), out.rejected)
         if self._intent is not None:  # the announced batch is stored: batch normally again
             self._intent = None
             self._resume_all()
@@ -433,53 +368,13 @@ class Service:
         self.metrics.document_latency.observe_many(
             [done - received.pop(id(msg), started) for msg in batch]
         )
+        result = out.result
         duplicates = sum(v.is_duplicate for v in result.verdicts)
         self.metrics.verdicts.labels("duplicate").inc(duplicates)
         self.metrics.verdicts.labels("unique").inc(len(result.verdicts) - duplicates)
         self.metrics.observe_work(result.stats.candidates, result.stats.verifications)
         self.metrics.replayed.inc(result.stats.replayed)
         self.metrics.truncated.inc(result.stats.truncated_lookups)
-
-    def _decide(self, docs: list[Document]) -> tuple[BatchResult, list[tuple[int, Exception]]]:
-        """Decide the batch; if that raises, find the documents that fail on their own.
-
-        The failing documents are dead-lettered (``processing_error``) and the rest decided
-        together. Deciding is deterministic, so a replay isolates the same documents.
-        """
-        if not docs:
-            return empty_result(), []
-        try:
-            return self.dedup.decide(docs), []
-        except Exception as batch_exc:
-            failed: list[tuple[int, Exception]] = []
-            for i, doc in enumerate(docs):
-                try:
-                    self.dedup.decide([doc])
-                except Exception as exc:
-                    failed.append((i, exc))
-            if not failed:
-                raise batch_exc
-            bad = {i for i, _ in failed}
-            rest = [d for i, d in enumerate(docs) if i not in bad]
-            return (self.dedup.decide(rest) if rest else empty_result()), failed
-
-    def _dead_letter(
-        self, source: Source, reason: str, exc: BaseException, stage: str
-    ) -> OutRecord:
-        self.metrics.dead_letters.labels(reason).inc()
-        log.warning(
-            "message dead-lettered",
-            extra=_fields(
-                reason=reason,
-                error=str(exc)[:500],
-                topic=source.topic,
-                partition=source.partition,
-                offset=source.offset,
-                dlq_topic=self.config.dlq_topic,
-                action="inspect the record in the dead-letter topic; fix the producer",
-            ),
-        )
-        return dead_letter(source, self.config.dlq_topic, reason, exc, stage)
 
     # -- rebalances ----------------------------------------------------------------------
 

@@ -1,0 +1,155 @@
+"""A batch of consumed messages -> the records to produce: events and dead letters.
+
+The service's step between consuming and checkpointing: decode every message into a
+document (:mod:`stream_dedup.decode`), decide the documents in the batch's canonical order
+(:class:`~stream_dedup.dedup.Deduplicator`), and turn each verdict into an event
+(:mod:`stream_dedup.events`). Nothing here touches Kafka or writes the index; the result
+goes to :meth:`stream_dedup.checkpoint.Checkpoint.commit`.
+
+Bad input never stops a batch: a message that cannot be decoded, a document whose
+deciding raises, and a record the Kafka client rejects outright each become a dead letter
+with the reason, counted in ``stream_dedup_dead_letters_total`` and logged.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+from confluent_kafka import Message
+
+from stream_dedup.checkpoint import Rejected, empty_result
+from stream_dedup.decode import document_from_record
+from stream_dedup.dedup import BatchResult, Deduplicator
+from stream_dedup.errors import DecodeError
+from stream_dedup.events import OutRecord, Source, dead_letter, document_json, event
+from stream_dedup.metrics import Metrics
+from stream_dedup.models import Document
+from stream_dedup.service_config import ServiceConfig
+
+log = logging.getLogger("stream_dedup.service")
+
+
+def source_of(msg: Message) -> Source:
+    """The position and contents of a consumed (error-free) message."""
+    topic, partition, offset = msg.topic(), msg.partition(), msg.offset()
+    assert topic is not None and partition is not None and offset is not None
+    ts_type, ts = msg.timestamp()
+    headers = msg.headers() or []
+    return Source(
+        topic,
+        partition,
+        offset,
+        ts if ts_type else None,
+        msg.key(),
+        msg.value(),
+        list(headers.items()) if isinstance(headers, dict) else list(headers),
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class Outputs:
+    """What one batch produces: its records (events first, then dead letters), the
+    decided batch for the index write, and the replacement for a rejected record."""
+
+    records: list[OutRecord]
+    result: BatchResult
+    rejected: Rejected
+
+
+class BatchOutputs:
+    """Builds the :class:`Outputs` of batches, for one service configuration."""
+
+    def __init__(self, config: ServiceConfig, dedup: Deduplicator, metrics: Metrics) -> None:
+        self.config = config
+        self.dedup = dedup
+        self.metrics = metrics
+        self._fmt = config.input.document_format()
+        self._text = config.input.format == "text"
+
+    def build(self, batch: list[Message]) -> Outputs:
+        """The outputs of ``batch``, which must already be in the canonical order."""
+        cfg = self.config
+        docs: list[Document] = []
+        doc_sources: list[Source] = []
+        dead: list[OutRecord] = []
+        for msg in batch:
+            source = source_of(msg)
+            try:
+                doc = document_from_record(
+                    source.value,
+                    source.key,
+                    (source.topic, source.partition, source.offset),
+                    self._fmt,
+                    text=self._text,
+                    max_bytes=cfg.input.max_message_bytes,
+                )
+            except DecodeError as exc:
+                dead.append(self.dead_letter(source, exc.reason, exc, "decode"))
+                continue
+            docs.append(doc)
+            doc_sources.append(source)
+        result, failed = self._decide(docs)
+        for i, error in failed:
+            dead.append(self.dead_letter(doc_sources[i], "processing_error", error, "process"))
+        failed_idx = {i for i, _ in failed}
+        kept = [s for i, s in enumerate(doc_sources) if i not in failed_idx]
+        records: list[OutRecord] = []
+        for source, verdict in zip(kept, result.verdicts, strict=True):
+            topic = cfg.duplicate_topic if verdict.is_duplicate else cfg.unique_topic
+            document = (
+                document_json(source.value, text=self._text)
+                if cfg.output.include_document and source.value is not None
+                else None
+            )
+            records.append(event(verdict, source, document, topic))
+        records.extend(dead)
+
+        def rejected(i: int, exc: Exception) -> OutRecord | None:
+            if i >= len(kept):
+                raise exc  # a dead letter itself was rejected: nothing safer to send
+            return self.dead_letter(kept[i], "processing_error", exc, "produce")
+
+        return Outputs(records, result, rejected)
+
+    def _decide(self, docs: list[Document]) -> tuple[BatchResult, list[tuple[int, Exception]]]:
+        """Decide the batch; if that raises, find the documents that fail on their own.
+
+        The failing documents are dead-lettered (``processing_error``) and the rest decided
+        together. Deciding is deterministic, so a replay isolates the same documents.
+        """
+        if not docs:
+            return empty_result(), []
+        try:
+            return self.dedup.decide(docs), []
+        except Exception as batch_exc:
+            failed: list[tuple[int, Exception]] = []
+            for i, doc in enumerate(docs):
+                try:
+                    self.dedup.decide([doc])
+                except Exception as exc:
+                    failed.append((i, exc))
+            if not failed:
+                raise batch_exc
+            bad = {i for i, _ in failed}
+            rest = [d for i, d in enumerate(docs) if i not in bad]
+            return (self.dedup.decide(rest) if rest else empty_result()), failed
+
+    def dead_letter(self, source: Source, reason: str, exc: BaseException, stage: str) -> OutRecord:
+        """The dead letter for ``source``, counted and logged."""
+        self.metrics.dead_letters.labels(reason).inc()
+        log.warning(
+            "message dead-lettered",
+            extra={
+                "fields": {
+                    "reason": reason,
+                    "error": str(exc)[:500],
+                    "topic": source.topic,
+                    "partition": source.partition,
+                    "offset": source.offset,
+                    "dlq_topic": self.config.dlq_topic,
+                    "action": "inspect the record in the dead-letter topic; fix the producer",
+                }
+            },
+        )
+        return dead_letter(source, self.config.dlq_topic, reason, exc, stage)
