@@ -37,7 +37,7 @@ from stream_dedup.index.records import (
 from stream_dedup.index.store import DedupIndex
 from stream_dedup.models import Document, Verdict, VerdictKind
 from stream_dedup.signature import SIG_DTYPE, estimate_jaccard
-from stream_dedup.sketch import sketch
+from stream_dedup.sketch import Sketch, sketch
 from stream_dedup.verdict import Match, best_match, exact_jaccard
 
 
@@ -102,10 +102,20 @@ class Deduplicator:
         """Persist a decided batch (and the input offsets it covers) in one atomic write."""
         self.index.commit(result.puts, result.counter_deltas, offsets)
 
-    def decide(self, docs: Sequence[Document]) -> BatchResult:
-        """Verdicts for ``docs`` in order; see the module docstring for the rules."""
+    def sketch(self, docs: Sequence[Document]) -> Sketch:
+        """The index-independent part of deciding ``docs`` (see :mod:`stream_dedup.sketch`)."""
+        return sketch([d.content for d in docs], self.config, self.plan)
+
+    def decide(self, docs: Sequence[Document], sketched: Sketch | None = None) -> BatchResult:
+        """Verdicts for ``docs`` in order; see the module docstring for the rules.
+
+        ``sketched`` is ``docs``' sketch when it was computed elsewhere (the service's
+        sketch worker computes it one batch ahead); by default it is computed here.
+        """
         cfg = self.config
-        sk = sketch([d.content for d in docs], cfg, self.plan)
+        sk = sketched if sketched is not None else self.sketch(docs)
+        if sk.size != len(docs):
+            raise ValueError("the sketch handed in is not the sketch of these documents")
         live, sets, sigs, bkeys, xkeys = sk.live, sk.sets, sk.sigs, sk.bucket_keys, sk.exact_keys
         nb = self.plan.bands
 

@@ -28,6 +28,7 @@ stream_dedup_commits_total                      counter    completed checkpoints
 stream_dedup_last_commit_timestamp_seconds      gauge      Unix time of the last checkpoint
 stream_dedup_commit_duration_seconds            histogram  one checkpoint (flush, index, kafka)
 stream_dedup_kafka_commit_failures_total        counter    offset commits Kafka refused
+stream_dedup_sketch_worker_failures_total       counter    batches sketched in process instead
 stream_dedup_rebalances_total{kind}             counter    partition assign / revoke
 stream_dedup_assigned_partitions                gauge      partitions held now
 stream_dedup_index_documents                    gauge      documents decided in the index
@@ -203,6 +204,11 @@ class Metrics:
         )
         self.kafka_commit_failures = Counter(
             f"{p}_kafka_commit_failures", "Offset commits that Kafka refused.", registry=r
+        )
+        self.sketch_worker_failures = Counter(
+            f"{p}_sketch_worker_failures",
+            "Batches the sketch worker failed on (then sketched in the service process).",
+            registry=r,
         )
         self.rebalances = Counter(
             f"{p}_rebalances", "Partition assignments and revocations.", ["kind"], registry=r

@@ -1,9 +1,10 @@
 """A batch of consumed messages -> the records to produce: events and dead letters.
 
-The service's step between consuming and checkpointing: decode every message into a
-document (:mod:`stream_dedup.decode`), decide the documents in the batch's canonical order
-(:class:`~stream_dedup.dedup.Deduplicator`), and turn each verdict into an event
-(:mod:`stream_dedup.events`). Nothing here touches Kafka or writes the index; the result
+The service's step between consuming and checkpointing, in two calls: ``decode`` every
+message into a document (:mod:`stream_dedup.decode`), then ``build``: decide the documents
+in the batch's canonical order (:class:`~stream_dedup.dedup.Deduplicator`; their sketch may
+have been computed ahead, by :mod:`stream_dedup.sketch_worker`), and turn each verdict into
+an event (:mod:`stream_dedup.events`). Nothing here touches Kafka or writes the index; the result
 goes to :meth:`stream_dedup.checkpoint.Checkpoint.commit`.
 
 Bad input never stops a batch: a message that cannot be decoded, a document whose
@@ -26,6 +27,7 @@ from stream_dedup.events import OutRecord, Source, dead_letter, document_json, e
 from stream_dedup.metrics import Metrics
 from stream_dedup.models import Document
 from stream_dedup.service_config import ServiceConfig
+from stream_dedup.sketch import Sketch
 
 log = logging.getLogger("stream_dedup.service")
 
@@ -48,6 +50,17 @@ def source_of(msg: Message) -> Source:
 
 
 @dataclass(frozen=True, slots=True)
+class Decoded:
+    """A batch (in the canonical order) decoded: its documents with their sources, in
+    order, and the messages that did not decode (dead letters once the batch is built)."""
+
+    batch: list[Message]
+    docs: list[Document]
+    sources: list[Source]
+    undecodable: list[tuple[Source, DecodeError]]
+
+
+@dataclass(frozen=True, slots=True)
 class Outputs:
     """What one batch produces: its records (events first, then dead letters), the
     decided batch for the index write, and the replacement for a rejected record."""
@@ -67,12 +80,10 @@ class BatchOutputs:
         self._fmt = config.input.document_format()
         self._text = config.input.format == "text"
 
-    def build(self, batch: list[Message]) -> Outputs:
-        """The outputs of ``batch``, which must already be in the canonical order."""
+    def decode(self, batch: list[Message]) -> Decoded:
+        """Decode ``batch`` (already in the canonical order); bad messages become dead letters."""
         cfg = self.config
-        docs: list[Document] = []
-        doc_sources: list[Source] = []
-        dead: list[OutRecord] = []
+        decoded = Decoded(batch, [], [], [])
         for msg in batch:
             source = source_of(msg)
             try:
@@ -85,15 +96,27 @@ class BatchOutputs:
                     max_bytes=cfg.input.max_message_bytes,
                 )
             except DecodeError as exc:
-                dead.append(self.dead_letter(source, exc.reason, exc, "decode"))
+                decoded.undecodable.append((source, exc))
                 continue
-            docs.append(doc)
-            doc_sources.append(source)
-        result, failed = self._decide(docs)
+            decoded.docs.append(doc)
+            decoded.sources.append(source)
+        return decoded
+
+    def build(self, decoded: Decoded, sketched: Sketch | None = None) -> Outputs:
+        """Decide the decoded batch and build its records.
+
+        ``sketched`` is the sketch of ``decoded.docs`` when it was computed ahead (by the
+        sketch worker); without it the documents are sketched here.
+        """
+        cfg = self.config
+        dead = [
+            self.dead_letter(src, exc.reason, exc, "decode") for src, exc in decoded.undecodable
+        ]
+        result, failed = self._decide(decoded.docs, sketched)
         for i, error in failed:
-            dead.append(self.dead_letter(doc_sources[i], "processing_error", error, "process"))
+            dead.append(self.dead_letter(decoded.sources[i], "processing_error", error, "process"))
         failed_idx = {i for i, _ in failed}
-        kept = [s for i, s in enumerate(doc_sources) if i not in failed_idx]
+        kept = [s for i, s in enumerate(decoded.sources) if i not in failed_idx]
         records: list[OutRecord] = []
         for source, verdict in zip(kept, result.verdicts, strict=True):
             topic = cfg.duplicate_topic if verdict.is_duplicate else cfg.unique_topic
@@ -112,7 +135,9 @@ class BatchOutputs:
 
         return Outputs(records, result, rejected)
 
-    def _decide(self, docs: list[Document]) -> tuple[BatchResult, list[tuple[int, Exception]]]:
+    def _decide(
+        self, docs: list[Document], sketched: Sketch | None
+    ) -> tuple[BatchResult, list[tuple[int, Exception]]]:
         """Decide the batch; if that raises, find the documents that fail on their own.
 
         The failing documents are dead-lettered (``processing_error``) and the rest decided
@@ -121,7 +146,7 @@ class BatchOutputs:
         if not docs:
             return empty_result(), []
         try:
-            return self.dedup.decide(docs), []
+            return self.dedup.decide(docs, sketched), []
         except Exception as batch_exc:
             failed: list[tuple[int, Exception]] = []
             for i, doc in enumerate(docs):

@@ -51,8 +51,10 @@ from stream_dedup.kafka import (
     raise_if_fatal,
 )
 from stream_dedup.metrics import Metrics
-from stream_dedup.outputs import BatchOutputs
+from stream_dedup.outputs import BatchOutputs, Decoded
 from stream_dedup.service_config import ServiceConfig
+from stream_dedup.sketch import Sketch
+from stream_dedup.sketch_worker import SketchWorker, SketchWorkerError
 
 log = logging.getLogger("stream_dedup.service")
 
@@ -112,6 +114,9 @@ class Service:
         self.http: HttpEndpoints | None = None
         self._consumer: Consumer | None = None
         self._checkpoint: Checkpoint | None = None
+        self._sketcher: SketchWorker | None = None
+        #: The decoded batch whose sketch the worker is computing (next to be processed).
+        self._ahead: Decoded | None = None
 
     # -- control -------------------------------------------------------------------------
 
@@ -178,6 +183,8 @@ class Service:
                 cfg.http.host, cfg.http.port, self.registry, self.health, self.ready
             )
             self.http.start()
+        if cfg.service.sketch_worker:
+            self._sketcher = SketchWorker(self.dedup.config)  # starts while we warm up
         self.dedup.warm_up()
         consumer_watch = BrokerWatch("consumer")
         producer = EventProducer(cfg.kafka, BrokerWatch("producer"))
@@ -218,16 +225,23 @@ class Service:
                 self._beat()
                 if consumer_watch.fatal is not None:
                     raise KafkaException(consumer_watch.fatal)
-                batch = self._collect(consumer)
+                from_intent = self._intent is not None
+                batch = self._collect(consumer, wait=self._ahead is None)
                 if batch:
                     consumer_watch.alive()
-                    self._process(batch)
+                if from_intent:
+                    if batch:
+                        self._process(self._decode(batch), None)
+                    continue
+                self._advance(self._decode(batch) if batch else None)
+            self._drain()
         except DeliveryAbandonedError as exc:
             log.warning(
                 "stopped before the last batch was confirmed; it will be replayed",
                 extra=_fields(error=str(exc), action="none: replayed events are identical"),
             )
             self._pending = []
+            self._ahead = None
             code = 1
         finally:
             self._shutdown(consumer, producer)
@@ -242,6 +256,8 @@ class Service:
         left = producer.close(5.0)
         if left:
             log.warning("records left undelivered at exit", extra=_fields(records=left))
+        if self._sketcher is not None:
+            self._sketcher.close()
         self._assigned.clear()
         self._index_open = False
         self.index.close()
@@ -249,7 +265,7 @@ class Service:
             self.http.stop()
         log.info("stopped", extra=_fields(documents=self.index.counter("documents")))
 
-    def _collect(self, consumer: Consumer) -> list[Message]:
+    def _collect(self, consumer: Consumer, *, wait: bool = True) -> list[Message]:
         """Up to ``max_messages``: what has arrived, taken without waiting for more.
 
         The first message is awaited with ``poll`` (returns as soon as one is there);
@@ -259,14 +275,16 @@ class Service:
         ``consume(n, timeout)`` would instead wait out its whole timeout whenever fewer
         than n messages come, adding the window to every document's latency at low load;
         under load the batch still grows, from what arrives while the last one is decided.
-        While a batch intent is pending, the batch is the intent's (:meth:`_collect_intent`).
+        With ``wait=False`` (a batch is being sketched ahead) the first message is not
+        awaited either. While a batch intent is pending, the batch is the intent's
+        (:meth:`_collect_intent`).
         """
         if self._intent is not None:
             return self._collect_intent(consumer, self._intent)
         limit = self.config.batch.max_messages
         wait_s = self.config.batch.max_wait_ms / 1000.0
         if not self._pending:
-            first = consumer.poll(0.2)
+            first = consumer.poll(0.2 if wait else 0.0)
             if first is None:
                 return []
             self._take([first])
@@ -350,14 +368,75 @@ class Service:
             self._pending.append(msg)
             self._received_at[id(msg)] = received
 
-    def _process(self, batch: list[Message]) -> None:
-        """Decode, decide (in canonical order), build records, checkpoint: one batch."""
+    # -- one batch -----------------------------------------------------------------------
+
+    def _decode(self, batch: list[Message]) -> Decoded:
+        """The batch in the canonical order, decoded (the first step of processing it)."""
+        return self._outputs.decode(canonical_order(batch))
+
+    def _advance(self, decoded: Decoded | None) -> None:
+        """Process the batch sketched ahead, after handing the worker the next one.
+
+        The worker sketches ``decoded`` while this process decides and commits the batch
+        before it, so both cores work. Without a worker (or when it fails), batches are
+        processed here in arrival order, exactly as with one.
+        """
+        ahead, self._ahead = self._ahead, None
+        sketched = self._sketch_of(ahead) if ahead is not None else None
+        if decoded is not None and self._submit(decoded):
+            self._ahead = decoded
+        if ahead is not None:
+            self._process(ahead, sketched)
+        if decoded is not None and self._ahead is not decoded:
+            self._process(decoded, None)
+
+    def _drain(self) -> None:
+        """Process the batch sketched ahead, if any (before a revoke or a stop)."""
+        ahead, self._ahead = self._ahead, None
+        if ahead is not None:
+            self._process(ahead, self._sketch_of(ahead))
+
+    def _submit(self, decoded: Decoded) -> bool:
+        """Give the worker ``decoded``'s documents; False when they are sketched here."""
+        if self._sketcher is None:
+            return False
+        if not decoded.docs:
+            return True  # nothing to sketch; it still waits its turn
+        try:
+            self._sketcher.submit([d.content for d in decoded.docs])
+        except SketchWorkerError as exc:
+            self._worker_failed(exc)
+            return False
+        return True
+
+    def _sketch_of(self, decoded: Decoded) -> Sketch | None:
+        """The worker's sketch of ``decoded``, or None (then it is sketched here)."""
+        if self._sketcher is None or not decoded.docs:
+            return None
+        try:
+            return self._sketcher.result()
+        except SketchWorkerError as exc:
+            self._worker_failed(exc)
+            return None
+
+    def _worker_failed(self, exc: SketchWorkerError) -> None:
+        self.metrics.sketch_worker_failures.inc()
+        log.warning(
+            "sketch worker failed; this batch is sketched in the service process",
+            extra=_fields(
+                error=str(exc),
+                action="none: verdicts are unaffected; a dead worker is started again",
+            ),
+        )
+
+    def _process(self, decoded: Decoded, sketched: Sketch | None) -> None:
+        """Decide (in canonical order), build records, checkpoint: one decoded batch."""
         assert self._checkpoint is not None
         started = time.perf_counter()
+        batch = decoded.batch
         self.metrics.consumed.inc(len(batch))
         self.metrics.batch_size.observe(len(batch))
-        batch = canonical_order(batch)
-        out = self._outputs.build(batch)
+        out = self._outputs.build(decoded, sketched)
         self._checkpoint.commit(out.records, out.result, batch_ranges(batch), out.rejected)
         if self._intent is not None:  # the announced batch is stored: batch normally again
             self._intent = None
@@ -417,13 +496,14 @@ class Service:
         """
         self.metrics.rebalances.labels("revoke").inc()
         revoked = {(tp.topic, tp.partition) for tp in partitions}
+        self._drain()
         if self._intent is not None and intent_reached(self._pending, self._intent):
             announced, self._pending = split_intent(self._pending, self._intent)
-            self._process(announced)
+            self._process(self._decode(announced), None)
         if self._intent is None:
             batch, self._pending = self._pending, []
             if batch:
-                self._process(batch)
+                self._process(self._decode(batch), None)
         else:
             batch = []
             self._pending = [m for m in self._pending if (m.topic(), m.partition()) not in revoked]
@@ -445,6 +525,11 @@ class Service:
         """Partitions lost without a revoke: drop their uncommitted messages (replayed later)."""
         self.metrics.rebalances.labels("lost").inc()
         lost = {(tp.topic, tp.partition) for tp in partitions}
+        ahead, self._ahead = self._ahead, None
+        if ahead is not None:  # not decided yet: it goes back to the collected messages
+            if self._sketcher is not None and ahead.docs:
+                self._sketcher.discard()
+            self._pending = ahead.batch + self._pending
         self._pending = [m for m in self._pending if (m.topic(), m.partition()) not in lost]
         self._assigned -= lost
         self._paused -= lost

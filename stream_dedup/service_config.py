@@ -137,8 +137,10 @@ class BatchConfig:
 
 @dataclass(frozen=True, slots=True)
 class ServiceSection:
-    """Timeouts of the loop: delivery confirmation, stop, broker outage backoff."""
+    """How the loop runs: the sketch worker; timeouts of delivery confirmation, stop and
+    broker outage backoff."""
 
+    sketch_worker: bool = True
     flush_timeout_s: float = 30.0
     shutdown_timeout_s: float = 30.0
     backoff_initial_s: float = 0.5

@@ -20,6 +20,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
+import numpy.typing as npt
 
 from stream_dedup import kernels
 from stream_dedup.bands import BandPlan, band_hashes
@@ -36,11 +37,13 @@ from stream_dedup.verdict import verification_sets
 class Sketch:
     """What the index lookups and the decisions of one batch need from its documents.
 
-    ``live`` are the positions of documents with non-empty normalised content; the other
-    fields hold one entry per live document, in that order (``bucket_keys``: ``bands`` per
-    document). ``sets`` (verification sets) is empty unless verification is exact.
+    ``size`` is the number of documents sketched and ``live`` the positions of those with
+    non-empty normalised content; the other fields hold one entry per live document, in
+    that order (``bucket_keys``: ``bands`` per document). ``sets`` (verification sets) is
+    empty unless verification is exact.
     """
 
+    size: int
     live: list[int]
     sets: list[U32]
     sigs: U32
@@ -60,12 +63,32 @@ def sketch(texts: Sequence[str], config: DedupConfig, plan: BandPlan) -> Sketch:
     else:
         live, sets, sigs, digests = _sketch_numpy(texts, config)
     return Sketch(
+        size=len(texts),
         live=live,
         sets=sets,
         sigs=sigs,
         bucket_keys=keys.bucket_keys(band_hashes(sigs, plan, config.seed)),
         exact_keys=[keys.exact_key(d) for d in digests],
     )
+
+
+#: A :class:`Sketch` as plain values for a pipe: the verification sets as one array.
+PackedSketch = tuple[int, list[int], U32, npt.NDArray[np.int64], U32, list[bytes], list[bytes]]
+
+
+def pack(sk: Sketch) -> PackedSketch:
+    """``sk`` as plain values that pickle fast (thousands of small arrays do not)."""
+    sizes = np.fromiter((s.size for s in sk.sets), dtype=np.int64, count=len(sk.sets))
+    flat = np.concatenate(sk.sets) if sk.sets else np.empty(0, dtype="<u4")
+    return sk.size, sk.live, flat, sizes, sk.sigs, sk.bucket_keys, sk.exact_keys
+
+
+def unpack(packed: PackedSketch) -> Sketch:
+    """The :class:`Sketch` that :func:`pack` was given."""
+    size, live, flat, sizes, sigs, bucket_keys, exact_keys = packed
+    at = (np.cumsum(sizes) - sizes).tolist()
+    sets = [flat[a : a + c] for a, c in zip(at, sizes.tolist(), strict=True)]
+    return Sketch(size, live, sets, sigs, bucket_keys, exact_keys)
 
 
 def _sketch_char(

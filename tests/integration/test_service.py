@@ -14,6 +14,7 @@ from stream_dedup.dedup import BatchResult, Deduplicator
 from stream_dedup.index import DedupIndex
 from stream_dedup.models import Document
 from stream_dedup.service_config import ServiceConfig
+from stream_dedup.sketch import Sketch
 
 from .support import (
     ServiceThread,
@@ -36,10 +37,10 @@ class FailingDeduplicator(Deduplicator):
     def __init__(self, index: DedupIndex, config: ServiceConfig) -> None:
         super().__init__(index, config.dedup.dedup_config())
 
-    def decide(self, docs: Sequence[Document]) -> BatchResult:
+    def decide(self, docs: Sequence[Document], sketched: Sketch | None = None) -> BatchResult:
         if any(d.id == "boom" for d in docs):
             raise RuntimeError("forced failure while deciding 'boom'")
-        return super().decide(docs)
+        return super().decide(docs, sketched)
 
 
 def event_schema() -> dict[str, object]:

@@ -1,0 +1,195 @@
+"""Sketching in a helper process, one batch ahead of the service loop.
+
+Why a process: a batch's sketch (normalise, shingle, sign, band; :mod:`stream_dedup.sketch`)
+depends on its documents alone, not on the index, and it is about a quarter of the
+service's CPU. The rest of the loop (index reads, deciding, the RocksDB write, producing)
+is Python that holds the interpreter lock, so a thread could not run the sketch beside it;
+a process on a second core can. While the loop decides and commits batch N, the worker
+sketches batch N+1, which the loop has already consumed and decoded.
+
+The worker is a fresh interpreter (``python -m stream_dedup.sketch_worker``; forking a
+process that runs librdkafka threads and RocksDB is unsafe, and ``multiprocessing``'s
+spawn would import the embedding program's main module again) joined by a socket pair.
+It exits when the pipe closes, which includes the service being killed (``kill -9``):
+nothing is left running. It
+ignores SIGINT and SIGTERM, which stop the service, so that the batch in hand is still
+sketched during a graceful stop; :meth:`SketchWorker.close` ends it.
+
+Deciding is unchanged by where the sketch was computed: it is the same function of the
+same texts (tests check the verdicts are identical). If the worker fails (it raised on a
+batch, or it died), :meth:`SketchWorker.result` raises :class:`SketchWorkerError` and the
+caller sketches that batch itself; a dead worker is started again for the next batch.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import multiprocessing
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from multiprocessing.connection import Connection
+
+from stream_dedup.config import DedupConfig
+from stream_dedup.sketch import Sketch, pack, sketch, unpack
+
+log = logging.getLogger("stream_dedup.sketch_worker")
+
+#: How long the worker may take to import and load its compiled kernels.
+START_TIMEOUT_S = 120.0
+
+
+class SketchWorkerError(RuntimeError):
+    """The worker could not sketch a batch; the caller sketches it in process instead."""
+
+
+def _serve(conn: Connection) -> None:
+    """The worker's loop: its configuration, then texts in, packed sketches out, until EOF."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    try:
+        config: DedupConfig = conn.recv()
+    except (EOFError, OSError):
+        return
+    plan = config.band_plan()
+    sketch(["warm-up text for the compiled kernels", "warm-up text"], config, plan)
+    conn.send(("ready", None))
+    while True:
+        try:
+            texts = conn.recv()
+        except (EOFError, OSError):
+            return
+        try:
+            reply: tuple[str, object] = ("ok", pack(sketch(texts, config, plan)))
+        except Exception as exc:
+            reply = ("error", f"{type(exc).__name__}: {exc}")
+        try:
+            conn.send(reply)
+        except OSError:
+            return
+
+
+class SketchWorker:
+    """One helper process that sketches one batch at a time (:meth:`submit`, :meth:`result`).
+
+    The process is started by the constructor and loads its kernels while the caller does
+    other start-up work; the first :meth:`submit` waits until it is ready.
+    """
+
+    def __init__(self, config: DedupConfig) -> None:
+        self._config = config
+        self._conn: Connection | None = None
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._ready = False
+        self._busy = False
+        self._start()
+
+    def _start(self) -> None:
+        parent, child = multiprocessing.Pipe(duplex=True)
+        try:
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "stream_dedup.sketch_worker", str(child.fileno())],
+                pass_fds=(child.fileno(),),
+                stdin=subprocess.DEVNULL,
+            )
+        finally:
+            child.close()
+        parent.send(self._config)
+        self._conn, self._proc, self._ready, self._busy = parent, proc, False, False
+
+    @property
+    def pid(self) -> int | None:
+        return self._proc.pid if self._proc is not None else None
+
+    @property
+    def busy(self) -> bool:
+        """Whether a submitted batch's result has not been taken yet."""
+        return self._busy
+
+    def submit(self, texts: Sequence[str]) -> None:
+        """Start sketching ``texts``; take the result with :meth:`result` before the next."""
+        if self._busy:
+            raise RuntimeError("take the previous batch's result before submitting another")
+        if self._proc is None or self._proc.poll() is not None:
+            log.warning(
+                "sketch worker not running; starting it again",
+                extra={"fields": {"exitcode": self._proc.returncode if self._proc else None}},
+            )
+            self._stop()
+            self._start()
+        try:
+            if not self._ready:
+                self._receive(START_TIMEOUT_S)
+                self._ready = True
+            assert self._conn is not None
+            self._conn.send(list(texts))
+        except (SketchWorkerError, OSError) as exc:
+            self._stop()
+            raise SketchWorkerError(f"sketch worker failed to start: {exc}") from exc
+        self._busy = True
+
+    def result(self) -> Sketch:
+        """The sketch of the submitted texts; raises :class:`SketchWorkerError` on failure."""
+        if not self._busy:
+            raise RuntimeError("no batch was submitted")
+        self._busy = False
+        try:
+            kind, value = self._receive(None)
+        except SketchWorkerError:
+            self._stop()
+            raise
+        if kind != "ok":
+            raise SketchWorkerError(f"sketch worker failed on the batch: {value}")
+        return unpack(value)  # type: ignore[arg-type]
+
+    def discard(self) -> None:
+        """Drop the result of the submitted batch, if any (its batch will not be decided)."""
+        if self._busy:
+            with contextlib.suppress(SketchWorkerError):
+                self.result()
+
+    def _receive(self, timeout_s: float | None) -> tuple[str, object]:
+        """The worker's next message; waits while it is alive (and within ``timeout_s``)."""
+        conn, proc = self._conn, self._proc
+        assert conn is not None and proc is not None
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        try:
+            while not conn.poll(1.0):
+                if proc.poll() is not None:
+                    raise SketchWorkerError(f"the worker exited with code {proc.returncode}")
+                if deadline is not None and time.monotonic() > deadline:
+                    raise SketchWorkerError(f"the worker was not ready within {timeout_s} s")
+            message: tuple[str, object] = conn.recv()
+        except (EOFError, OSError) as exc:
+            raise SketchWorkerError(f"the worker exited ({exc or 'pipe closed'})") from exc
+        return message
+
+    def close(self, timeout_s: float = 5.0) -> None:
+        """End the worker: close its pipe (it exits on EOF), then kill it if it lingers."""
+        self._stop(timeout_s)
+
+    def _stop(self, timeout_s: float = 5.0) -> None:
+        if self._conn is not None:
+            self._conn.close()
+            self._conn = None
+        if self._proc is not None:
+            try:
+                self._proc.wait(timeout_s)
+            except subprocess.TimeoutExpired:
+                self._proc.kill()
+                self._proc.wait()
+            self._proc = None
+        self._busy = False
+        self._ready = False
+
+
+def main() -> None:
+    """Entry point of the worker process: serve the connection whose descriptor is argv[1]."""
+    _serve(Connection(int(sys.argv[1])))
+
+
+if __name__ == "__main__":
+    main()
