@@ -159,6 +159,8 @@ def throughput(
     try:
         deadline = time.monotonic() + 600
         while time.monotonic() < deadline:
+            if run.proc is not None and run.proc.poll() is not None:
+                raise RuntimeError(f"the service exited with code {run.proc.returncode}")
             m = scrape(run.port)
             if first is None and m.get("stream_dedup_messages_consumed_total", 0) > 0:
                 first = time.time()
@@ -167,8 +169,9 @@ def throughput(
                 return len(docs) / (m["stream_dedup_last_commit_timestamp_seconds"] - first)
             # A scrape costs the service CPU: poll finely only until the first message is
             # consumed (the service is idle then); the end is the last checkpoint's own
-            # timestamp, so polling rarely afterwards does not blur it.
-            time.sleep(0.01 if first is None else 0.25)
+            # timestamp, so polling once a second afterwards (Prometheus scrapes every 15 s
+            # by default) does not blur it.
+            time.sleep(0.01 if first is None else 1.0)
         raise RuntimeError("throughput run did not finish")
     finally:
         run.stop()

@@ -59,6 +59,10 @@ PRODUCER_DEFAULTS: Mapping[str, str] = {
     # librdkafka's own default, stated because confirm() relies on a delivery that cannot
     # be made being reported as failed (then produced again), not retried forever.
     "message.timeout.ms": "300000",
+    # Delivery reports only for failures: confirm() needs the failed records (to produce
+    # them again), not a Python callback per delivered event; flush() returning 0 says
+    # that everything else was acknowledged.
+    "delivery.report.only.error": "true",
 }
 PRODUCER_ENFORCED: Mapping[str, str] = {
     "acks": "all",
@@ -215,9 +219,11 @@ class EventProducer:
         conf: dict[str, Any] = client_config("producer", user)
         conf["error_cb"] = watch
         conf["logger"] = logging.getLogger("stream_dedup.librdkafka.producer")
+        # The Python client reads this one key itself, and only as a bool.
+        only_errors = str(conf.get("delivery.report.only.error", "false")).lower()
+        conf["delivery.report.only.error"] = only_errors in ("true", "1")
         self._producer = Producer(conf)
         self._watch = watch
-        self._pending = 0
         self._failed: list[tuple[OutRecord, KafkaError]] = []
 
     def produce(self, rec: OutRecord) -> None:
@@ -225,7 +231,9 @@ class EventProducer:
 
         Delivery reports are served by :meth:`confirm` (and by ``poll`` when the local
         queue is full), not once per record. Each report carries its record, to be produced
-        again whole if delivery failed (a report's message has no headers).
+        again whole if delivery failed (a report's message has no headers). Only failures
+        are reported by default (``delivery.report.only.error``); a success report is
+        ignored.
         """
         while True:
             try:
@@ -239,10 +247,8 @@ class EventProducer:
                 break
             except BufferError:
                 self._producer.poll(0.05)
-        self._pending += 1
 
     def _delivered(self, rec: OutRecord, err: KafkaError | None, _msg: Message) -> None:
-        self._pending -= 1
         if err is not None:
             self._failed.append((rec, err))
 
@@ -261,7 +267,8 @@ class EventProducer:
         """
         delay = backoff[0]
         started = time.monotonic()
-        while self._pending or self._failed:
+        while True:
+            # 0 once every record is acknowledged or failed (failures are reported first).
             remaining = self._producer.flush(step_s)
             if self._failed:
                 failed, self._failed = self._failed, []
@@ -283,19 +290,20 @@ class EventProducer:
                 for rec, _err in failed:
                     self.produce(rec)
                 continue
-            if remaining:
-                log.warning(
-                    "waiting for event deliveries",
-                    extra={
-                        "fields": {
-                            "outstanding": remaining,
-                            "waited_s": round(time.monotonic() - started, 1),
-                            "action": "check the broker; the batch commits once all are delivered",
-                        }
-                    },
-                )
-                if give_up():
-                    raise DeliveryAbandonedError(f"{remaining} deliveries unconfirmed")
+            if not remaining:
+                break
+            log.warning(
+                "waiting for event deliveries",
+                extra={
+                    "fields": {
+                        "outstanding": remaining,
+                        "waited_s": round(time.monotonic() - started, 1),
+                        "action": "check the broker; the batch commits once all are delivered",
+                    }
+                },
+            )
+            if give_up():
+                raise DeliveryAbandonedError(f"{remaining} deliveries unconfirmed")
         self._watch.alive()
 
     def close(self, timeout_s: float) -> int:

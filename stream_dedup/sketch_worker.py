@@ -56,7 +56,10 @@ def _serve(conn: Connection) -> None:
         return
     plan = config.band_plan()
     sketch(["warm-up text for the compiled kernels", "warm-up text"], config, plan)
-    conn.send(("ready", None))
+    try:
+        conn.send(("ready", None))
+    except OSError:
+        return  # the service is gone already
     while True:
         try:
             texts = conn.recv()
