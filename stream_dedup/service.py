@@ -31,6 +31,7 @@ from types import FrameType
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
 from prometheus_client import CollectorRegistry
 
+from stream_dedup.ahead import SketchAhead
 from stream_dedup.checkpoint import (
     Checkpoint,
     batch_ranges,
@@ -54,7 +55,7 @@ from stream_dedup.metrics import Metrics
 from stream_dedup.outputs import BatchOutputs, Decoded
 from stream_dedup.service_config import ServiceConfig
 from stream_dedup.sketch import Sketch
-from stream_dedup.sketch_worker import SketchWorker, SketchWorkerError
+from stream_dedup.sketch_worker import SketchWorkerError
 
 log = logging.getLogger("stream_dedup.service")
 
@@ -114,9 +115,7 @@ class Service:
         self.http: HttpEndpoints | None = None
         self._consumer: Consumer | None = None
         self._checkpoint: Checkpoint | None = None
-        self._sketcher: SketchWorker | None = None
-        #: The decoded batch whose sketch the worker is computing (next to be processed).
-        self._ahead: Decoded | None = None
+        self._ahead: SketchAhead | None = None
 
     # -- control -------------------------------------------------------------------------
 
@@ -183,8 +182,10 @@ class Service:
                 cfg.http.host, cfg.http.port, self.registry, self.health, self.ready
             )
             self.http.start()
-        if cfg.service.sketch_worker:
-            self._sketcher = SketchWorker(self.dedup.config)  # starts while we warm up
+        self._ahead = SketchAhead(  # the worker loads while we warm up
+            self.dedup.config if cfg.service.sketch_worker else None, self._worker_failed
+        )
+        ahead = self._ahead
         self.dedup.warm_up()
         consumer_watch = BrokerWatch("consumer")
         producer = EventProducer(cfg.kafka, BrokerWatch("producer"))
@@ -226,22 +227,22 @@ class Service:
                 if consumer_watch.fatal is not None:
                     raise KafkaException(consumer_watch.fatal)
                 from_intent = self._intent is not None
-                batch = self._collect(consumer, wait=self._ahead is None)
+                batch = self._collect(consumer, wait=not ahead.holding)
                 if batch:
                     consumer_watch.alive()
                 if from_intent:
                     if batch:
                         self._process(self._decode(batch), None)
                     continue
-                self._advance(self._decode(batch) if batch else None)
-            self._drain()
+                ahead.advance(self._decode(batch) if batch else None, self._process)
+            ahead.drain(self._process)
         except DeliveryAbandonedError as exc:
             log.warning(
                 "stopped before the last batch was confirmed; it will be replayed",
                 extra=_fields(error=str(exc), action="none: replayed events are identical"),
             )
             self._pending = []
-            self._ahead = None
+            ahead.take_back()
             code = 1
         finally:
             self._shutdown(consumer, producer)
@@ -256,8 +257,8 @@ class Service:
         left = producer.close(5.0)
         if left:
             log.warning("records left undelivered at exit", extra=_fields(records=left))
-        if self._sketcher is not None:
-            self._sketcher.close()
+        if self._ahead is not None:
+            self._ahead.close()
         self._assigned.clear()
         self._index_open = False
         self.index.close()
@@ -374,51 +375,6 @@ class Service:
         """The batch in the canonical order, decoded (the first step of processing it)."""
         return self._outputs.decode(canonical_order(batch))
 
-    def _advance(self, decoded: Decoded | None) -> None:
-        """Process the batch sketched ahead, after handing the worker the next one.
-
-        The worker sketches ``decoded`` while this process decides and commits the batch
-        before it, so both cores work. Without a worker (or when it fails), batches are
-        processed here in arrival order, exactly as with one.
-        """
-        ahead, self._ahead = self._ahead, None
-        sketched = self._sketch_of(ahead) if ahead is not None else None
-        if decoded is not None and self._submit(decoded):
-            self._ahead = decoded
-        if ahead is not None:
-            self._process(ahead, sketched)
-        if decoded is not None and self._ahead is not decoded:
-            self._process(decoded, None)
-
-    def _drain(self) -> None:
-        """Process the batch sketched ahead, if any (before a revoke or a stop)."""
-        ahead, self._ahead = self._ahead, None
-        if ahead is not None:
-            self._process(ahead, self._sketch_of(ahead))
-
-    def _submit(self, decoded: Decoded) -> bool:
-        """Give the worker ``decoded``'s documents; False when they are sketched here."""
-        if self._sketcher is None:
-            return False
-        if not decoded.docs:
-            return True  # nothing to sketch; it still waits its turn
-        try:
-            self._sketcher.submit([d.content for d in decoded.docs])
-        except SketchWorkerError as exc:
-            self._worker_failed(exc)
-            return False
-        return True
-
-    def _sketch_of(self, decoded: Decoded) -> Sketch | None:
-        """The worker's sketch of ``decoded``, or None (then it is sketched here)."""
-        if self._sketcher is None or not decoded.docs:
-            return None
-        try:
-            return self._sketcher.result()
-        except SketchWorkerError as exc:
-            self._worker_failed(exc)
-            return None
-
     def _worker_failed(self, exc: SketchWorkerError) -> None:
         self.metrics.sketch_worker_failures.inc()
         log.warning(
@@ -496,7 +452,8 @@ class Service:
         """
         self.metrics.rebalances.labels("revoke").inc()
         revoked = {(tp.topic, tp.partition) for tp in partitions}
-        self._drain()
+        if self._ahead is not None:
+            self._ahead.drain(self._process)
         if self._intent is not None and intent_reached(self._pending, self._intent):
             announced, self._pending = split_intent(self._pending, self._intent)
             self._process(self._decode(announced), None)
@@ -525,11 +482,8 @@ class Service:
         """Partitions lost without a revoke: drop their uncommitted messages (replayed later)."""
         self.metrics.rebalances.labels("lost").inc()
         lost = {(tp.topic, tp.partition) for tp in partitions}
-        ahead, self._ahead = self._ahead, None
-        if ahead is not None:  # not decided yet: it goes back to the collected messages
-            if self._sketcher is not None and ahead.docs:
-                self._sketcher.discard()
-            self._pending = ahead.batch + self._pending
+        if self._ahead is not None:  # not decided yet: back to the collected messages
+            self._pending = self._ahead.take_back() + self._pending
         self._pending = [m for m in self._pending if (m.topic(), m.partition()) not in lost]
         self._assigned -= lost
         self._paused -= lost
