@@ -8,11 +8,10 @@ lock); a second process on the same directory stops at start-up with
 a persistent volume for the index: a restarted instance resumes from the offsets stored
 in the index (see :mod:`stream_dedup.checkpoint`).
 
-A batch takes the messages already fetched without waiting for more: it closes when none is
-left, at ``batch.max_messages``, or ``batch.max_wait_ms`` after its first message, and is
-decided in the canonical (topic, partition, offset) order. After a crash the first batch
-is instead the one the index's batch intent announces, collected until complete
-(see :mod:`stream_dedup.checkpoint`); normal batching resumes once it is committed.
+Each turn of the loop takes a batch (:mod:`stream_dedup.collect`: what has arrived, or
+after a crash the batch announced before it), decodes it in the canonical (topic,
+partition, offset) order, and hands it to :mod:`stream_dedup.ahead`, which has the sketch
+worker sketch it while this process decides and checkpoints the batch before it.
 Bad input never stops the loop: a message that cannot be decoded, or whose processing
 raises, goes to the dead-letter topic (:mod:`stream_dedup.outputs` builds a batch's events
 and dead letters) and its offset is committed like any other.
@@ -28,7 +27,7 @@ import time
 from collections.abc import Callable
 from types import FrameType
 
-from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
+from confluent_kafka import Consumer, KafkaException, Message, TopicPartition
 from prometheus_client import CollectorRegistry
 
 from stream_dedup.ahead import SketchAhead
@@ -37,19 +36,17 @@ from stream_dedup.checkpoint import (
     batch_ranges,
     canonical_order,
     intent_reached,
-    position,
     split_intent,
 )
+from stream_dedup.collect import BatchCollector
 from stream_dedup.dedup import Deduplicator
 from stream_dedup.endpoints import HttpEndpoints
 from stream_dedup.index import DedupIndex, open_index
-from stream_dedup.index.store import Ranges
 from stream_dedup.kafka import (
     BrokerWatch,
     DeliveryAbandonedError,
     EventProducer,
     build_consumer,
-    raise_if_fatal,
 )
 from stream_dedup.metrics import Metrics
 from stream_dedup.outputs import BatchOutputs, Decoded
@@ -104,14 +101,8 @@ class Service:
         self._stop = threading.Event()
         self._stop_requested_at: float | None = None
         self._last_beat = time.monotonic()
-        self._assigned: set[tuple[str, int]] = set()
         self._index_open = True
-        self._pending: list[Message] = []
-        #: Ranges of a batch announced but not committed before the last stop: replay it.
-        self._intent = self.index.intent()
-        self._paused: set[tuple[str, int]] = set()
-        self._intent_warned_at = time.monotonic() - 15.0  # first warning after ~15 s
-        self._received_at: dict[int, float] = {}
+        self._batches = BatchCollector(config.batch, self.index.intent(), self._stop)
         self.http: HttpEndpoints | None = None
         self._consumer: Consumer | None = None
         self._checkpoint: Checkpoint | None = None
@@ -141,8 +132,9 @@ class Service:
         return age < self.config.http.health_max_age_s, {"last_loop_s": round(age, 3)}
 
     def ready(self) -> tuple[bool, dict[str, object]]:
-        ok = bool(self._assigned) and self._index_open
-        return ok, {"partitions": len(self._assigned), "index_open": self._index_open}
+        assigned = self._batches.assigned
+        ok = bool(assigned) and self._index_open
+        return ok, {"partitions": len(assigned), "index_open": self._index_open}
 
     def install_signal_handlers(self) -> None:
         """SIGTERM and SIGINT request a graceful stop (only from the main thread)."""
@@ -191,6 +183,7 @@ class Service:
         producer = EventProducer(cfg.kafka, BrokerWatch("producer"))
         consumer = build_consumer(cfg.kafka, consumer_watch, self.metrics.on_statistics)
         self._consumer = consumer
+        self._batches.consumer = consumer
         self._checkpoint = Checkpoint(
             producer, self.dedup, consumer, self.metrics, cfg.service, self._keep_waiting
         )
@@ -212,11 +205,12 @@ class Service:
                 http_port=self.http.port if self.http else None,
             ),
         )
-        if self._intent is not None:
+        intent = self._batches.intent
+        if intent is not None:
             log.info(
                 "replaying the batch announced before the last stop",
                 extra=_fields(
-                    ranges=[f"{t}:{p}@{a}-{b}" for (t, p), (a, b) in sorted(self._intent.items())],
+                    ranges=[f"{t}:{p}@{a}-{b}" for (t, p), (a, b) in sorted(intent.items())],
                     action="none: its events are re-emitted identically",
                 ),
             )
@@ -226,8 +220,8 @@ class Service:
                 self._beat()
                 if consumer_watch.fatal is not None:
                     raise KafkaException(consumer_watch.fatal)
-                from_intent = self._intent is not None
-                batch = self._collect(consumer, wait=not ahead.holding)
+                from_intent = self._batches.intent is not None
+                batch = self._batches.collect(consumer, wait=not ahead.holding)
                 if batch:
                     consumer_watch.alive()
                 if from_intent:
@@ -241,7 +235,7 @@ class Service:
                 "stopped before the last batch was confirmed; it will be replayed",
                 extra=_fields(error=str(exc), action="none: replayed events are identical"),
             )
-            self._pending = []
+            self._batches.pending = []
             ahead.take_back()
             code = 1
         finally:
@@ -259,115 +253,12 @@ class Service:
             log.warning("records left undelivered at exit", extra=_fields(records=left))
         if self._ahead is not None:
             self._ahead.close()
-        self._assigned.clear()
+        self._batches.assigned.clear()
         self._index_open = False
         self.index.close()
         if self.http is not None:
             self.http.stop()
         log.info("stopped", extra=_fields(documents=self.index.counter("documents")))
-
-    def _collect(self, consumer: Consumer, *, wait: bool = True) -> list[Message]:
-        """Up to ``max_messages``: what has arrived, taken without waiting for more.
-
-        The first message is awaited with ``poll`` (returns as soon as one is there);
-        the rest are taken with ``consume(n, 0)``, which returns what librdkafka has
-        already fetched. The batch closes when nothing more is there, at ``max_messages``,
-        or ``max_wait_ms`` after the first message while messages keep coming. A
-        ``consume(n, timeout)`` would instead wait out its whole timeout whenever fewer
-        than n messages come, adding the window to every document's latency at low load;
-        under load the batch still grows, from what arrives while the last one is decided.
-        With ``wait=False`` (a batch is being sketched ahead) the first message is not
-        awaited either. While a batch intent is pending, the batch is the intent's
-        (:meth:`_collect_intent`).
-        """
-        if self._intent is not None:
-            return self._collect_intent(consumer, self._intent)
-        limit = self.config.batch.max_messages
-        wait_s = self.config.batch.max_wait_ms / 1000.0
-        if not self._pending:
-            first = consumer.poll(0.2 if wait else 0.0)
-            if first is None:
-                return []
-            self._take([first])
-        deadline = time.monotonic() + wait_s
-        while len(self._pending) < limit and not self._stop.is_set():
-            more = consumer.consume(limit - len(self._pending), 0)
-            self._take(more)
-            if not more or time.monotonic() >= deadline:
-                break
-        batch, self._pending = self._pending[:limit], self._pending[limit:]
-        return batch
-
-    def _collect_intent(self, consumer: Consumer, intent: Ranges) -> list[Message]:
-        """The announced batch once every intent partition reached its end, else ``[]``.
-
-        Messages beyond a range, or from other partitions, are held (in arrival order) for
-        the next batch. Partitions with nothing more to give this batch are paused so the
-        held messages stay few; they resume when the batch is complete.
-        """
-        missing = sorted(set(intent) - self._assigned)
-        if missing:
-            self._pause([tp for tp in self._assigned if tp not in self._paused])
-            now = time.monotonic()
-            if now - self._intent_warned_at > 30.0:
-                self._intent_warned_at = now
-                log.warning(
-                    "waiting for the partitions of the batch to replay",
-                    extra=_fields(
-                        missing=[f"{t}:{p}" for t, p in missing],
-                        action="run one instance for all partitions of the input topics; "
-                        "stop any other member of this consumer group",
-                    ),
-                )
-            msg = consumer.poll(0.2)  # serves the rebalance callbacks
-            if msg is not None:
-                self._take([msg])
-            return []
-        if not intent_reached(self._pending, intent):
-            self._take(consumer.consume(self.config.batch.max_messages, 0.2))
-            self._pause(self._done_for_intent(intent))
-            if not intent_reached(self._pending, intent):
-                return []
-        batch, self._pending = split_intent(self._pending, intent)
-        return batch
-
-    def _done_for_intent(self, intent: Ranges) -> list[TpKey]:
-        """Assigned, unpaused partitions that cannot add to the announced batch."""
-        last: dict[TpKey, int] = {}
-        for msg in self._pending:
-            topic, partition, offset = position(msg)
-            last[(topic, partition)] = max(last.get((topic, partition), -1), offset)
-        return [
-            tp
-            for tp in self._assigned
-            if tp not in self._paused
-            and (tp not in intent or last.get(tp, -1) >= intent[tp][1] - 1)
-        ]
-
-    def _pause(self, partitions: list[TpKey]) -> None:
-        if partitions and self._consumer is not None:
-            self._consumer.pause([TopicPartition(t, p) for t, p in partitions])
-            self._paused.update(partitions)
-
-    def _resume_all(self) -> None:
-        """Resume what :meth:`_pause` paused (fetching restarts after the last message seen)."""
-        if self._paused and self._consumer is not None:
-            live = [TopicPartition(t, p) for t, p in self._paused if (t, p) in self._assigned]
-            if live:
-                self._consumer.resume(live)
-        self._paused.clear()
-
-    def _take(self, msgs: list[Message]) -> None:
-        """Keep consumed messages for the batch; log (or raise, if fatal) consumer errors."""
-        received = time.perf_counter()
-        for msg in msgs:
-            err = raise_if_fatal(msg)
-            if err is not None:
-                if err.code() != KafkaError._PARTITION_EOF:
-                    log.warning("consume error", extra=_fields(error=err.str()))
-                continue
-            self._pending.append(msg)
-            self._received_at[id(msg)] = received
 
     # -- one batch -----------------------------------------------------------------------
 
@@ -394,12 +285,12 @@ class Service:
         self.metrics.batch_size.observe(len(batch))
         out = self._outputs.build(decoded, sketched)
         self._checkpoint.commit(out.records, out.result, batch_ranges(batch), out.rejected)
-        if self._intent is not None:  # the announced batch is stored: batch normally again
-            self._intent = None
-            self._resume_all()
+        if self._batches.intent is not None:  # the announced batch is stored: batch normally
+            self._batches.intent = None
+            self._batches.resume_all()
         done = time.perf_counter()
         self.metrics.batch_duration.observe(done - started)
-        received = self._received_at
+        received = self._batches.received_at
         self.metrics.document_latency.observe_many(
             [done - received.pop(id(msg), started) for msg in batch]
         )
@@ -421,15 +312,16 @@ class Service:
         """
         self.metrics.rebalances.labels("assign").inc()
         stored = self.index.offsets()
-        intent = self._intent or {}
+        batches = self._batches
+        intent = batches.intent or {}
         for tp in partitions:
             key = (tp.topic, tp.partition)
             if key in intent:
                 tp.offset = intent[key][0]
             elif key in stored:
                 tp.offset = stored[key]
-            self._assigned.add(key)
-            self._paused.discard(key)
+            batches.assigned.add(key)
+            batches.paused.discard(key)
         log.info(
             "partitions assigned",
             extra=_fields(
@@ -441,7 +333,7 @@ class Service:
             consumer.incremental_assign(partitions)
         else:
             consumer.assign(partitions)
-        self.metrics.assigned.set(len(self._assigned))
+        self.metrics.assigned.set(len(batches.assigned))
 
     def _on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         """Checkpoint what was collected before the partitions go.
@@ -454,20 +346,21 @@ class Service:
         revoked = {(tp.topic, tp.partition) for tp in partitions}
         if self._ahead is not None:
             self._ahead.drain(self._process)
-        if self._intent is not None and intent_reached(self._pending, self._intent):
-            announced, self._pending = split_intent(self._pending, self._intent)
+        b = self._batches
+        if b.intent is not None and intent_reached(b.pending, b.intent):
+            announced, b.pending = split_intent(b.pending, b.intent)
             self._process(self._decode(announced), None)
-        if self._intent is None:
-            batch, self._pending = self._pending, []
+        if b.intent is None:
+            batch, b.pending = b.pending, []
             if batch:
                 self._process(self._decode(batch), None)
         else:
             batch = []
-            self._pending = [m for m in self._pending if (m.topic(), m.partition()) not in revoked]
-            self._resume_all()
-        self._assigned -= revoked
-        self._paused -= revoked
-        self.metrics.assigned.set(len(self._assigned))
+            b.drop(revoked)
+            b.resume_all()
+        b.assigned -= revoked
+        b.paused -= revoked
+        self.metrics.assigned.set(len(b.assigned))
         log.info(
             "partitions revoked",
             extra=_fields(
@@ -482,12 +375,13 @@ class Service:
         """Partitions lost without a revoke: drop their uncommitted messages (replayed later)."""
         self.metrics.rebalances.labels("lost").inc()
         lost = {(tp.topic, tp.partition) for tp in partitions}
+        b = self._batches
         if self._ahead is not None:  # not decided yet: back to the collected messages
-            self._pending = self._ahead.take_back() + self._pending
-        self._pending = [m for m in self._pending if (m.topic(), m.partition()) not in lost]
-        self._assigned -= lost
-        self._paused -= lost
-        self.metrics.assigned.set(len(self._assigned))
+            b.pending = self._ahead.take_back() + b.pending
+        b.drop(lost)
+        b.assigned -= lost
+        b.paused -= lost
+        self.metrics.assigned.set(len(b.assigned))
         log.warning(
             "partitions lost",
             extra=_fields(

@@ -15,7 +15,7 @@ from stream_dedup.service_config import BatchConfig, IndexConfig, ServiceConfig
 
 
 class FetchedQueue:
-    """The part of a Consumer that ``_collect`` uses: messages already fetched, in order."""
+    """The part of a Consumer that ``BatchCollector.collect`` uses: messages already fetched."""
 
     def __init__(self, arrivals: list[list[Message]]) -> None:
         self.arrivals = arrivals  # each consume() or poll() sees the next group arrive
@@ -54,7 +54,7 @@ def service(tmp_path: Path, max_messages: int = 100, max_wait_ms: int = 5000) ->
 
 def collect(svc: Service, queue: FetchedQueue) -> list[int]:
     fake: Consumer = queue  # type: ignore[assignment]
-    return [m.offset() or 0 for m in svc._collect(fake)]
+    return [m.offset() or 0 for m in svc._batches.collect(fake)]
 
 
 def test_a_batch_closes_when_nothing_more_is_fetched_not_after_the_window(
