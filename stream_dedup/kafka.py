@@ -59,10 +59,6 @@ PRODUCER_DEFAULTS: Mapping[str, str] = {
     # librdkafka's own default, stated because confirm() relies on a delivery that cannot
     # be made being reported as failed (then produced again), not retried forever.
     "message.timeout.ms": "300000",
-    # Delivery reports only for failures: confirm() needs the failed records (to produce
-    # them again), not a Python callback per delivered event; flush() returning 0 says
-    # that everything else was acknowledged.
-    "delivery.report.only.error": "true",
 }
 PRODUCER_ENFORCED: Mapping[str, str] = {
     "acks": "all",
@@ -219,8 +215,11 @@ class EventProducer:
         conf: dict[str, Any] = client_config("producer", user)
         conf["error_cb"] = watch
         conf["logger"] = logging.getLogger("stream_dedup.librdkafka.producer")
-        # The Python client reads this one key itself, and only as a bool.
-        only_errors = str(conf.get("delivery.report.only.error", "false")).lower()
+        # Delivery reports only for failures (unless the user says otherwise): confirm()
+        # needs the failed records, to produce them again, not a Python callback per
+        # delivered event; flush() returning 0 says everything else was acknowledged. The
+        # Python client reads this one key itself, and only as a bool.
+        only_errors = str(conf.get("delivery.report.only.error", "true")).lower()
         conf["delivery.report.only.error"] = only_errors in ("true", "1")
         self._producer = Producer(conf)
         self._watch = watch
