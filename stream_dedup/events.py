@@ -53,7 +53,7 @@ DLQ_EXCEPTION_CLASS = "__connect.errors.exception.class.name"
 DLQ_EXCEPTION_MESSAGE = "__connect.errors.exception.message"
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)  # not frozen: built per message (see index.records.DocRecord)
 class Source:
     """Where an input message came from, and what it carried."""
 
@@ -66,7 +66,7 @@ class Source:
     headers: Headers
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)  # not frozen: built per event (see index.records.DocRecord)
 class OutRecord:
     """One record to produce."""
 

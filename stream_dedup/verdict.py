@@ -55,7 +55,7 @@ def exact_jaccard(a: HashSet, b: HashSet) -> float:
     return inter / (a.size + b.size - inter)
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)  # not frozen: built per candidate (see DocRecord)
 class Match:
     """A verified earlier document: who, how similar, and its place in arrival order."""
 
