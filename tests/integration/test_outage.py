@@ -53,6 +53,21 @@ OUTAGE_S = 10.0
 FLUSH_STEP_S = 2.0
 
 
+WAITING = 'msg="waiting for event deliveries"'
+
+
+def _logged_after(log: Path, since: float, text: str, within_s: float) -> bool:
+    """Whether the service logs a line holding ``text`` after ``since`` within ``within_s``."""
+    deadline = time.monotonic() + within_s
+    while time.monotonic() < deadline:
+        for line in log.read_text(encoding="utf-8").splitlines():
+            stamp = re.match(r"ts=([0-9.]+) ", line)
+            if stamp and float(stamp.group(1)) >= since and text in line:
+                return True
+        time.sleep(0.2)
+    return False
+
+
 @pytest.fixture
 def broker(tmp_path: Path) -> Iterator[EmbeddedBroker]:
     """A broker of this test's own, so that pausing it disturbs no other test."""
@@ -117,16 +132,23 @@ def test_paused_broker_is_waited_for_and_nothing_is_lost(
     try:
         feeder.start()
         wait_until(lambda: (scrape(port, "stream_dedup_index_documents") or 0) >= 300, 60, "300")
-        # Pause while a batch is between consume and commit: consumed (read first) ahead of
-        # indexed (read after) means some consumed message is not committed yet.
-        deadline = time.monotonic() + 20
-        while True:
-            consumed = scrape(port, "stream_dedup_messages_consumed_total") or 0.0
-            indexed = scrape(port, "stream_dedup_index_documents") or 0.0
-            if consumed > indexed or time.monotonic() > deadline:
+        for _attempt in range(4):
+            # Pause while a batch is between consume and commit: consumed (read first)
+            # ahead of indexed (read after) means some consumed message is not committed.
+            deadline = time.monotonic() + 20
+            while True:
+                consumed = scrape(port, "stream_dedup_messages_consumed_total") or 0.0
+                indexed = scrape(port, "stream_dedup_index_documents") or 0.0
+                if consumed > indexed or time.monotonic() > deadline:
+                    break
+            os.kill(broker.pid, signal.SIGSTOP)
+            paused_at = time.time()
+            # The pause can land after the batch's deliveries were confirmed (then nothing
+            # waits for the broker): resume, and pause again at the next batch.
+            if _logged_after(log, paused_at, WAITING, 2.5 * FLUSH_STEP_S):
                 break
-        os.kill(broker.pid, signal.SIGSTOP)
-        paused_at = time.time()
+            os.kill(broker.pid, signal.SIGCONT)
+            time.sleep(1.0)
         health: list[int] = []
         while time.time() - paused_at < OUTAGE_S:
             assert proc.poll() is None, "the service exited during the outage"
@@ -160,7 +182,7 @@ def test_paused_broker_is_waited_for_and_nothing_is_lost(
 
     outage = [ln for ln in lines if paused_at <= when(ln) <= resumed_at + 5.0]
     # the batch caught by the pause waited for its deliveries, logging every flush step
-    waits = [ln for ln in outage if 'msg="waiting for event deliveries"' in ln]
+    waits = [ln for ln in outage if WAITING in ln]
     assert waits and all("level=warning" in ln for ln in waits), outage
     waited = [float(re.findall(r"waited_s=([0-9.]+)", ln)[0]) for ln in waits]
     assert waited == sorted(waited) and waited[-1] >= OUTAGE_S - 2 * FLUSH_STEP_S
