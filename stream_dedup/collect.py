@@ -20,15 +20,12 @@ from confluent_kafka import Consumer, KafkaError, Message, TopicPartition
 from stream_dedup.checkpoint import intent_reached, position, split_intent
 from stream_dedup.index.store import Ranges
 from stream_dedup.kafka import raise_if_fatal
+from stream_dedup.logs import fields
 from stream_dedup.service_config import BatchConfig
 
 log = logging.getLogger("stream_dedup.service")
 
 TpKey = tuple[str, int]
-
-
-def _fields(**kw: object) -> dict[str, dict[str, object]]:
-    return {"fields": kw}
 
 
 class BatchCollector:
@@ -98,7 +95,7 @@ class BatchCollector:
                 self._intent_warned_at = now
                 log.warning(
                     "waiting for the partitions of the batch to replay",
-                    extra=_fields(
+                    extra=fields(
                         missing=[f"{t}:{p}" for t, p in missing],
                         action="run one instance for all partitions of the input topics; "
                         "stop any other member of this consumer group",
@@ -148,7 +145,7 @@ class BatchCollector:
             err = raise_if_fatal(msg)
             if err is not None:
                 if err.code() != KafkaError._PARTITION_EOF:
-                    log.warning("consume error", extra=_fields(error=err.str()))
+                    log.warning("consume error", extra=fields(error=err.str()))
                 continue
             self.pending.append(msg)
             self.received_at[id(msg)] = received

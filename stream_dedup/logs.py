@@ -15,6 +15,11 @@ from typing import Any
 _RESERVED = {"ts", "level", "logger", "msg"}
 
 
+def fields(**kw: object) -> dict[str, dict[str, object]]:
+    """``extra=fields(key=value, ...)``: the structured fields of one log call."""
+    return {"fields": kw}
+
+
 def _fields(record: logging.LogRecord) -> dict[str, Any]:
     body: dict[str, Any] = {
         "ts": round(record.created, 3),

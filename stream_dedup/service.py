@@ -48,6 +48,7 @@ from stream_dedup.kafka import (
     EventProducer,
     build_consumer,
 )
+from stream_dedup.logs import fields
 from stream_dedup.metrics import Metrics
 from stream_dedup.outputs import BatchOutputs, Decoded
 from stream_dedup.service_config import ServiceConfig
@@ -62,10 +63,6 @@ DeduplicatorFactory = Callable[[DedupIndex, ServiceConfig], Deduplicator]
 
 def default_deduplicator(index: DedupIndex, config: ServiceConfig) -> Deduplicator:
     return Deduplicator(index, config.dedup.dedup_config())
-
-
-def _fields(**kw: object) -> dict[str, dict[str, object]]:
-    return {"fields": kw}
 
 
 class Service:
@@ -140,7 +137,7 @@ class Service:
         """SIGTERM and SIGINT request a graceful stop (only from the main thread)."""
 
         def handler(signum: int, _frame: FrameType | None) -> None:
-            log.info("stop requested", extra=_fields(signal=signal.Signals(signum).name))
+            log.info("stop requested", extra=fields(signal=signal.Signals(signum).name))
             self.stop()
             self._arm_watchdog()
 
@@ -153,7 +150,7 @@ class Service:
         def expire() -> None:
             log.error(
                 "graceful stop overran its time; exiting without a final checkpoint",
-                extra=_fields(
+                extra=fields(
                     timeout_s=self.config.service.shutdown_timeout_s,
                     action="none: the last batch is replayed at the next start",
                 ),
@@ -195,7 +192,7 @@ class Service:
         )
         log.info(
             "started",
-            extra=_fields(
+            extra=fields(
                 topics=list(cfg.input.topics),
                 unique_topic=cfg.unique_topic,
                 duplicate_topic=cfg.duplicate_topic,
@@ -209,7 +206,7 @@ class Service:
         if intent is not None:
             log.info(
                 "replaying the batch announced before the last stop",
-                extra=_fields(
+                extra=fields(
                     ranges=[f"{t}:{p}@{a}-{b}" for (t, p), (a, b) in sorted(intent.items())],
                     action="none: its events are re-emitted identically",
                 ),
@@ -233,7 +230,7 @@ class Service:
         except DeliveryAbandonedError as exc:
             log.warning(
                 "stopped before the last batch was confirmed; it will be replayed",
-                extra=_fields(error=str(exc), action="none: replayed events are identical"),
+                extra=fields(error=str(exc), action="none: replayed events are identical"),
             )
             self._batches.pending = []
             ahead.take_back()
@@ -247,10 +244,10 @@ class Service:
         try:
             consumer.close()  # leaves the group; the revoke callback checkpoints leftovers
         except (KafkaException, RuntimeError) as exc:
-            log.warning("consumer close failed", extra=_fields(error=str(exc)))
+            log.warning("consumer close failed", extra=fields(error=str(exc)))
         left = producer.close(5.0)
         if left:
-            log.warning("records left undelivered at exit", extra=_fields(records=left))
+            log.warning("records left undelivered at exit", extra=fields(records=left))
         if self._ahead is not None:
             self._ahead.close()
         self._batches.assigned.clear()
@@ -258,7 +255,7 @@ class Service:
         self.index.close()
         if self.http is not None:
             self.http.stop()
-        log.info("stopped", extra=_fields(documents=self.index.counter("documents")))
+        log.info("stopped", extra=fields(documents=self.index.counter("documents")))
 
     # -- one batch -----------------------------------------------------------------------
 
@@ -270,7 +267,7 @@ class Service:
         self.metrics.sketch_worker_failures.inc()
         log.warning(
             "sketch worker failed; this batch is sketched in the service process",
-            extra=_fields(
+            extra=fields(
                 error=str(exc),
                 action="none: verdicts are unaffected; a dead worker is started again",
             ),
@@ -324,7 +321,7 @@ class Service:
             batches.paused.discard(key)
         log.info(
             "partitions assigned",
-            extra=_fields(
+            extra=fields(
                 partitions=[f"{tp.topic}:{tp.partition}@{tp.offset}" for tp in partitions],
                 source="index offsets (others: group offset or auto.offset.reset)",
             ),
@@ -363,7 +360,7 @@ class Service:
         self.metrics.assigned.set(len(b.assigned))
         log.info(
             "partitions revoked",
-            extra=_fields(
+            extra=fields(
                 partitions=[f"{tp.topic}:{tp.partition}" for tp in partitions],
                 checkpointed=len(batch),
             ),
@@ -384,7 +381,7 @@ class Service:
         self.metrics.assigned.set(len(b.assigned))
         log.warning(
             "partitions lost",
-            extra=_fields(
+            extra=fields(
                 partitions=sorted(f"{t}:{p}" for t, p in lost),
                 action=(
                     "the session with the group coordinator expired (broker unreachable or"
