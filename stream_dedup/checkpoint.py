@@ -12,10 +12,12 @@ happened to interleave partitions. For every batch, in this order:
 3. **Flush and confirm**: wait until the broker has acknowledged every record
    (``acks=all``). Failed deliveries are produced again; a broker outage is waited out
    with backoff. Nothing below happens until every record is confirmed.
-4. **One RocksDB WriteBatch** (:meth:`Deduplicator.commit`): the batch's index updates,
-   per-document verdict records, counters, the next input offset of every
-   (topic, partition) the batch consumed (dead-lettered messages included) *and* the
-   cleared intent. This write is the commit point.
+4. **One RocksDB WriteBatch** (:meth:`Deduplicator.prepare`, then
+   :meth:`DedupIndex.apply`): the batch's index updates, per-document verdict records,
+   counters, the next input offset of every (topic, partition) the batch consumed
+   (dead-lettered messages included) *and* the cleared intent. Applying it is the commit
+   point. It is built (keys ordered and copied into the ``WriteBatch``: most of its cost)
+   while step 3 waits for the broker, and applied only after step 3 confirmed every record.
 5. **Commit the offsets to Kafka** so that standard lag tools see progress. Kafka's
    offsets are informational: a failure here is logged and counted, not fatal.
 
@@ -151,12 +153,13 @@ class Checkpoint:
                 replacement = rejected(i, exc)
                 if replacement is not None:
                     self._producer.produce(replacement)
+        pending = self._dedup.prepare(result, offsets)  # 4. built while the broker acks
         self._producer.confirm(  # 3. flush and confirm every delivery
             self._settings.flush_timeout_s,
             (self._settings.backoff_initial_s, self._settings.backoff_max_s),
             give_up=lambda: not self._keep_waiting(),
         )
-        self._dedup.commit(result, offsets)  # 4. one WriteBatch; clears the intent
+        self._dedup.index.apply(pending)  # 4. the commit point; clears the intent
         self._commit_kafka(offsets)  # 5. offsets to Kafka, for lag tools
         self._metrics.commits.inc()
         self._metrics.last_commit.set_to_current_time()

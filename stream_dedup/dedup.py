@@ -34,7 +34,7 @@ from stream_dedup.index.records import (
     encode_doc,
     encode_verdict,
 )
-from stream_dedup.index.store import DedupIndex
+from stream_dedup.index.store import DedupIndex, PendingCommit
 from stream_dedup.models import Document, Verdict, VerdictKind
 from stream_dedup.signature import SIG_DTYPE, estimate_jaccard
 from stream_dedup.sketch import Sketch, sketch
@@ -100,7 +100,13 @@ class Deduplicator:
         self, result: BatchResult, offsets: Mapping[tuple[str, int], int] | None = None
     ) -> None:
         """Persist a decided batch (and the input offsets it covers) in one atomic write."""
-        self.index.commit(result.puts, result.counter_deltas, offsets)
+        self.index.apply(self.prepare(result, offsets))
+
+    def prepare(
+        self, result: BatchResult, offsets: Mapping[tuple[str, int], int] | None = None
+    ) -> PendingCommit:
+        """The write :meth:`commit` makes, built for a later ``index.apply``."""
+        return self.index.prepare(result.puts, result.counter_deltas, offsets)
 
     def sketch(self, docs: Sequence[Document]) -> Sketch:
         """The index-independent part of deciding ``docs`` (see :mod:`stream_dedup.sketch`)."""

@@ -3,12 +3,20 @@
 Deliberately narrow (batched reads, one atomic write, prefix scan) so that the RocksDB and
 in-memory implementations are interchangeable and tested by one suite, and so that all
 layout and decision logic lives above it, once.
+
+The atomic write comes in two halves, :meth:`Backend.prepare` and :meth:`Backend.apply`:
+preparing a batch's write (ordering ~40,000 keys and copying them into a RocksDB
+``WriteBatch``) is most of its cost and changes nothing, so the service prepares while the
+broker acknowledges the batch's events, and applies only once they are confirmed.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping, Sequence
-from typing import Protocol
+from typing import Any, Protocol
+
+#: A write built by :meth:`Backend.prepare`, opaque to everything but its backend.
+PreparedWrite = Any
 
 
 class Backend(Protocol):
@@ -25,6 +33,17 @@ class Backend(Protocol):
 
     def write(self, puts: Mapping[bytes, bytes]) -> None:
         """Apply all ``puts`` atomically: after a crash either all are visible or none."""
+        ...
+
+    def prepare(self, puts: Mapping[bytes, bytes]) -> PreparedWrite:
+        """Build the atomic write of ``puts`` without applying it (nothing becomes visible).
+
+        ``puts`` may not change until the write is applied.
+        """
+        ...
+
+    def apply(self, prepared: PreparedWrite) -> None:
+        """Apply a prepared write atomically, as :meth:`write` would; once only."""
         ...
 
     def scan_prefix(self, prefix: bytes) -> Iterator[tuple[bytes, bytes]]:

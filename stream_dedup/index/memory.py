@@ -20,6 +20,12 @@ class MemoryBackend:
         get = self._data.get
         return [get(k) for k in keys]
 
+    def prepare(self, puts: Mapping[bytes, bytes]) -> dict[bytes, bytes]:
+        return dict(puts)
+
+    def apply(self, prepared: dict[bytes, bytes]) -> None:
+        self.write(prepared)
+
     def write(self, puts: Mapping[bytes, bytes]) -> None:
         for key, value in puts.items():
             old = self._data.get(key)

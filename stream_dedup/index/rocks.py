@@ -97,13 +97,19 @@ class RocksBackend:
         return values
 
     def write(self, puts: Mapping[bytes, bytes]) -> None:
+        self.apply(self.prepare(puts))
+
+    def prepare(self, puts: Mapping[bytes, bytes]) -> WriteBatch:
         # In key order: the memtable's skiplist then continues each insert from the last
         # one, which makes a batch of ~20k keys several times cheaper to apply.
         batch = WriteBatch(raw_mode=True)
         put = batch.put
         for key in sorted(puts):  # keys alone: sorting (key, value) pairs is 3x slower
             put(key, puts[key])
-        self._db.write(batch, self._write_opts)
+        return batch
+
+    def apply(self, prepared: WriteBatch) -> None:
+        self._db.write(prepared, self._write_opts)
 
     def scan_prefix(self, prefix: bytes) -> Iterator[tuple[bytes, bytes]]:
         it = self._db.iter()

@@ -21,7 +21,7 @@ from pathlib import Path
 
 from stream_dedup.errors import IndexMismatchError, IndexStoreError
 from stream_dedup.index import keys
-from stream_dedup.index.backend import Backend
+from stream_dedup.index.backend import Backend, PreparedWrite
 from stream_dedup.index.memory import MemoryBackend
 from stream_dedup.index.params import IndexParams
 from stream_dedup.index.rocks import RocksBackend
@@ -44,6 +44,15 @@ class IndexStats:
     duplicates: int
     empty: int
     size_bytes: int
+
+
+@dataclass(slots=True)
+class PendingCommit:
+    """A commit built by :meth:`DedupIndex.prepare`, waiting for :meth:`DedupIndex.apply`."""
+
+    write: PreparedWrite
+    counters: dict[str, int]
+    after_writes: int
 
 
 class DedupIndex:
@@ -73,6 +82,7 @@ class DedupIndex:
             for name, v in zip(COUNTERS, raw, strict=True)
         }
         self._intent_pending = self.intent() is not None
+        self._writes = 0  # batch writes so far: a prepared commit is valid for one value
 
     @property
     def params(self) -> IndexParams:
@@ -101,6 +111,19 @@ class DedupIndex:
         A pending batch intent is cleared in the same write: the batch it announced is now
         stored, so there is nothing left to replay.
         """
+        self.apply(self.prepare(puts, counter_deltas, offsets))
+
+    def prepare(
+        self,
+        puts: Mapping[bytes, bytes],
+        counter_deltas: Mapping[str, int],
+        offsets: Mapping[tuple[str, int], int] | None = None,
+    ) -> PendingCommit:
+        """The write :meth:`commit` would make, built but not applied (see :meth:`apply`).
+
+        Nothing may be written to the index between ``prepare`` and ``apply``: the
+        counters and the intent to clear are read now.
+        """
         batch = dict(puts)
         new_counters = dict(self._counters)
         for name, delta in counter_deltas.items():
@@ -110,9 +133,16 @@ class DedupIndex:
             batch[keys.offset_key(topic, partition)] = offset.to_bytes(8, "little")
         if self._intent_pending:
             batch[keys.INTENT] = b""  # the backend has no delete; empty means "none"
-        self._backend.write(batch)
-        self._counters = new_counters
+        return PendingCommit(self._backend.prepare(batch), new_counters, self._writes)
+
+    def apply(self, pending: PendingCommit) -> None:
+        """Apply a prepared commit: the atomic write, and the new counters in memory."""
+        if pending.after_writes != self._writes:
+            raise RuntimeError("the index was written after this commit was prepared")
+        self._backend.apply(pending.write)
+        self._counters = pending.counters
         self._intent_pending = False
+        self._writes += 1
 
     def write_intent(self, ranges: Ranges) -> None:
         """Record the input ranges of the batch about to be emitted (one small atomic put).
@@ -124,6 +154,7 @@ class DedupIndex:
         body = sorted([t, p, start, end] for (t, p), (start, end) in ranges.items())
         self._backend.write({keys.INTENT: json.dumps(body, separators=(",", ":")).encode()})
         self._intent_pending = True
+        self._writes += 1
 
     def intent(self) -> dict[tuple[str, int], tuple[int, int]] | None:
         """The ranges of a batch announced but never committed, or ``None``."""

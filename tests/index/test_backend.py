@@ -50,6 +50,14 @@ def test_write_of_many_keys_in_one_call(backend: Backend) -> None:
     assert backend.get_many(keys) == [puts[k] for k in keys]
 
 
+def test_prepared_write_changes_nothing_until_applied(backend: Backend) -> None:
+    backend.write({b"a": b"old"})
+    prepared = backend.prepare({b"a": b"new", b"b": b"2"})
+    assert backend.get_many([b"a", b"b"]) == [b"old", None]
+    backend.apply(prepared)
+    assert backend.get_many([b"a", b"b"]) == [b"new", b"2"]
+
+
 def test_scan_prefix_in_key_order_and_bounded_by_prefix(backend: Backend) -> None:
     backend.write(
         {

@@ -140,6 +140,12 @@ class RecordingBackend:
         self.writes.append(dict(puts))
         self.inner.write(puts)
 
+    def prepare(self, puts: Mapping[bytes, bytes]) -> dict[bytes, bytes]:
+        return dict(puts)
+
+    def apply(self, prepared: dict[bytes, bytes]) -> None:
+        self.write(prepared)
+
 
 def test_commit_is_one_write_with_records_counters_and_offsets(
     backend_factory: Callable[[], Backend],
@@ -365,3 +371,20 @@ def test_rocks_batch_intent_survives_a_killed_process_and_reopen(tmp_path: Path)
         assert again.intent() is None
     finally:
         again.close()
+
+
+def test_prepared_commit_applies_later_and_only_while_current() -> None:
+    index = open_index(None, PARAMS)
+    pending = index.prepare({b"d\x01": b"record"}, {"documents": 1}, {("news", 0): 5})
+    assert index.read([b"d\x01"]) == [None]
+    assert index.counter("documents") == 0
+    index.apply(pending)
+    assert index.read([b"d\x01"]) == [b"record"]
+    assert index.counter("documents") == 1
+    assert index.offsets() == {("news", 0): 5}
+    stale = index.prepare({b"d\x02": b"record"}, {"documents": 1})
+    index.write_intent({("news", 0): (5, 9)})
+    with pytest.raises(RuntimeError, match="written after this commit was prepared"):
+        index.apply(stale)
+    assert index.read([b"d\x02"]) == [None]
+    assert index.counter("documents") == 1
