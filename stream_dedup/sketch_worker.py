@@ -9,7 +9,8 @@ sketches batch N+1, which the loop has already consumed and decoded.
 
 The worker is a fresh interpreter (``python -m stream_dedup.sketch_worker``; forking a
 process that runs librdkafka threads and RocksDB is unsafe, and ``multiprocessing``'s
-spawn would import the embedding program's main module again) joined by a socket pair.
+spawn would import the embedding program's main module again) joined by a socket pair
+and a shared memory region for the sketches' arrays (:mod:`stream_dedup.shared`).
 It exits when the pipe closes, which includes the service being killed (``kill -9``):
 nothing is left running. It
 ignores SIGINT and SIGTERM, which stop the service, so that the batch in hand is still
@@ -34,6 +35,7 @@ from collections.abc import Sequence
 from multiprocessing.connection import Connection
 
 from stream_dedup.config import DedupConfig
+from stream_dedup.shared import Envelope, SharedRegion, create_region_fd
 from stream_dedup.sketch import Sketch, pack, sketch, unpack
 
 log = logging.getLogger("stream_dedup.sketch_worker")
@@ -46,8 +48,12 @@ class SketchWorkerError(RuntimeError):
     """The worker could not sketch a batch; the caller sketches it in process instead."""
 
 
-def _serve(conn: Connection) -> None:
-    """The worker's loop: its configuration, then texts in, packed sketches out, until EOF."""
+def _serve(conn: Connection, region: SharedRegion) -> None:
+    """The worker's loop: its configuration, then texts in, packed sketches out, until EOF.
+
+    A sketch's arrays go through the shared ``region`` (:mod:`stream_dedup.shared`), the
+    rest through the pipe.
+    """
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     try:
@@ -66,7 +72,7 @@ def _serve(conn: Connection) -> None:
         except (EOFError, OSError):
             return
         try:
-            reply: tuple[str, object] = ("ok", pack(sketch(texts, config, plan)))
+            reply: tuple[str, object] = ("ok", region.put(pack(sketch(texts, config, plan))))
         except Exception as exc:
             reply = ("error", f"{type(exc).__name__}: {exc}")
         try:
@@ -85,6 +91,7 @@ class SketchWorker:
     def __init__(self, config: DedupConfig) -> None:
         self._config = config
         self._conn: Connection | None = None
+        self._region: SharedRegion | None = None
         self._proc: subprocess.Popen[bytes] | None = None
         self._ready = False
         self._busy = False
@@ -92,16 +99,27 @@ class SketchWorker:
 
     def _start(self) -> None:
         parent, child = multiprocessing.Pipe(duplex=True)
+        region = SharedRegion(create_region_fd())
         try:
             proc = subprocess.Popen(
-                [sys.executable, "-m", "stream_dedup.sketch_worker", str(child.fileno())],
-                pass_fds=(child.fileno(),),
+                [
+                    sys.executable,
+                    "-m",
+                    "stream_dedup.sketch_worker",
+                    str(child.fileno()),
+                    str(region.fd),
+                ],
+                pass_fds=(child.fileno(), region.fd),
                 stdin=subprocess.DEVNULL,
             )
+        except BaseException:
+            region.close()
+            raise
         finally:
             child.close()
         parent.send(self._config)
         self._conn, self._proc, self._ready, self._busy = parent, proc, False, False
+        self._region = region
 
     @property
     def pid(self) -> int | None:
@@ -146,7 +164,9 @@ class SketchWorker:
             raise
         if kind != "ok":
             raise SketchWorkerError(f"sketch worker failed on the batch: {value}")
-        return unpack(value)  # type: ignore[arg-type]
+        assert self._region is not None
+        envelope: Envelope = value  # type: ignore[assignment]
+        return unpack(self._region.take(envelope))
 
     def discard(self) -> None:
         """Drop the result of the submitted batch, if any (its batch will not be decided)."""
@@ -185,13 +205,16 @@ class SketchWorker:
                 self._proc.kill()
                 self._proc.wait()
             self._proc = None
+        if self._region is not None:
+            self._region.close()
+            self._region = None
         self._busy = False
         self._ready = False
 
 
 def main() -> None:
-    """Entry point of the worker process: serve the connection whose descriptor is argv[1]."""
-    _serve(Connection(int(sys.argv[1])))
+    """Entry point of the worker process: argv[1] is the pipe's descriptor, argv[2] the region's."""
+    _serve(Connection(int(sys.argv[1])), SharedRegion(int(sys.argv[2])))
 
 
 if __name__ == "__main__":
