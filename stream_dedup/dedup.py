@@ -20,8 +20,11 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from operator import itemgetter
+from typing import cast
 
 import numpy as np
+import numpy.typing as npt
 
 from stream_dedup.config import DedupConfig
 from stream_dedup.errors import IndexCorruptError
@@ -61,6 +64,14 @@ class BatchResult:
     puts: dict[bytes, bytes]
     counter_deltas: dict[str, int]
     stats: BatchStats
+
+
+def _in_order(items: list[bytes], order: npt.NDArray[np.intp]) -> Sequence[bytes]:
+    """``items`` at the positions ``order`` lists (``operator.itemgetter``: no Python loop)."""
+    if order.size < 2:
+        return [items[j] for j in order.tolist()]
+    picked: tuple[bytes, ...] = itemgetter(*order.tolist())(items)
+    return picked
 
 
 class Deduplicator:
@@ -132,6 +143,10 @@ class Deduplicator:
         records = self._prefetch_records(db, xkeys, bkeys)
         next_docnum = self.index.counter("indexed")
         puts: dict[bytes, bytes] = {}
+        # Bucket puts are collected in ascending key order (filled in as documents are
+        # indexed) and appended to ``puts`` last, so the write's sort finds them one run.
+        bucket_puts: dict[bytes, bytes | None] = dict.fromkeys(_in_order(bkeys, sk.bucket_order))
+        unindexed = False
         stats = BatchStats()
         deltas = dict.fromkeys(("documents", "indexed", "duplicates", "empty"), 0)
         verdicts: list[Verdict] = []
@@ -148,6 +163,7 @@ class Deduplicator:
             vkey = vkeys[i]
             stored = get(vkey)
             if stored is not None:
+                unindexed = True
                 verdicts.append(decode_verdict(doc.id, stored))
                 stats.replayed += 1
                 stats.candidates.append(0)
@@ -201,11 +217,17 @@ class Deduplicator:
                             old = old[len(old) - bucket_bytes + 8 :]
                             stats.bucket_evictions += 1
                         buckets[bkey] = old + member
-                    puts.update(buckets)
+                    bucket_puts.update(buckets)
                     db.update(buckets)
+                else:
+                    unindexed = True
             deltas["documents"] += 1
             puts[vkey] = db[vkey] = encode_verdict(verdict)
             verdicts.append(verdict)
+        if unindexed:  # some keys were looked up but never written
+            puts.update({k: v for k, v in bucket_puts.items() if v is not None})
+        else:
+            puts.update(cast(dict[bytes, bytes], bucket_puts))
         return BatchResult(verdicts, puts, deltas, stats)
 
     def _prefetch_records(

@@ -40,7 +40,8 @@ class Sketch:
     ``size`` is the number of documents sketched and ``live`` the positions of those with
     non-empty normalised content; the other fields hold one entry per live document, in
     that order (``bucket_keys``: ``bands`` per document). ``sets`` (verification sets) is
-    empty unless verification is exact.
+    empty unless verification is exact. ``bucket_order`` lists the positions in
+    ``bucket_keys`` of its keys in ascending byte order (:func:`keys.bucket_order`).
     """
 
     size: int
@@ -49,6 +50,7 @@ class Sketch:
     sigs: U32
     bucket_keys: list[bytes]
     exact_keys: list[bytes]
+    bucket_order: npt.NDArray[np.intp]
 
 
 def content_digest(utf8: bytes) -> bytes:
@@ -62,33 +64,37 @@ def sketch(texts: Sequence[str], config: DedupConfig, plan: BandPlan) -> Sketch:
         live, sets, sigs, digests = _sketch_char(texts, config)
     else:
         live, sets, sigs, digests = _sketch_numpy(texts, config)
+    hashes = band_hashes(sigs, plan, config.seed)
     return Sketch(
         size=len(texts),
         live=live,
         sets=sets,
         sigs=sigs,
-        bucket_keys=keys.bucket_keys(band_hashes(sigs, plan, config.seed)),
+        bucket_keys=keys.bucket_keys(hashes),
         exact_keys=[keys.exact_key(d) for d in digests],
+        bucket_order=keys.bucket_order(hashes),
     )
 
 
 #: A :class:`Sketch` as plain values for a pipe: the verification sets as one array.
-PackedSketch = tuple[int, list[int], U32, npt.NDArray[np.int64], U32, list[bytes], list[bytes]]
+PackedSketch = tuple[
+    int, list[int], U32, npt.NDArray[np.int64], U32, list[bytes], list[bytes], npt.NDArray[np.intp]
+]
 
 
 def pack(sk: Sketch) -> PackedSketch:
     """``sk`` as plain values that pickle fast (thousands of small arrays do not)."""
     sizes = np.fromiter((s.size for s in sk.sets), dtype=np.int64, count=len(sk.sets))
     flat = np.concatenate(sk.sets) if sk.sets else np.empty(0, dtype="<u4")
-    return sk.size, sk.live, flat, sizes, sk.sigs, sk.bucket_keys, sk.exact_keys
+    return sk.size, sk.live, flat, sizes, sk.sigs, sk.bucket_keys, sk.exact_keys, sk.bucket_order
 
 
 def unpack(packed: PackedSketch) -> Sketch:
     """The :class:`Sketch` that :func:`pack` was given."""
-    size, live, flat, sizes, sigs, bucket_keys, exact_keys = packed
+    size, live, flat, sizes, sigs, bucket_keys, exact_keys, bucket_order = packed
     at = (np.cumsum(sizes) - sizes).tolist()
     sets = [flat[a : a + c] for a, c in zip(at, sizes.tolist(), strict=True)]
-    return Sketch(size, live, sets, sigs, bucket_keys, exact_keys)
+    return Sketch(size, live, sets, sigs, bucket_keys, exact_keys, bucket_order)
 
 
 def _sketch_char(

@@ -17,6 +17,7 @@ and a bucket stays eight bytes per member.
 from __future__ import annotations
 
 import numpy as np
+import numpy.typing as npt
 
 from stream_dedup.hashing import U64
 
@@ -46,6 +47,20 @@ def bucket_keys(band_hashes: U64) -> list[bytes]:
     # An unstructured void view turns into whole ``bytes`` per key (trailing NULs kept).
     keys: list[bytes] = packed.view(f"V{_BAND_DTYPE.itemsize}").tolist()
     return keys
+
+
+def bucket_order(band_hashes: U64) -> npt.NDArray[np.intp]:
+    """Positions in :func:`bucket_keys` ``(band_hashes)`` of its keys in ascending order.
+
+    A bucket key sorts by band, then by hash (both big-endian), so this is each band's
+    hashes sorted, band after band. A batch writes ~36,000 bucket keys and RocksDB takes
+    a write batch several times faster in key order; sorting here, in numpy, spares the
+    service process most of sorting them as ``bytes``.
+    """
+    bands = band_hashes.shape[1]
+    rows = np.argsort(band_hashes, axis=0, kind="stable")
+    order: npt.NDArray[np.intp] = (rows * bands + np.arange(bands)).T.reshape(-1)
+    return order
 
 
 def doc_key(docnum: int) -> bytes:

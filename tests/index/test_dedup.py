@@ -277,6 +277,22 @@ def test_index_policy_uniques_indexes_only_uniques(make_dedup: DedupFactory) -> 
     assert result2.stats.exact_hits == 1
 
 
+def test_bucket_puts_come_last_in_key_order_and_only_for_indexed_documents(
+    make_dedup: DedupFactory,
+) -> None:
+    dedup = make_dedup(index_policy="uniques")
+    batch = docs(("a", A), ("a1", A1), ("b", B))
+    sk = dedup.sketch(batch)
+    result = dedup.decide(batch, sk)
+    assert [v.verdict for v in result.verdicts] == [UNIQUE, DUP, UNIQUE]
+    put_keys = list(result.puts)
+    buckets = [k for k in put_keys if k.startswith(keys.BUCKET)]
+    assert put_keys[-len(buckets) :] == buckets == sorted(buckets)
+    nb = dedup.plan.bands
+    # a1, a duplicate, is not indexed: only a's and b's buckets are written.
+    assert set(buckets) == set(sk.bucket_keys[:nb]) | set(sk.bucket_keys[2 * nb :])
+
+
 def test_index_policy_all_indexes_everything_with_shingle_sets(
     backend_factory: Callable[[], Backend],
 ) -> None:

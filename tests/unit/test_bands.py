@@ -18,7 +18,7 @@ from stream_dedup.bands import (
     explicit_bands,
     similarity_table,
 )
-from stream_dedup.index.keys import bucket_keys
+from stream_dedup.index.keys import bucket_keys, bucket_order
 from stream_dedup.normalize import normalize
 from stream_dedup.shingles import ShingleSpec, shingle_set
 from stream_dedup.signature import SIG_DTYPE, signatures
@@ -136,6 +136,17 @@ def test_band_keys_differ_between_bands_with_equal_values() -> None:
     keys = band_hashes(sig, plan, 1)
     assert np.unique(keys).size == plan.bands
     assert len(set(bucket_keys(keys))) == plan.bands
+
+
+def test_bucket_order_lists_the_keys_in_ascending_byte_order() -> None:
+    rng = np.random.default_rng(5)
+    hashes = rng.integers(0, 2**64, size=(300, 18), dtype=np.uint64)
+    hashes[7] = hashes[3]  # equal keys (a repeated document) sit side by side
+    hashes[:, 4] &= 0xFF  # small hashes: byte order must not follow the string length
+    keys = bucket_keys(hashes)
+    order = bucket_order(hashes).tolist()
+    assert sorted(order) == list(range(len(keys)))
+    assert [keys[j] for j in order] == sorted(keys)
 
 
 def test_band_key_depends_only_on_its_own_rows() -> None:

@@ -31,6 +31,7 @@ def assert_same(got: Sketch, want: Sketch) -> None:
     assert np.array_equal(got.sigs, want.sigs)
     assert got.bucket_keys == want.bucket_keys
     assert got.exact_keys == want.exact_keys
+    assert np.array_equal(got.bucket_order, want.bucket_order)
     assert len(got.sets) == len(want.sets)
     for a, b in zip(got.sets, want.sets, strict=True):
         assert np.array_equal(a, b)
