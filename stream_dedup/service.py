@@ -30,6 +30,7 @@ from types import FrameType
 from confluent_kafka import Consumer, KafkaException, Message, TopicPartition
 from prometheus_client import CollectorRegistry
 
+from stream_dedup import gc_tuning
 from stream_dedup.ahead import SketchAhead
 from stream_dedup.checkpoint import (
     Checkpoint,
@@ -212,6 +213,7 @@ class Service:
                 ),
             )
         code = 0
+        gc_tuning.enter()
         try:
             while not self._stop.is_set():
                 self._beat()
@@ -237,6 +239,7 @@ class Service:
             code = 1
         finally:
             self._shutdown(consumer, producer)
+            gc_tuning.leave()
         return code
 
     def _shutdown(self, consumer: Consumer, producer: EventProducer) -> None:
