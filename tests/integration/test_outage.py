@@ -46,11 +46,15 @@ from .test_process import start, wait_until
 
 pytestmark = [pytest.mark.broker, pytest.mark.slow]
 
-DOCUMENTS = 2400
+DOCUMENTS = 4800
+#: Documents per burst of the feeder, one burst a second.
+BURST = 300
 #: Longer than session.timeout.ms (6 s): the consumer's group session expires meanwhile.
 OUTAGE_S = 10.0
 #: How long one flush waits before the service logs that deliveries are outstanding.
-FLUSH_STEP_S = 2.0
+FLUSH_STEP_S = 1.0
+#: Pauses tried until one catches a batch whose events are not yet acknowledged.
+ATTEMPTS = 10
 
 
 WAITING = 'msg="waiting for event deliveries"'
@@ -84,11 +88,11 @@ def broker(tmp_path: Path) -> Iterator[EmbeddedBroker]:
 
 
 def feed(bootstrap: str, topic: str, docs: list[dict[str, Any]], errors: list[str]) -> None:
-    """150 documents at a time, one burst a second, through one producer.
+    """:data:`BURST` documents at a time, one burst a second, through one producer.
 
-    The bursts make batches of ~150 documents, so a batch is in flight for long enough to
-    be caught by the pause. Records produced during the outage wait in the producer's
-    queue and are delivered when the broker is back.
+    The bursts make batches of a few hundred documents, so a batch is in flight for long
+    enough to be caught by the pause. Records produced during the outage wait in the
+    producer's queue and are delivered when the broker is back.
     """
     producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 5, "acks": "all"})
 
@@ -96,8 +100,8 @@ def feed(bootstrap: str, topic: str, docs: list[dict[str, Any]], errors: list[st
         if err is not None:
             errors.append(str(err))
 
-    for i in range(0, len(docs), 150):
-        for doc in docs[i : i + 150]:
+    for i in range(0, len(docs), BURST):
+        for doc in docs[i : i + BURST]:
             producer.produce(topic, json.dumps(doc).encode(), on_delivery=delivered)
         producer.poll(0)
         time.sleep(1.0)
@@ -132,7 +136,7 @@ def test_paused_broker_is_waited_for_and_nothing_is_lost(
     try:
         feeder.start()
         wait_until(lambda: (scrape(port, "stream_dedup_index_documents") or 0) >= 300, 60, "300")
-        for _attempt in range(4):
+        for attempt in range(ATTEMPTS):
             # Pause while a batch is between consume and commit: consumed (read first)
             # ahead of indexed (read after) means some consumed message is not committed.
             deadline = time.monotonic() + 20
@@ -147,8 +151,9 @@ def test_paused_broker_is_waited_for_and_nothing_is_lost(
             # waits for the broker): resume, and pause again at the next batch.
             if _logged_after(log, paused_at, WAITING, 2.5 * FLUSH_STEP_S):
                 break
+            assert attempt < ATTEMPTS - 1 and feeder.is_alive(), "no pause caught a batch"
             os.kill(broker.pid, signal.SIGCONT)
-            time.sleep(1.0)
+            time.sleep(0.3)
         health: list[int] = []
         while time.time() - paused_at < OUTAGE_S:
             assert proc.poll() is None, "the service exited during the outage"
