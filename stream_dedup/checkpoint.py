@@ -113,7 +113,7 @@ def split_intent(msgs: list[Message], intent: Ranges) -> tuple[list[Message], li
 
 def empty_result() -> BatchResult:
     """A batch with nothing to decide (every message was dead-lettered)."""
-    return BatchResult([], {}, {}, BatchStats())
+    return BatchResult([], {}, [], {}, BatchStats())
 
 
 class Checkpoint:

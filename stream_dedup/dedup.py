@@ -18,14 +18,12 @@ verified, and the best verified match at or above the threshold decides.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from operator import itemgetter
-from typing import cast
 
 import numpy as np
-import numpy.typing as npt
 
+from stream_dedup.buckets import BatchBuckets
 from stream_dedup.config import DedupConfig
 from stream_dedup.errors import IndexCorruptError
 from stream_dedup.hashing import U32
@@ -58,20 +56,17 @@ class BatchStats:
 
 @dataclass(slots=True)
 class BatchResult:
-    """Verdicts of a batch plus everything its commit will write."""
+    """Verdicts of a batch plus everything its commit will write.
+
+    ``bucket_puts`` are the band buckets' new contents, in ascending key order (RocksDB
+    inserts a run of ascending keys several times faster), apart from the other ``puts``.
+    """
 
     verdicts: list[Verdict]
     puts: dict[bytes, bytes]
+    bucket_puts: list[tuple[bytes, bytes]]
     counter_deltas: dict[str, int]
     stats: BatchStats
-
-
-def _in_order(items: list[bytes], order: npt.NDArray[np.intp]) -> Sequence[bytes]:
-    """``items`` at the positions ``order`` lists (``operator.itemgetter``: no Python loop)."""
-    if order.size < 2:
-        return [items[j] for j in order.tolist()]
-    picked: tuple[bytes, ...] = itemgetter(*order.tolist())(items)
-    return picked
 
 
 class Deduplicator:
@@ -117,7 +112,9 @@ class Deduplicator:
         self, result: BatchResult, offsets: Mapping[tuple[str, int], int] | None = None
     ) -> PendingCommit:
         """The write :meth:`commit` makes, built for a later ``index.apply``."""
-        return self.index.prepare(result.puts, result.counter_deltas, offsets)
+        return self.index.prepare(
+            result.puts, result.counter_deltas, offsets, ordered=result.bucket_puts
+        )
 
     def sketch(self, docs: Sequence[Document]) -> Sketch:
         """The index-independent part of deciding ``docs`` (see :mod:`stream_dedup.sketch`)."""
@@ -138,32 +135,30 @@ class Deduplicator:
 
         vkeys = [keys.verdict_key(d.id) for d in docs]
         read = self.index.read(vkeys + xkeys + bkeys)
-        db: dict[bytes, bytes | None] = dict(zip(vkeys + xkeys + bkeys, read, strict=True))
+        nv, nx = len(vkeys), len(xkeys)
+        # Verdicts and exact digests: committed values, overlaid with the batch's writes
+        # (an id or a text may repeat within the batch).
+        vdb: dict[bytes, bytes | None] = dict(zip(vkeys, read[:nv], strict=True))
+        xdb: dict[bytes, bytes | None] = dict(zip(xkeys, read[nv : nv + nx], strict=True))
+        held_at = BatchBuckets(read[nv + nx :], sk.bucket_shared, nb)
 
-        records = self._prefetch_records(db, xkeys, bkeys)
+        records = self._prefetch_records(xdb.values(), held_at.committed_values())
         next_docnum = self.index.counter("indexed")
         puts: dict[bytes, bytes] = {}
-        # Bucket puts are collected in ascending key order (filled in as documents are
-        # indexed) and appended to ``puts`` last, so the write's sort finds them one run.
-        bucket_puts: dict[bytes, bytes | None] = dict.fromkeys(_in_order(bkeys, sk.bucket_order))
-        unindexed = False
         stats = BatchStats()
         deltas = dict.fromkeys(("documents", "indexed", "duplicates", "empty"), 0)
         verdicts: list[Verdict] = []
         live_pos: list[int | None] = [None] * len(docs)
         for p, doc_index in enumerate(live):
             live_pos[doc_index] = p
+        docnum_at = [-1] * len(live)
         index_all = cfg.index_policy == "all"
         bucket_bytes = self._bucket_bytes
-        # ``db`` doubles as the overlay: every put of the batch is also written into it, so
-        # one dict lookup sees the batch's own writes before the committed values.
-        get = db.get
 
         for i, doc in enumerate(docs):
             vkey = vkeys[i]
-            stored = get(vkey)
+            stored = vdb[vkey]
             if stored is not None:
-                unindexed = True
                 verdicts.append(decode_verdict(doc.id, stored))
                 stats.replayed += 1
                 stats.candidates.append(0)
@@ -176,14 +171,13 @@ class Deduplicator:
                 stats.candidates.append(0)
                 stats.verifications.append(0)
             else:
-                doc_keys = bkeys[pos * nb : (pos + 1) * nb]
-                held = [(k, v) for k in doc_keys if (v := get(k))]
+                held = held_at.of(pos)
                 xkey = xkeys[pos]
                 match, n_cand, n_ver = self._match(
                     sets[pos] if self._exact else None,
                     sigs[pos],
-                    [v for _, v in held],
-                    get(xkey),
+                    [v for _, v in held if v],
+                    xdb[xkey],
                     records,
                     stats,
                 )
@@ -204,44 +198,28 @@ class Deduplicator:
                     docnum = next_docnum
                     next_docnum += 1
                     deltas["indexed"] += 1
+                    docnum_at[pos] = docnum
                     payload = sets[pos].tobytes() if self._exact else sigs[pos].tobytes()
                     puts[keys.doc_key(docnum)] = encode_doc(doc.id, verdict.cluster_id, payload)
                     records[docnum] = DocRecord(doc.id, verdict.cluster_id, payload)
-                    member = docnum.to_bytes(8, "little")
-                    if get(xkey) is None:
-                        puts[xkey] = db[xkey] = member
-                    # Append to every bucket: an empty one becomes just this member.
-                    buckets = dict.fromkeys(doc_keys, member)
-                    for bkey, old in held:
-                        if len(old) >= bucket_bytes:
-                            old = old[len(old) - bucket_bytes + 8 :]
-                            stats.bucket_evictions += 1
-                        buckets[bkey] = old + member
-                    bucket_puts.update(buckets)
-                    db.update(buckets)
-                else:
-                    unindexed = True
+                    if xdb[xkey] is None:
+                        puts[xkey] = xdb[xkey] = docnum.to_bytes(8, "little")
+                    if held:
+                        stats.bucket_evictions += held_at.append(held, docnum, bucket_bytes)
             deltas["documents"] += 1
-            puts[vkey] = db[vkey] = encode_verdict(verdict)
+            puts[vkey] = vdb[vkey] = encode_verdict(verdict)
             verdicts.append(verdict)
-        if unindexed:  # some keys were looked up but never written
-            puts.update({k: v for k, v in bucket_puts.items() if v is not None})
-        else:
-            puts.update(cast(dict[bytes, bytes], bucket_puts))
-        return BatchResult(verdicts, puts, deltas, stats)
+        bucket_puts = held_at.puts(bkeys, sk.bucket_order, docnum_at)
+        return BatchResult(verdicts, puts, bucket_puts, deltas, stats)
 
     def _prefetch_records(
-        self, db: dict[bytes, bytes | None], xkeys: list[bytes], bkeys: list[bytes]
+        self, exact: Iterable[bytes | None], buckets: list[bytes]
     ) -> dict[int, DocRecord]:
         """Fetch, in one read, the records of every committed document a bucket names."""
-        wanted: set[int] = set()
-        for key in xkeys:
-            raw = db[key]
-            if raw is not None:
-                wanted.add(int.from_bytes(raw, "little"))
-        members = [np.frombuffer(v, dtype="<u8") for k in bkeys if (v := db[k]) is not None]
-        if members:
-            wanted.update(np.unique(np.concatenate(members)).tolist())
+        wanted = {int.from_bytes(raw, "little") for raw in exact if raw is not None}
+        if buckets:
+            members = np.frombuffer(b"".join(buckets), dtype="<u8")
+            wanted.update(np.unique(members).tolist())
         return self._fetch_records(sorted(wanted))
 
     def _fetch_records(self, docnums: list[int]) -> dict[int, DocRecord]:

@@ -41,7 +41,9 @@ class Sketch:
     non-empty normalised content; the other fields hold one entry per live document, in
     that order (``bucket_keys``: ``bands`` per document). ``sets`` (verification sets) is
     empty unless verification is exact. ``bucket_order`` lists the positions in
-    ``bucket_keys`` of its keys in ascending byte order (:func:`keys.bucket_order`).
+    ``bucket_keys`` of its keys in ascending byte order (:func:`keys.bucket_order`), and
+    ``bucket_shared`` the ``(position, first position)`` pairs of keys that occur more than
+    once in the batch (:func:`keys.bucket_shared`).
     """
 
     size: int
@@ -51,6 +53,7 @@ class Sketch:
     bucket_keys: list[bytes]
     exact_keys: list[bytes]
     bucket_order: npt.NDArray[np.intp]
+    bucket_shared: npt.NDArray[np.intp]
 
 
 def content_digest(utf8: bytes) -> bytes:
@@ -65,6 +68,7 @@ def sketch(texts: Sequence[str], config: DedupConfig, plan: BandPlan) -> Sketch:
     else:
         live, sets, sigs, digests = _sketch_numpy(texts, config)
     hashes = band_hashes(sigs, plan, config.seed)
+    order = keys.bucket_order(hashes)
     return Sketch(
         size=len(texts),
         live=live,
@@ -72,13 +76,22 @@ def sketch(texts: Sequence[str], config: DedupConfig, plan: BandPlan) -> Sketch:
         sigs=sigs,
         bucket_keys=keys.bucket_keys(hashes),
         exact_keys=[keys.exact_key(d) for d in digests],
-        bucket_order=keys.bucket_order(hashes),
+        bucket_order=order,
+        bucket_shared=keys.bucket_shared(hashes, order),
     )
 
 
 #: A :class:`Sketch` as plain values for a pipe: the verification sets as one array.
 PackedSketch = tuple[
-    int, list[int], U32, npt.NDArray[np.int64], U32, list[bytes], list[bytes], npt.NDArray[np.intp]
+    int,
+    list[int],
+    U32,
+    npt.NDArray[np.int64],
+    U32,
+    list[bytes],
+    list[bytes],
+    npt.NDArray[np.intp],
+    npt.NDArray[np.intp],
 ]
 
 
@@ -86,15 +99,25 @@ def pack(sk: Sketch) -> PackedSketch:
     """``sk`` as plain values that pickle fast (thousands of small arrays do not)."""
     sizes = np.fromiter((s.size for s in sk.sets), dtype=np.int64, count=len(sk.sets))
     flat = np.concatenate(sk.sets) if sk.sets else np.empty(0, dtype="<u4")
-    return sk.size, sk.live, flat, sizes, sk.sigs, sk.bucket_keys, sk.exact_keys, sk.bucket_order
+    return (
+        sk.size,
+        sk.live,
+        flat,
+        sizes,
+        sk.sigs,
+        sk.bucket_keys,
+        sk.exact_keys,
+        sk.bucket_order,
+        sk.bucket_shared,
+    )
 
 
 def unpack(packed: PackedSketch) -> Sketch:
     """The :class:`Sketch` that :func:`pack` was given."""
-    size, live, flat, sizes, sigs, bucket_keys, exact_keys, bucket_order = packed
+    size, live, flat, sizes, sigs, bucket_keys, exact_keys, order, shared = packed
     at = (np.cumsum(sizes) - sizes).tolist()
     sets = [flat[a : a + c] for a, c in zip(at, sizes.tolist(), strict=True)]
-    return Sketch(size, live, sets, sigs, bucket_keys, exact_keys, bucket_order)
+    return Sketch(size, live, sets, sigs, bucket_keys, exact_keys, order, shared)
 
 
 def _sketch_char(

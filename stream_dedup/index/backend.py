@@ -35,8 +35,13 @@ class Backend(Protocol):
         """Apply all ``puts`` atomically: after a crash either all are visible or none."""
         ...
 
-    def prepare(self, puts: Mapping[bytes, bytes]) -> PreparedWrite:
+    def prepare(
+        self, puts: Mapping[bytes, bytes], ordered: Sequence[tuple[bytes, bytes]] = ()
+    ) -> PreparedWrite:
         """Build the atomic write of ``puts`` without applying it (nothing becomes visible).
+
+        ``ordered`` are more puts, already in ascending key order and with no key of
+        ``puts``: the band buckets, most of a batch's keys, which need no sorting.
 
         ``puts`` may not change until the write is applied.
         """

@@ -63,6 +63,34 @@ def bucket_order(band_hashes: U64) -> npt.NDArray[np.intp]:
     return order
 
 
+def bucket_shared(band_hashes: U64, order: npt.NDArray[np.intp]) -> npt.NDArray[np.intp]:
+    """The key positions of a batch that share their bucket with another position.
+
+    ``order`` is :func:`bucket_order` ``(band_hashes)``. Returns an ``(m, 2)`` array of
+    ``(position, first position with the same key)`` rows, for every key that occurs more
+    than once in the batch (a near-duplicate pair within it): the only buckets whose
+    contents the batch's own documents change for each other. All other buckets are read
+    once from the index and written at most once, so deciding skips them unless the index
+    held them already.
+    """
+    n = band_hashes.shape[0]
+    if n < 2:
+        return np.empty((0, 2), dtype=np.intp)
+    ordered = band_hashes.reshape(-1)[order]
+    starts = np.ones(ordered.size, dtype=bool)
+    starts[1:] = ordered[1:] != ordered[:-1]
+    starts[::n] = True  # ``order`` runs band by band, ``n`` positions each
+    group = np.cumsum(starts) - 1
+    first = np.flatnonzero(starts)
+    sizes = np.diff(np.append(first, ordered.size))
+    shared = sizes[group] > 1
+    # The sort is stable, so a group's first position in ``order`` is its smallest.
+    rows: npt.NDArray[np.intp] = np.stack(
+        [order[shared], order[first][group][shared]], axis=1
+    ).astype(np.intp)
+    return rows
+
+
 def doc_key(docnum: int) -> bytes:
     return DOC + docnum.to_bytes(8, "big")
 

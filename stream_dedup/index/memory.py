@@ -20,8 +20,12 @@ class MemoryBackend:
         get = self._data.get
         return [get(k) for k in keys]
 
-    def prepare(self, puts: Mapping[bytes, bytes]) -> dict[bytes, bytes]:
-        return dict(puts)
+    def prepare(
+        self, puts: Mapping[bytes, bytes], ordered: Sequence[tuple[bytes, bytes]] = ()
+    ) -> dict[bytes, bytes]:
+        prepared = dict(puts)
+        prepared.update(ordered)
+        return prepared
 
     def apply(self, prepared: dict[bytes, bytes]) -> None:
         self.write(prepared)

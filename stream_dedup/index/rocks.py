@@ -99,13 +99,17 @@ class RocksBackend:
     def write(self, puts: Mapping[bytes, bytes]) -> None:
         self.apply(self.prepare(puts))
 
-    def prepare(self, puts: Mapping[bytes, bytes]) -> WriteBatch:
+    def prepare(
+        self, puts: Mapping[bytes, bytes], ordered: Sequence[tuple[bytes, bytes]] = ()
+    ) -> WriteBatch:
         # In key order: the memtable's skiplist then continues each insert from the last
         # one, which makes a batch of ~20k keys several times cheaper to apply.
         batch = WriteBatch(raw_mode=True)
         put = batch.put
         for key in sorted(puts):  # keys alone: sorting (key, value) pairs is 3x slower
             put(key, puts[key])
+        for key, value in ordered:
+            put(key, value)
         return batch
 
     def apply(self, prepared: WriteBatch) -> None:

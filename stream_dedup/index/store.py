@@ -118,11 +118,15 @@ class DedupIndex:
         puts: Mapping[bytes, bytes],
         counter_deltas: Mapping[str, int],
         offsets: Mapping[tuple[str, int], int] | None = None,
+        *,
+        ordered: Sequence[tuple[bytes, bytes]] = (),
     ) -> PendingCommit:
         """The write :meth:`commit` would make, built but not applied (see :meth:`apply`).
 
-        Nothing may be written to the index between ``prepare`` and ``apply``: the
-        counters and the intent to clear are read now.
+        ``ordered`` are more puts in ascending key order (see
+        :meth:`~stream_dedup.index.backend.Backend.prepare`). Nothing may be written to the
+        index between ``prepare`` and ``apply``: the counters and the intent to clear are
+        read now.
         """
         batch = dict(puts)
         new_counters = dict(self._counters)
@@ -133,7 +137,7 @@ class DedupIndex:
             batch[keys.offset_key(topic, partition)] = offset.to_bytes(8, "little")
         if self._intent_pending:
             batch[keys.INTENT] = b""  # the backend has no delete; empty means "none"
-        return PendingCommit(self._backend.prepare(batch), new_counters, self._writes)
+        return PendingCommit(self._backend.prepare(batch, ordered), new_counters, self._writes)
 
     def apply(self, pending: PendingCommit) -> None:
         """Apply a prepared commit: the atomic write, and the new counters in memory."""

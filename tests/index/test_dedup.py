@@ -206,6 +206,7 @@ def test_resubmitted_id_returns_stored_verdict_and_changes_nothing(
         assert new.to_json() == old.to_json()
     assert replay.stats.replayed == 2
     assert replay.puts == {}
+    assert replay.bucket_puts == []
     assert set(replay.counter_deltas.values()) == {0}
     assert {c: dedup.index.counter(c) for c in counters} == counters
 
@@ -277,20 +278,45 @@ def test_index_policy_uniques_indexes_only_uniques(make_dedup: DedupFactory) -> 
     assert result2.stats.exact_hits == 1
 
 
-def test_bucket_puts_come_last_in_key_order_and_only_for_indexed_documents(
+def test_bucket_puts_come_apart_in_key_order_and_only_for_indexed_documents(
     make_dedup: DedupFactory,
 ) -> None:
     dedup = make_dedup(index_policy="uniques")
-    batch = docs(("a", A), ("a1", A1), ("b", B))
+    batch = docs(("a", A), ("a1", A1), ("b", B), ("a2", A1 + " tail"))
     sk = dedup.sketch(batch)
     result = dedup.decide(batch, sk)
-    assert [v.verdict for v in result.verdicts] == [UNIQUE, DUP, UNIQUE]
-    put_keys = list(result.puts)
-    buckets = [k for k in put_keys if k.startswith(keys.BUCKET)]
-    assert put_keys[-len(buckets) :] == buckets == sorted(buckets)
+    assert [v.verdict for v in result.verdicts] == [UNIQUE, DUP, UNIQUE, DUP]
+    assert not any(k.startswith(keys.BUCKET) for k in result.puts)
+    buckets = [k for k, _ in result.bucket_puts]
+    assert buckets == sorted(set(buckets))  # ascending, each bucket once
     nb = dedup.plan.bands
-    # a1, a duplicate, is not indexed: only a's and b's buckets are written.
-    assert set(buckets) == set(sk.bucket_keys[:nb]) | set(sk.bucket_keys[2 * nb :])
+    # a1 and a2, duplicates, are not indexed: only a's and b's buckets are written, each
+    # with its one member, although a1 and a2 share many of a's buckets.
+    assert set(buckets) == set(sk.bucket_keys[:nb]) | set(sk.bucket_keys[2 * nb : 3 * nb])
+    members = {k: v for k, v in result.bucket_puts}
+    assert {members[k] for k in sk.bucket_keys[:nb]} == {(0).to_bytes(8, "little")}
+    assert {members[k] for k in sk.bucket_keys[2 * nb : 3 * nb]} == {(1).to_bytes(8, "little")}
+
+
+def test_documents_sharing_buckets_in_one_batch_append_in_batch_order(
+    make_dedup: DedupFactory,
+) -> None:
+    """Indexed near-duplicates within a batch: each shared bucket lists them oldest first."""
+    dedup = make_dedup(index_policy="all")
+    dedup.process(docs(("a", A)))
+    batch = docs(("a1", A1), ("b", B), ("a1x", A1 + " tail"))
+    sk = dedup.sketch(batch)
+    result = dedup.decide(batch, sk)
+    assert [v.duplicate_of for v in result.verdicts] == ["a", None, "a1"]
+    members = {k: v for k, v in result.bucket_puts}
+    nb = dedup.plan.bands
+    a1_keys, a1x_keys = sk.bucket_keys[:nb], sk.bucket_keys[2 * nb :]
+    committed = dict(zip(a1_keys, dedup.index.read(a1_keys), strict=True))
+    m1, m3 = (1).to_bytes(8, "little"), (3).to_bytes(8, "little")
+    for key in a1_keys:
+        want = (committed[key] or b"") + m1 + (m3 if key in a1x_keys else b"")
+        assert members[key] == want
+    assert any(committed.values()) and set(a1_keys) & set(a1x_keys)
 
 
 def test_index_policy_all_indexes_everything_with_shingle_sets(
@@ -357,10 +383,17 @@ def run_in_batches(
 def test_verdicts_do_not_depend_on_batch_size(
     make_dedup: DedupFactory, kijiji_docs: list[Document], limits: dict[str, int]
 ) -> None:
-    runs = {size: run_in_batches(make_dedup(**limits), kijiji_docs, size) for size in (1000, 7, 1)}
+    dedups = {size: make_dedup(**limits) for size in (1000, 7, 1)}
+    runs = {size: run_in_batches(dedups[size], kijiji_docs, size) for size in dedups}
     reference, work = runs[1000]
     assert runs[7] == (reference, work)
     assert runs[1] == (reference, work)
+    # The whole index too: a batch's own appends to shared buckets (many of them in
+    # batches of 1000 reposts) end exactly as one document per batch leaves them.
+    contents = {size: list(d.index._backend.scan_prefix(b"")) for size, d in dedups.items()}
+    assert contents[7] == contents[1000]
+    assert contents[1] == contents[1000]
+    assert sum(k.startswith(keys.BUCKET) for k, _ in contents[1]) > 10_000
     if limits:
         assert work[0] > 0 and work[1] > 0  # the bounds were really hit
     dups = [v for v in reference if v.is_duplicate]
@@ -420,6 +453,7 @@ def test_decide_without_commit_is_replay_stable_and_commit_persists(
     second = dedup.decide(batch)
     assert first.verdicts == second.verdicts
     assert first.puts == second.puts
+    assert first.bucket_puts == second.bucket_puts
     assert first.counter_deltas == second.counter_deltas
     assert dedup.index.counter("documents") == 1  # nothing written by decide
     assert dedup.index.read([keys.verdict_key("b")]) == [None]

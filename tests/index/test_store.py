@@ -7,7 +7,7 @@ import signal
 import subprocess
 import sys
 import textwrap
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 import pytest
@@ -140,8 +140,12 @@ class RecordingBackend:
         self.writes.append(dict(puts))
         self.inner.write(puts)
 
-    def prepare(self, puts: Mapping[bytes, bytes]) -> dict[bytes, bytes]:
-        return dict(puts)
+    def prepare(
+        self, puts: Mapping[bytes, bytes], ordered: Sequence[tuple[bytes, bytes]] = ()
+    ) -> dict[bytes, bytes]:
+        prepared = dict(puts)
+        prepared.update(ordered)
+        return prepared
 
     def apply(self, prepared: dict[bytes, bytes]) -> None:
         self.write(prepared)

@@ -18,7 +18,7 @@ from stream_dedup.bands import (
     explicit_bands,
     similarity_table,
 )
-from stream_dedup.index.keys import bucket_keys, bucket_order
+from stream_dedup.index.keys import bucket_keys, bucket_order, bucket_shared
 from stream_dedup.normalize import normalize
 from stream_dedup.shingles import ShingleSpec, shingle_set
 from stream_dedup.signature import SIG_DTYPE, signatures
@@ -160,3 +160,23 @@ def test_band_key_depends_only_on_its_own_rows() -> None:
     assert [i for i in range(plan.bands) if ka[i] != kb[i]] == [3]
     batch = band_hashes(np.vstack([a, b]), plan, 1)
     np.testing.assert_array_equal(batch, np.vstack([ka, kb]))
+
+
+def test_bucket_shared_lists_every_repeated_key_with_its_first_position() -> None:
+    rng = np.random.default_rng(9)
+    hashes = rng.integers(0, 2**64, size=(200, 18), dtype=np.uint64)
+    hashes[150] = hashes[20]  # a repeated document: all 18 keys shared
+    hashes[90, 5] = hashes[30, 5]  # one shared band
+    hashes[120, 5] = hashes[30, 5]  # three documents in one bucket
+    hashes[60, 6] = hashes[10, 5]  # equal hash in another band: a different key
+    hashes[199, 17] = hashes[0, 0]  # the last position of the batch, in another band
+    keys = bucket_keys(hashes)
+    first: dict[bytes, int] = {}
+    for j, k in enumerate(keys):
+        first.setdefault(k, j)
+    counts = {k: keys.count(k) for k in first}
+    want = sorted((j, first[k]) for j, k in enumerate(keys) if counts[k] > 1)
+    got = sorted(map(tuple, bucket_shared(hashes, bucket_order(hashes)).tolist()))
+    assert got == want
+    assert len(want) == 2 * 18 + 3
+    assert bucket_shared(hashes[:1], bucket_order(hashes[:1])).shape == (0, 2)
