@@ -33,8 +33,10 @@ def _options() -> Options:
     Most band buckets a document looks up do not exist, so whole-key bloom filters, in the
     memtable and in every SST file, answer those misses without searching the memtable's
     skiplist or reading data blocks (halves the batched-read time at 8k-24k documents).
-    A 32 MiB memtable (RocksDB's default is 64) starts flushing to SST files in the
-    background during a run, rather than leaving one large flush to ``close``. Levels 0 and
+    A 16 MiB memtable (RocksDB's default is 64) starts flushing to SST files in the
+    background during a run, rather than leaving one large flush to ``close``, and keeps
+    the skiplist a batch inserts into small: writing a batch of 2,000 news articles costs
+    ~20% less CPU than with 32 MiB (the flushes run on RocksDB's own threads). Levels 0 and
     1, which every flush writes, are not compressed: most of their bytes are verification
     sets, random 32-bit values that LZ4 spends time on without shrinking; the deeper
     levels, where a long-lived index keeps most of its data, use LZ4.
@@ -45,7 +47,7 @@ def _options() -> Options:
     opts.set_compression_type(lz4)
     opts.set_compression_per_level([none, none, lz4, lz4, lz4, lz4, lz4])
     opts.increase_parallelism(2)
-    opts.set_write_buffer_size(32 << 20)
+    opts.set_write_buffer_size(16 << 20)
     opts.set_memtable_whole_key_filtering(True)
     opts.set_memtable_prefix_bloom_ratio(0.05)
     table = BlockBasedOptions()
