@@ -1,16 +1,17 @@
-"""One decoded batch ahead of the loop, sketched by the worker while the loop decides.
+"""One batch ahead of the loop, decoded and sketched by the worker while the loop decides.
 
-The service loop hands each decoded batch to :meth:`SketchAhead.advance`, which takes the
-worker's sketch of the batch handed in before it, gives the worker the new batch, and
+The service loop hands each batch it collected (in the canonical order, with its sources:
+:class:`~stream_dedup.inputs.Records`) to :meth:`SketchAhead.advance`, which takes the
+worker's result for the batch handed in before it, gives the worker the new batch, and
 only then processes the earlier one: the worker (:mod:`stream_dedup.sketch_worker`)
-sketches batch N+1 on one core while the loop decides and commits batch N on the other.
-Batches are still processed one at a time and in the order they were collected, so the
-commit protocol (:mod:`stream_dedup.checkpoint`) is unchanged; a batch held here has not
-been decided, and nothing of it has left the process.
+decodes and sketches batch N+1 on one core while the loop decides and commits batch N on
+the other. Batches are still processed one at a time and in the order they were
+collected, so the commit protocol (:mod:`stream_dedup.checkpoint`) is unchanged; a batch
+held here has not been decided, and nothing of it has left the process.
 
 Without a worker (``service.sketch_worker = false``), or for a batch the worker fails on,
-the batch is sketched in the service process when it is processed: the verdicts are the
-same either way.
+the batch is decoded and sketched in the service process when it is processed: the
+verdicts are the same either way.
 """
 
 from __future__ import annotations
@@ -21,67 +22,72 @@ from collections.abc import Callable
 from confluent_kafka import Message
 
 from stream_dedup.config import DedupConfig
-from stream_dedup.outputs import Decoded
+from stream_dedup.inputs import BatchDecoder, Decoded, Records
 from stream_dedup.sketch import Sketch
 from stream_dedup.sketch_worker import SketchWorker, SketchWorkerError
 
 log = logging.getLogger("stream_dedup.service")
 
-#: Decides and checkpoints one batch, given its sketch if it was computed ahead.
+#: Decides and checkpoints one decoded batch, given its sketch if it was computed ahead.
 Process = Callable[[Decoded, Sketch | None], None]
 
 
 class SketchAhead:
-    """Holds at most one decoded batch whose sketch the worker is computing."""
+    """Holds at most one batch that the worker is decoding and sketching."""
 
     def __init__(
-        self, config: DedupConfig | None, on_failure: Callable[[SketchWorkerError], None]
+        self,
+        config: DedupConfig | None,
+        decoder: BatchDecoder,
+        on_failure: Callable[[SketchWorkerError], None],
     ) -> None:
         """``config`` None: no worker; every batch is processed as soon as it is handed in.
 
         The worker starts loading at once (a second or so), while the caller starts up.
         """
+        self._decoder = decoder
         self._on_failure = on_failure
         self._worker: SketchWorker | None = None
         if config is not None:
             try:
-                self._worker = SketchWorker(config)
+                self._worker = SketchWorker(config, decoder.record_format)
             except OSError as exc:  # no process could be started: sketch in process
                 on_failure(SketchWorkerError(f"cannot start the sketch worker: {exc}"))
-        self._ahead: Decoded | None = None
+        self._ahead: Records | None = None
 
     @property
     def holding(self) -> bool:
         """Whether a batch is waiting to be processed (then the loop should not block)."""
         return self._ahead is not None
 
-    def advance(self, decoded: Decoded | None, process: Process) -> None:
-        """Process the batch held, after handing the worker ``decoded`` (if any).
+    def advance(self, records: Records | None, process: Process) -> None:
+        """Process the batch held, after handing the worker ``records`` (if any).
 
-        Without a worker, or when handing it over fails, ``decoded`` is processed here,
-        after the batch held: batches are always processed in the order handed in.
+        Without a worker, or when handing it over fails, ``records`` is decoded and
+        processed here, after the batch held: batches are always processed in the order
+        handed in.
         """
         ahead, self._ahead = self._ahead, None
-        sketched = self._result(ahead) if ahead is not None else None
-        if decoded is not None and self._submit(decoded):
-            self._ahead = decoded
-        if ahead is not None:
-            process(ahead, sketched)
-        if decoded is not None and self._ahead is not decoded:
-            process(decoded, None)
+        done = self._result(ahead) if ahead is not None else None
+        if records is not None and self._submit(records):
+            self._ahead = records
+        if done is not None:
+            process(*done)
+        if records is not None and self._ahead is not records:
+            process(self._decoder.decode(records), None)
 
     def drain(self, process: Process) -> None:
         """Process the batch held, if any (before partitions are revoked, or a stop)."""
         ahead, self._ahead = self._ahead, None
         if ahead is not None:
-            process(ahead, self._result(ahead))
+            process(*self._result(ahead))
 
     def take_back(self) -> list[Message]:
         """Give up the batch held without deciding it: its messages, to be collected again."""
         ahead, self._ahead = self._ahead, None
         if ahead is None:
             return []
-        if self._worker is not None and ahead.docs:
+        if self._worker is not None:
             self._worker.discard()
         return ahead.batch
 
@@ -89,25 +95,24 @@ class SketchAhead:
         if self._worker is not None:
             self._worker.close()
 
-    def _submit(self, decoded: Decoded) -> bool:
-        """Give the worker ``decoded``'s documents; False when they are sketched here."""
+    def _submit(self, records: Records) -> bool:
+        """Give the worker ``records``; False when they are decoded and sketched here."""
         if self._worker is None:
             return False
-        if not decoded.docs:
-            return True  # nothing to sketch; it still waits its turn
         try:
-            self._worker.submit([d.content for d in decoded.docs])
+            self._worker.submit(*self._decoder.request(records))
         except SketchWorkerError as exc:
             self._on_failure(exc)
             return False
         return True
 
-    def _result(self, decoded: Decoded) -> Sketch | None:
-        """The worker's sketch of ``decoded``, or None (then it is sketched in process)."""
-        if self._worker is None or not decoded.docs:
-            return None
+    def _result(self, records: Records) -> tuple[Decoded, Sketch | None]:
+        """``records`` decoded, with their sketch: the worker's, or (after it failed) None
+        and decoded here, to be sketched in process."""
+        assert self._worker is not None
         try:
-            return self._worker.result()
+            decoded, sketched = self._worker.result()
         except SketchWorkerError as exc:
             self._on_failure(exc)
-            return None
+            return self._decoder.decode(records), None
+        return self._decoder.assemble(records, decoded), sketched

@@ -7,6 +7,8 @@ the raw bytes, so the caller can report or dead-letter the record without losing
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
@@ -124,3 +126,54 @@ def document_from_record(
     except UnicodeDecodeError as exc:
         raise DecodeError("invalid_utf8", str(exc), value) from exc
     return Document(record_id(key, *position), content)
+
+
+@dataclass(frozen=True, slots=True)
+class RecordFormat:
+    """How a stream record becomes a document: :func:`document_from_record`'s settings.
+
+    A plain value, so the sketch worker (:mod:`stream_dedup.sketch_worker`) can be given
+    it and decode records exactly as the service process would.
+    """
+
+    document: DocumentFormat = field(default_factory=DocumentFormat)
+    text: bool = False
+    max_bytes: int | None = None
+
+
+#: A batch of records decoded: the documents' ids and contents, in order, and
+#: ``(position in the batch, reason, detail)`` of each record that did not decode.
+DecodedRecords = tuple[list[str], list[str], list[tuple[int, str, str]]]
+
+_NO_POSITION = ("", 0, 0)
+
+
+def decode_records(
+    values: Sequence[bytes | None],
+    keys: Sequence[bytes | None] | None,
+    positions: Sequence[tuple[str, int, int]] | None,
+    fmt: RecordFormat,
+) -> DecodedRecords:
+    """Decode a batch of records; ``keys`` and ``positions`` matter only for text records.
+
+    Plain lists in, plain lists out: what crosses to and from the sketch worker.
+    """
+    ids: list[str] = []
+    contents: list[str] = []
+    errors: list[tuple[int, str, str]] = []
+    for i, value in enumerate(values):
+        try:
+            doc = document_from_record(
+                value,
+                keys[i] if keys is not None else None,
+                positions[i] if positions is not None else _NO_POSITION,
+                fmt.document,
+                text=fmt.text,
+                max_bytes=fmt.max_bytes,
+            )
+        except DecodeError as exc:
+            errors.append((i, exc.reason, exc.detail))
+            continue
+        ids.append(doc.id)
+        contents.append(doc.content)
+    return ids, contents, errors

@@ -1,10 +1,10 @@
-"""A batch of consumed messages -> the records to produce: events and dead letters.
+"""A decoded batch -> the records to produce: events and dead letters.
 
-The service's step between consuming and checkpointing, in two calls: ``decode`` every
-message into a document (:mod:`stream_dedup.decode`), then ``build``: decide the documents
-in the batch's canonical order (:class:`~stream_dedup.dedup.Deduplicator`; their sketch may
-have been computed ahead, by :mod:`stream_dedup.sketch_worker`), and turn each verdict into
-an event (:mod:`stream_dedup.events`). Nothing here touches Kafka or writes the index; the result
+The service's step between decoding (:mod:`stream_dedup.inputs`) and checkpointing,
+:meth:`BatchOutputs.build`: decide the documents in the batch's canonical order
+(:class:`~stream_dedup.dedup.Deduplicator`; their sketch may have been computed ahead, by
+:mod:`stream_dedup.sketch_worker`), and turn each verdict into an event
+(:mod:`stream_dedup.events`). Nothing here touches Kafka or writes the index; the result
 goes to :meth:`stream_dedup.checkpoint.Checkpoint.commit`.
 
 Bad input never stops a batch: a message that cannot be decoded, a document whose
@@ -17,47 +17,16 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 
-from confluent_kafka import Message
-
 from stream_dedup.checkpoint import Rejected, empty_result
-from stream_dedup.decode import document_from_record
 from stream_dedup.dedup import BatchResult, Deduplicator
-from stream_dedup.errors import DecodeError
 from stream_dedup.events import OutRecord, Source, dead_letter, document_json, event
+from stream_dedup.inputs import Decoded
 from stream_dedup.metrics import Metrics
 from stream_dedup.models import Document
 from stream_dedup.service_config import ServiceConfig
 from stream_dedup.sketch import Sketch
 
 log = logging.getLogger("stream_dedup.service")
-
-
-def source_of(msg: Message) -> Source:
-    """The position and contents of a consumed (error-free) message."""
-    topic, partition, offset = msg.topic(), msg.partition(), msg.offset()
-    assert topic is not None and partition is not None and offset is not None
-    ts_type, ts = msg.timestamp()
-    headers = msg.headers() or []
-    return Source(
-        topic,
-        partition,
-        offset,
-        ts if ts_type else None,
-        msg.key(),
-        msg.value(),
-        list(headers.items()) if isinstance(headers, dict) else list(headers),
-    )
-
-
-@dataclass(frozen=True, slots=True)
-class Decoded:
-    """A batch (in the canonical order) decoded: its documents with their sources, in
-    order, and the messages that did not decode (dead letters once the batch is built)."""
-
-    batch: list[Message]
-    docs: list[Document]
-    sources: list[Source]
-    undecodable: list[tuple[Source, DecodeError]]
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,30 +46,7 @@ class BatchOutputs:
         self.config = config
         self.dedup = dedup
         self.metrics = metrics
-        self._fmt = config.input.document_format()
         self._text = config.input.format == "text"
-
-    def decode(self, batch: list[Message]) -> Decoded:
-        """Decode ``batch`` (already in the canonical order); bad messages become dead letters."""
-        cfg = self.config
-        decoded = Decoded(batch, [], [], [])
-        for msg in batch:
-            source = source_of(msg)
-            try:
-                doc = document_from_record(
-                    source.value,
-                    source.key,
-                    (source.topic, source.partition, source.offset),
-                    self._fmt,
-                    text=self._text,
-                    max_bytes=cfg.input.max_message_bytes,
-                )
-            except DecodeError as exc:
-                decoded.undecodable.append((source, exc))
-                continue
-            decoded.docs.append(doc)
-            decoded.sources.append(source)
-        return decoded
 
     def build(self, decoded: Decoded, sketched: Sketch | None = None) -> Outputs:
         """Decide the decoded batch and build its records.

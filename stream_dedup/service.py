@@ -43,6 +43,7 @@ from stream_dedup.collect import BatchCollector
 from stream_dedup.dedup import Deduplicator
 from stream_dedup.endpoints import HttpEndpoints
 from stream_dedup.index import DedupIndex, open_index
+from stream_dedup.inputs import BatchDecoder, Decoded, Records
 from stream_dedup.kafka import (
     BrokerWatch,
     DeliveryAbandonedError,
@@ -51,7 +52,7 @@ from stream_dedup.kafka import (
 )
 from stream_dedup.logs import fields
 from stream_dedup.metrics import Metrics
-from stream_dedup.outputs import BatchOutputs, Decoded
+from stream_dedup.outputs import BatchOutputs
 from stream_dedup.service_config import ServiceConfig
 from stream_dedup.sketch import Sketch
 from stream_dedup.sketch_worker import SketchWorkerError
@@ -91,6 +92,7 @@ class Service:
             self.index.counter("documents"),
             self.index.size_bytes(),
         )
+        self._inputs = BatchDecoder(config.input.record_format())
         self._outputs = BatchOutputs(config, self.dedup, self.metrics)
         strategy = config.kafka.get("partition.assignment.strategy", "")
         self._cooperative = (
@@ -173,7 +175,9 @@ class Service:
             )
             self.http.start()
         self._ahead = SketchAhead(  # the worker loads while we warm up
-            self.dedup.config if cfg.service.sketch_worker else None, self._worker_failed
+            self.dedup.config if cfg.service.sketch_worker else None,
+            self._inputs,
+            self._worker_failed,
         )
         ahead = self._ahead
         self.dedup.warm_up()
@@ -227,7 +231,7 @@ class Service:
                     if batch:
                         self._process(self._decode(batch), None)
                     continue
-                ahead.advance(self._decode(batch) if batch else None, self._process)
+                ahead.advance(self._read(batch) if batch else None, self._process)
             ahead.drain(self._process)
         except DeliveryAbandonedError as exc:
             log.warning(
@@ -262,14 +266,18 @@ class Service:
 
     # -- one batch -----------------------------------------------------------------------
 
+    def _read(self, batch: list[Message]) -> Records:
+        """The batch in the canonical order, with its sources (decoding starts from this)."""
+        return self._inputs.read(canonical_order(batch))
+
     def _decode(self, batch: list[Message]) -> Decoded:
-        """The batch in the canonical order, decoded (the first step of processing it)."""
-        return self._outputs.decode(canonical_order(batch))
+        """The batch in the canonical order, decoded here (the first step of processing it)."""
+        return self._inputs.decode(self._read(batch))
 
     def _worker_failed(self, exc: SketchWorkerError) -> None:
         self.metrics.sketch_worker_failures.inc()
         log.warning(
-            "sketch worker failed; this batch is sketched in the service process",
+            "sketch worker failed; this batch is decoded and sketched in the service process",
             extra=fields(
                 error=str(exc),
                 action="none: verdicts are unaffected; a dead worker is started again",

@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from stream_dedup.config import DedupConfig, DocumentFormat
+from stream_dedup.decode import RecordFormat
 from stream_dedup.errors import ConfigError
 from stream_dedup.shingles import ShingleSpec
 
@@ -56,6 +57,10 @@ class InputConfig:
 
     def document_format(self) -> DocumentFormat:
         return DocumentFormat(self.id_field, self.content_fields, self.joiner)
+
+    def record_format(self) -> RecordFormat:
+        """How a message becomes a document (see :func:`stream_dedup.decode.decode_records`)."""
+        return RecordFormat(self.document_format(), self.format == "text", self.max_message_bytes)
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,11 +1,12 @@
-"""Sketching in a helper process, one batch ahead of the service loop.
+"""Decoding and sketching in a helper process, one batch ahead of the service loop.
 
-Why a process: a batch's sketch (normalise, shingle, sign, band; :mod:`stream_dedup.sketch`)
-depends on its documents alone, not on the index, and it is about a quarter of the
+Why a process: decoding a batch's records (:func:`stream_dedup.decode.decode_records`) and
+sketching its documents (normalise, shingle, sign, band; :mod:`stream_dedup.sketch`)
+depend on the records alone, not on the index, and they are about a third of the
 service's CPU. The rest of the loop (index reads, deciding, the RocksDB write, producing)
 is Python that holds the interpreter lock, so a thread could not run the sketch beside it;
 a process on a second core can. While the loop decides and commits batch N, the worker
-sketches batch N+1, which the loop has already consumed and decoded.
+decodes and sketches batch N+1, which the loop has already consumed.
 
 The worker is a fresh interpreter (``python -m stream_dedup.sketch_worker``; forking a
 process that runs librdkafka threads and RocksDB is unsafe, and ``multiprocessing``'s
@@ -16,10 +17,11 @@ nothing is left running. It
 ignores SIGINT and SIGTERM, which stop the service, so that the batch in hand is still
 sketched during a graceful stop; :meth:`SketchWorker.close` ends it.
 
-Deciding is unchanged by where the sketch was computed: it is the same function of the
-same texts (tests check the verdicts are identical). If the worker fails (it raised on a
-batch, or it died), :meth:`SketchWorker.result` raises :class:`SketchWorkerError` and the
-caller sketches that batch itself; a dead worker is started again for the next batch.
+Deciding is unchanged by where the batch was decoded and sketched: the same functions of
+the same bytes (tests check the verdicts are identical). If the worker fails (it raised on
+a batch, or it died), :meth:`SketchWorker.result` raises :class:`SketchWorkerError` and
+the caller decodes and sketches that batch itself; a dead worker is started again for the
+next batch.
 """
 
 from __future__ import annotations
@@ -35,8 +37,9 @@ from collections.abc import Sequence
 from multiprocessing.connection import Connection
 
 from stream_dedup.config import DedupConfig
+from stream_dedup.decode import DecodedRecords, RecordFormat, decode_records
 from stream_dedup.shared import Envelope, SharedRegion, create_region_fd
-from stream_dedup.sketch import Sketch, pack, sketch, unpack
+from stream_dedup.sketch import PackedSketch, Sketch, pack, sketch, unpack
 
 log = logging.getLogger("stream_dedup.sketch_worker")
 
@@ -49,15 +52,17 @@ class SketchWorkerError(RuntimeError):
 
 
 def _serve(conn: Connection, region: SharedRegion) -> None:
-    """The worker's loop: its configuration, then texts in, packed sketches out, until EOF.
+    """The worker's loop: its settings, then records in, documents and sketches out, until EOF.
 
-    A sketch's arrays go through the shared ``region`` (:mod:`stream_dedup.shared`), the
-    rest through the pipe.
+    A reply goes through the shared ``region`` (:mod:`stream_dedup.shared`), which the
+    pipe only points at.
     """
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     try:
-        config: DedupConfig = conn.recv()
+        config: DedupConfig
+        records: RecordFormat
+        config, records = conn.recv()
     except (EOFError, OSError):
         return
     plan = config.band_plan()
@@ -68,11 +73,14 @@ def _serve(conn: Connection, region: SharedRegion) -> None:
         return  # the service is gone already
     while True:
         try:
-            texts = conn.recv()
+            values, keys, positions = conn.recv()
         except (EOFError, OSError):
             return
         try:
-            reply: tuple[str, object] = ("ok", region.put(pack(sketch(texts, config, plan))))
+            decoded = decode_records(values, keys, positions, records)
+            contents = decoded[1]
+            packed = pack(sketch(contents, config, plan)) if contents else None
+            reply: tuple[str, object] = ("ok", region.put((decoded, packed)))
         except Exception as exc:
             reply = ("error", f"{type(exc).__name__}: {exc}")
         try:
@@ -82,14 +90,16 @@ def _serve(conn: Connection, region: SharedRegion) -> None:
 
 
 class SketchWorker:
-    """One helper process that sketches one batch at a time (:meth:`submit`, :meth:`result`).
+    """One helper process that decodes and sketches one batch of records at a time
+    (:meth:`submit`, :meth:`result`).
 
     The process is started by the constructor and loads its kernels while the caller does
     other start-up work; the first :meth:`submit` waits until it is ready.
     """
 
-    def __init__(self, config: DedupConfig) -> None:
+    def __init__(self, config: DedupConfig, records: RecordFormat | None = None) -> None:
         self._config = config
+        self._records = records if records is not None else RecordFormat()
         self._conn: Connection | None = None
         self._region: SharedRegion | None = None
         self._proc: subprocess.Popen[bytes] | None = None
@@ -117,7 +127,7 @@ class SketchWorker:
             raise
         finally:
             child.close()
-        parent.send(self._config)
+        parent.send((self._config, self._records))
         self._conn, self._proc, self._ready, self._busy = parent, proc, False, False
         self._region = region
 
@@ -130,8 +140,14 @@ class SketchWorker:
         """Whether a submitted batch's result has not been taken yet."""
         return self._busy
 
-    def submit(self, texts: Sequence[str]) -> None:
-        """Start sketching ``texts``; take the result with :meth:`result` before the next."""
+    def submit(
+        self,
+        values: Sequence[bytes | None],
+        keys: Sequence[bytes | None] | None = None,
+        positions: Sequence[tuple[str, int, int]] | None = None,
+    ) -> None:
+        """Start decoding and sketching records (see :func:`decode_records`); take the
+        result with :meth:`result` before submitting the next batch."""
         if self._busy:
             raise RuntimeError("take the previous batch's result before submitting another")
         if self._proc is None or self._proc.poll() is not None:
@@ -146,14 +162,15 @@ class SketchWorker:
                 self._receive(START_TIMEOUT_S)
                 self._ready = True
             assert self._conn is not None
-            self._conn.send(list(texts))
+            self._conn.send((values, keys, positions))
         except (SketchWorkerError, OSError) as exc:
             self._stop()
             raise SketchWorkerError(f"sketch worker failed to start: {exc}") from exc
         self._busy = True
 
-    def result(self) -> Sketch:
-        """The sketch of the submitted texts; raises :class:`SketchWorkerError` on failure."""
+    def result(self) -> tuple[DecodedRecords, Sketch | None]:
+        """The submitted records decoded, and the sketch of their documents (None when
+        none decoded); raises :class:`SketchWorkerError` on failure."""
         if not self._busy:
             raise RuntimeError("no batch was submitted")
         self._busy = False
@@ -166,7 +183,9 @@ class SketchWorker:
             raise SketchWorkerError(f"sketch worker failed on the batch: {value}")
         assert self._region is not None
         envelope: Envelope = value  # type: ignore[assignment]
-        return unpack(self._region.take(envelope))
+        reply: tuple[DecodedRecords, PackedSketch | None] = self._region.take(envelope)
+        decoded, packed = reply
+        return decoded, (unpack(packed) if packed is not None else None)
 
     def discard(self) -> None:
         """Drop the result of the submitted batch, if any (its batch will not be decided)."""

@@ -1,7 +1,8 @@
-"""The sketch worker: a helper process whose sketches equal the service process's own."""
+"""The sketch worker: a helper process that decodes and sketches as the service process would."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -15,8 +16,9 @@ import pytest
 
 from stream_dedup.ahead import SketchAhead
 from stream_dedup.config import DedupConfig
-from stream_dedup.models import Document
-from stream_dedup.outputs import Decoded
+from stream_dedup.decode import RecordFormat, decode_records
+from stream_dedup.events import Source
+from stream_dedup.inputs import BatchDecoder, Decoded, Records
 from stream_dedup.sketch import Sketch, pack, sketch, unpack
 from stream_dedup.sketch_worker import SketchWorker, SketchWorkerError
 
@@ -45,45 +47,96 @@ def worker() -> Iterator[SketchWorker]:
     w.close()
 
 
+def record(doc_id: str, text: str) -> bytes:
+    return json.dumps({"id": doc_id, "text": text}).encode()
+
+
+BAD_RECORDS = [b"{not json", b'{"text": "no id"}', b"\xff\xfe", None, b'{"id": "x"}']
+
+
 def test_pack_round_trip(kijiji_ads: list[tuple[str, str]]) -> None:
     texts = [c for _, c in kijiji_ads[:300]] + EDGE_CASES
     sk = sketch(texts, CONFIG, CONFIG.band_plan())
     assert_same(unpack(pack(sk)), sk)
 
 
-def test_worker_sketches_equal_in_process(
+def test_worker_decodes_and_sketches_as_in_process(
     worker: SketchWorker, kijiji_ads: list[tuple[str, str]]
 ) -> None:
     plan = CONFIG.band_plan()
-    texts = [c for _, c in kijiji_ads]
-    for batch in (texts[:1000], texts[1000:] + EDGE_CASES, EDGE_CASES[:1]):
+    values: list[bytes | None] = [record(i, c) for i, c in kijiji_ads]
+    edge: list[bytes | None] = [record(f"e{i}", t) for i, t in enumerate(EDGE_CASES)]
+    mixed = values[:50] + BAD_RECORDS + values[50:60]
+    for batch in (values[:1000], values[1000:] + edge, edge[:1], mixed):
         worker.submit(batch)
         assert worker.busy
-        assert_same(worker.result(), sketch(batch, CONFIG, plan))
+        decoded, sketched = worker.result()
+        assert decoded == decode_records(batch, None, None, RecordFormat())
+        assert sketched is not None
+        assert_same(sketched, sketch(decoded[1], CONFIG, plan))
     assert not worker.busy
+    ids, contents, errors = decoded
+    assert len(ids) == len(contents) == 60
+    assert [(i, reason) for i, reason, _ in errors] == [
+        (50, "invalid_json"),
+        (51, "missing_id"),
+        (52, "invalid_utf8"),
+        (53, "missing_content"),
+        (54, "missing_content"),
+    ]
+
+
+def test_a_batch_with_no_document_has_no_sketch(worker: SketchWorker) -> None:
+    worker.submit(BAD_RECORDS)
+    decoded, sketched = worker.result()
+    assert decoded[:2] == ([], []) and len(decoded[2]) == len(BAD_RECORDS)
+    assert sketched is None
+
+
+def test_text_records_take_their_ids_from_keys_or_positions() -> None:
+    fmt = RecordFormat(text=True, max_bytes=20)
+    w = SketchWorker(CONFIG, fmt)
+    try:
+        values: list[bytes | None] = [b"keyed text", b"unkeyed text", b"x" * 21, b"\xff"]
+        keys: list[bytes | None] = [b"k1", None, None, None]
+        positions = [("news", 2, 7 + i) for i in range(4)]
+        w.submit(values, keys, positions)
+        decoded, sketched = w.result()
+    finally:
+        w.close()
+    assert decoded == (
+        ["k1", "news-2-8"],
+        ["keyed text", "unkeyed text"],
+        [
+            (2, "too_large", "value is 21 bytes, the maximum is 20"),
+            (3, "invalid_utf8", decoded[2][1][2]),
+        ],
+    )
+    assert sketched is not None and sketched.size == 2
 
 
 def test_a_batch_the_worker_fails_on_raises_and_the_worker_goes_on(worker: SketchWorker) -> None:
-    worker.submit(["fine", None])  # type: ignore[list-item]
+    worker.submit([record("a", "fine"), 5])  # type: ignore[list-item]
     with pytest.raises(SketchWorkerError, match="failed on the batch"):
         worker.result()
-    worker.submit(["still working"])
-    assert worker.result().size == 1
+    worker.submit([record("b", "still working")])
+    decoded, sketched = worker.result()
+    assert decoded[0] == ["b"] and sketched is not None and sketched.size == 1
 
 
 def test_a_killed_worker_is_reported_then_started_again() -> None:
     w = SketchWorker(CONFIG)
     try:
-        w.submit(["first batch"])
+        w.submit([record("a", "first batch")])
         w.result()
         pid = w.pid
         assert pid is not None
-        w.submit(["a batch the worker never answers"])
+        w.submit([record("b", "a batch the worker never answers")])
         os.kill(pid, signal.SIGKILL)
         with pytest.raises(SketchWorkerError, match="exited"):
             w.result()
-        w.submit(["after the restart"])
-        assert w.result().size == 1
+        w.submit([record("c", "after the restart")])
+        assert w.result()[0][0] == ["c"]
         assert w.pid != pid
     finally:
         w.close()
@@ -97,7 +150,8 @@ def test_the_worker_exits_when_its_parent_is_killed() -> None:
             "import sys, time\n"
             "from stream_dedup.config import DedupConfig\n"
             "from stream_dedup.sketch_worker import SketchWorker\n"
-            "w = SketchWorker(DedupConfig()); w.submit(['ready?']); w.result()\n"
+            'w = SketchWorker(DedupConfig()); w.submit([b\'{"id": 1, "text": "ready?"}\'])\n'
+            "w.result()\n"
             "print(w.pid, flush=True); time.sleep(600)\n",
         ],
         stdout=subprocess.PIPE,
@@ -132,29 +186,35 @@ def _alive(pid: int) -> bool:
     return state != "Z"
 
 
-def _decoded(name: str, texts: list[str]) -> Decoded:
-    docs = [Document(f"{name}-{i}", t) for i, t in enumerate(texts)]
-    return Decoded([], docs, [], [])
+DECODER = BatchDecoder(RecordFormat())
+
+
+def _records(name: str, texts: list[str]) -> Records:
+    sources = [
+        Source("in", 0, i, None, None, record(f"{name}-{i}", t), []) for i, t in enumerate(texts)
+    ]
+    return Records([], sources)
 
 
 @pytest.mark.parametrize("with_worker", [True, False])
 def test_sketch_ahead_processes_in_order_with_the_right_sketch(with_worker: bool) -> None:
     failures: list[SketchWorkerError] = []
-    ahead = SketchAhead(CONFIG if with_worker else None, failures.append)
+    ahead = SketchAhead(CONFIG if with_worker else None, DECODER, failures.append)
     seen: list[tuple[str, Sketch | None]] = []
 
     def process(decoded: Decoded, sketched: Sketch | None) -> None:
         name = decoded.docs[0].id.split("-")[0] if decoded.docs else "empty"
+        assert decoded == DECODER.decode(Records(decoded.batch, all_sources(decoded)))
         if sketched is not None:
             want = sketch([d.content for d in decoded.docs], CONFIG, CONFIG.band_plan())
             assert_same(sketched, want)
         seen.append((name, sketched))
 
     try:
-        ahead.advance(_decoded("a", ["one text", "two texts"]), process)
+        ahead.advance(_records("a", ["one text", "two texts"]), process)
         assert ahead.holding == with_worker
-        ahead.advance(_decoded("b", ["three"]), process)
-        ahead.advance(Decoded([], [], [], []), process)
+        ahead.advance(_records("b", ["three"]), process)
+        ahead.advance(Records([], []), process)
         ahead.advance(None, process)
         ahead.drain(process)
         assert not ahead.holding
@@ -165,15 +225,37 @@ def test_sketch_ahead_processes_in_order_with_the_right_sketch(with_worker: bool
     assert failures == []
 
 
-def test_take_back_returns_the_undecided_batch() -> None:
-    ahead = SketchAhead(CONFIG, lambda exc: None)
+def all_sources(decoded: Decoded) -> list[Source]:
+    """The decoded batch's sources, good and bad, in their original order."""
+    return sorted(decoded.sources + [s for s, _ in decoded.undecodable], key=lambda s: s.offset)
+
+
+def test_sketch_ahead_dead_letters_what_the_worker_could_not_decode() -> None:
+    ahead = SketchAhead(CONFIG, DECODER, lambda exc: pytest.fail(str(exc)))
+    seen: list[Decoded] = []
     try:
-        held = _decoded("held", ["text"])
+        good = _records("g", ["a text", "another text"]).sources
+        bad = Source("in", 0, 9, None, b"k", b"{broken", [("h", b"v")])
+        ahead.advance(Records([], [good[0], bad, good[1]]), lambda d, s: None)
+        ahead.drain(lambda d, s: seen.append(d))
+    finally:
+        ahead.close()
+    (decoded,) = seen
+    assert [d.id for d in decoded.docs] == ["g-0", "g-1"]
+    assert decoded.sources == good
+    ((source, error),) = decoded.undecodable
+    assert source is bad and error.reason == "invalid_json" and error.raw == b"{broken"
+
+
+def test_take_back_returns_the_undecided_batch() -> None:
+    ahead = SketchAhead(CONFIG, DECODER, lambda exc: None)
+    try:
+        held = _records("held", ["text"])
         ahead.advance(held, lambda d, s: pytest.fail("nothing should be processed"))
         assert ahead.holding
         assert ahead.take_back() is held.batch
         assert not ahead.holding
-        ahead.advance(_decoded("next", ["more"]), lambda d, s: None)  # the pipe is in step
+        ahead.advance(_records("next", ["more"]), lambda d, s: None)  # the pipe is in step
         seen: list[Sketch | None] = []
         ahead.drain(lambda d, s: seen.append(s))
         assert seen and seen[0] is not None and seen[0].size == 1
