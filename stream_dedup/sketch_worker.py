@@ -36,6 +36,7 @@ import time
 from collections.abc import Sequence
 from multiprocessing.connection import Connection
 
+from stream_dedup.allocator import keep_freed_memory
 from stream_dedup.config import DedupConfig
 from stream_dedup.decode import DecodedRecords, RecordFormat, decode_records
 from stream_dedup.shared import Envelope, SharedRegion, create_region_fd
@@ -232,7 +233,14 @@ class SketchWorker:
 
 
 def main() -> None:
-    """Entry point of the worker process: argv[1] is the pipe's descriptor, argv[2] the region's."""
+    """Entry point of the worker process: argv[1] is the pipe's descriptor, argv[2] the region's.
+
+    The worker owns its process, so it keeps freed memory for the next batch
+    (:mod:`stream_dedup.allocator`): each batch allocates some 50 MB of arrays, and
+    without this every batch pays a page fault per 4 KiB of them (~30% of the worker's
+    time per batch of news articles).
+    """
+    keep_freed_memory()
     _serve(Connection(int(sys.argv[1])), SharedRegion(int(sys.argv[2])))
 
 
