@@ -32,7 +32,7 @@ from typing import Any
 
 import orjson
 
-from stream_dedup.models import Verdict
+from stream_dedup.models import Verdict, VerdictKind
 
 Headers = list[tuple[str, str | bytes | None]]
 
@@ -51,6 +51,9 @@ DLQ_OFFSET = "__connect.errors.offset"
 DLQ_STAGE = "__connect.errors.stage"
 DLQ_EXCEPTION_CLASS = "__connect.errors.exception.class.name"
 DLQ_EXCEPTION_MESSAGE = "__connect.errors.exception.message"
+
+
+_KIND_BYTES = {kind: kind.encode() for kind in VerdictKind}
 
 
 @dataclass(slots=True)  # not frozen: built per message (see index.records.DocRecord)
@@ -111,7 +114,7 @@ def event(verdict: Verdict, source: Source, document: bytes | None, topic: str) 
     if document is not None:
         value = b"".join((value[:-1], b',"document":', document, b"}"))
     headers: Headers = [
-        (HEADER_VERDICT, verdict.verdict.value.encode()),
+        (HEADER_VERDICT, _KIND_BYTES[verdict.verdict]),
         (HEADER_CLUSTER, verdict.cluster_id.encode("utf-8", "surrogatepass")),
     ]
     if verdict.duplicate_of is not None:

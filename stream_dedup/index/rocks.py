@@ -10,7 +10,9 @@ opener gets :class:`~stream_dedup.errors.IndexLockedError`.
 from __future__ import annotations
 
 import os
+from collections import deque
 from collections.abc import Iterator, Mapping, Sequence
+from itertools import starmap
 from pathlib import Path
 
 from rocksdict import (
@@ -108,10 +110,10 @@ class RocksBackend:
         # one, which makes a batch of ~20k keys several times cheaper to apply.
         batch = WriteBatch(raw_mode=True)
         put = batch.put
-        for key in sorted(puts):  # keys alone: sorting (key, value) pairs is 3x slower
-            put(key, puts[key])
-        for key, value in ordered:
-            put(key, value)
+        keys = sorted(puts)  # keys alone: sorting (key, value) pairs is 3x slower
+        # map() drives the ~40,000 puts from C: a Python for loop costs as much again.
+        deque(map(put, keys, map(puts.__getitem__, keys)), maxlen=0)
+        deque(starmap(put, ordered), maxlen=0)
         return batch
 
     def apply(self, prepared: WriteBatch) -> None:
