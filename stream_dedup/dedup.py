@@ -3,7 +3,9 @@
 ``decide(docs)`` reads the committed index (one batched read for replayed ids, exact-text
 digests and band buckets, one for candidate records) and decides the documents in order
 against everything before them *including earlier documents of the same batch*: pending
-writes live in an overlay that later documents of the batch read first. Nothing is
+writes live in an overlay that later documents of the batch read first (for band
+buckets, :class:`~stream_dedup.buckets.BatchBuckets`, which looks only at the buckets a
+batch shares with the index or within itself). Nothing is
 written until ``commit(result, offsets)``, which hands all of the batch's records,
 counters and the input offsets to one atomic index write. Deciding the same batch again
 over the same committed index gives identical verdicts, which is what makes a replay
