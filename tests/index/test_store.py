@@ -23,6 +23,7 @@ from stream_dedup.index import (
     Backend,
     DedupIndex,
     IndexParams,
+    MemoryBackend,
     keys,
     open_index,
 )
@@ -143,9 +144,9 @@ class RecordingBackend:
     def prepare(
         self, puts: Mapping[bytes, bytes], ordered: Sequence[tuple[bytes, bytes]] = ()
     ) -> dict[bytes, bytes]:
-        prepared = dict(puts)
-        prepared.update(ordered)
-        return prepared
+        # A plain dict of the puts, as the in-memory backend prepares them (it keeps no
+        # state for that); apply() then records and forwards it as one write.
+        return MemoryBackend().prepare(puts, ordered)
 
     def apply(self, prepared: dict[bytes, bytes]) -> None:
         self.write(prepared)
