@@ -95,8 +95,9 @@ class BatchBuckets:
 
     def puts(
         self, keys: list[bytes], order: npt.NDArray[np.intp], docnum_at: list[int]
-    ) -> list[tuple[bytes, bytes]]:
-        """The bucket writes of the indexed documents (``docnum_at`` >= 0), in key order.
+    ) -> tuple[list[tuple[bytes, bytes]], npt.NDArray[np.intp]]:
+        """The bucket writes of the indexed documents (``docnum_at`` >= 0), in key order,
+        and the positions in ``keys`` of the keys written.
 
         ``keys`` are the batch's bucket keys and ``order`` their ascending order
         (:func:`stream_dedup.index.keys.bucket_order`). Each bucket is written once.
@@ -104,7 +105,7 @@ class BatchBuckets:
         per_key = np.repeat(np.asarray(docnum_at, dtype=np.int64), self._bands)
         chosen = order[per_key[order] >= 0]
         if chosen.size == 0:
-            return []
+            return [], chosen
         # Equal keys sit side by side in key order: keep the first of each run.
         slots = self._slot[chosen]
         first = np.ones(chosen.size, dtype=bool)
@@ -119,4 +120,4 @@ class BatchBuckets:
         patched = where[written]
         for k, s in zip(patched.tolist(), slots[patched].tolist(), strict=True):
             values[k] = contents[s]  # type: ignore[assignment]  # appended: bytes
-        return list(zip(in_order(keys, chosen), values, strict=True))
+        return list(zip(in_order(keys, chosen), values, strict=True)), chosen

@@ -28,8 +28,9 @@ import numpy as np
 from stream_dedup.buckets import BatchBuckets
 from stream_dedup.config import DedupConfig
 from stream_dedup.errors import IndexCorruptError
-from stream_dedup.hashing import U32
+from stream_dedup.hashing import U32, U64
 from stream_dedup.index import keys
+from stream_dedup.index.filter import BucketFilter, bucket_fingerprints
 from stream_dedup.index.records import (
     DocRecord,
     decode_doc,
@@ -61,7 +62,8 @@ class BatchResult:
     """Verdicts of a batch plus everything its commit will write.
 
     ``bucket_puts`` are the band buckets' new contents, in ascending key order (RocksDB
-    inserts a run of ascending keys several times faster), apart from the other ``puts``.
+    inserts a run of ascending keys several times faster), apart from the other ``puts``,
+    and ``bucket_fingerprints`` their keys' fingerprints for the index's bucket filter.
     """
 
     verdicts: list[Verdict]
@@ -69,6 +71,7 @@ class BatchResult:
     bucket_puts: list[tuple[bytes, bytes]]
     counter_deltas: dict[str, int]
     stats: BatchStats
+    bucket_fingerprints: U64 = field(default_factory=lambda: np.empty(0, dtype=np.uint64))
 
 
 class Deduplicator:
@@ -88,10 +91,12 @@ class Deduplicator:
         compiles it, the first time on a machine): close to a second that would otherwise
         land on the latency of the first documents. Deciding a throw-away pair of texts
         (one near-duplicate of the other) runs every kernel the configuration uses; the
-        index is not touched.
+        index is read, to build its bucket filter now, but not written.
         """
         texts = ["warm-up text for the compiled kernels", "warm-up text for the kernels"]
         sk = sketch(texts, self.config, self.plan)
+        BucketFilter(0).add(bucket_fingerprints(sk.bucket_keys))
+        self.index.load_filter()  # a scan of the index's buckets
         if self._exact and len(sk.sets) == 2:
             # Stored sets are read-only buffers: a distinct compiled signature.
             exact_jaccard(sk.sets[0], np.frombuffer(sk.sets[1].tobytes(), dtype="<u4"))
@@ -115,7 +120,11 @@ class Deduplicator:
     ) -> PendingCommit:
         """The write :meth:`commit` makes, built for a later ``index.apply``."""
         return self.index.prepare(
-            result.puts, result.counter_deltas, offsets, ordered=result.bucket_puts
+            result.puts,
+            result.counter_deltas,
+            offsets,
+            ordered=result.bucket_puts,
+            ordered_fingerprints=result.bucket_fingerprints,
         )
 
     def sketch(self, docs: Sequence[Document]) -> Sketch:
@@ -136,13 +145,14 @@ class Deduplicator:
         nb = self.plan.bands
 
         vkeys = [keys.verdict_key(d.id) for d in docs]
-        read = self.index.read(vkeys + xkeys + bkeys)
-        nv, nx = len(vkeys), len(xkeys)
+        read = self.index.read(vkeys + xkeys)
+        nv = len(vkeys)
         # Verdicts and exact digests: committed values, overlaid with the batch's writes
         # (an id or a text may repeat within the batch).
         vdb: dict[bytes, bytes | None] = dict(zip(vkeys, read[:nv], strict=True))
-        xdb: dict[bytes, bytes | None] = dict(zip(xkeys, read[nv : nv + nx], strict=True))
-        held_at = BatchBuckets(read[nv + nx :], sk.bucket_shared, nb)
+        xdb: dict[bytes, bytes | None] = dict(zip(xkeys, read[nv:], strict=True))
+        committed = self.index.read_buckets(bkeys, sk.bucket_fingerprints)
+        held_at = BatchBuckets(committed, sk.bucket_shared, nb)
 
         records = self._prefetch_records(xdb.values(), held_at.committed_values())
         next_docnum = self.index.counter("indexed")
@@ -211,8 +221,9 @@ class Deduplicator:
             deltas["documents"] += 1
             puts[vkey] = vdb[vkey] = encode_verdict(verdict)
             verdicts.append(verdict)
-        bucket_puts = held_at.puts(bkeys, sk.bucket_order, docnum_at)
-        return BatchResult(verdicts, puts, bucket_puts, deltas, stats)
+        bucket_puts, written = held_at.puts(bkeys, sk.bucket_order, docnum_at)
+        fps = sk.bucket_fingerprints[written]
+        return BatchResult(verdicts, puts, bucket_puts, deltas, stats, fps)
 
     def _prefetch_records(
         self, exact: Iterable[bytes | None], buckets: list[bytes]

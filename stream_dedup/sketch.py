@@ -25,8 +25,9 @@ import numpy.typing as npt
 from stream_dedup import kernels
 from stream_dedup.bands import BandPlan, band_hashes
 from stream_dedup.config import DedupConfig
-from stream_dedup.hashing import POLY, U32, mix_seed
+from stream_dedup.hashing import POLY, U32, U64, mix_seed
 from stream_dedup.index import keys
+from stream_dedup.index.filter import fingerprints
 from stream_dedup.normalize import normalize
 from stream_dedup.shingles import SHINGLE_SALT, full_gram_bias, shingle_sets
 from stream_dedup.signature import SIG_DTYPE, densify, signatures
@@ -43,7 +44,10 @@ class Sketch:
     empty unless verification is exact. ``bucket_order`` lists the positions in
     ``bucket_keys`` of its keys in ascending byte order (:func:`keys.bucket_order`), and
     ``bucket_shared`` the ``(position, first position)`` pairs of keys that occur more than
-    once in the batch (:func:`keys.bucket_shared`).
+    once in the batch (:func:`keys.bucket_shared`). ``bucket_fingerprints`` are the bucket
+    keys' fingerprints for the index's bucket filter
+    (:func:`~stream_dedup.index.filter.bucket_fingerprints`), computed here, off the
+    deciding process.
     """
 
     size: int
@@ -54,6 +58,7 @@ class Sketch:
     exact_keys: list[bytes]
     bucket_order: npt.NDArray[np.intp]
     bucket_shared: npt.NDArray[np.intp]
+    bucket_fingerprints: U64
 
 
 def content_digest(utf8: bytes) -> bytes:
@@ -78,6 +83,9 @@ def sketch(texts: Sequence[str], config: DedupConfig, plan: BandPlan) -> Sketch:
         exact_keys=[keys.exact_key(d) for d in digests],
         bucket_order=order,
         bucket_shared=keys.bucket_shared(hashes, order),
+        bucket_fingerprints=fingerprints(
+            np.tile(np.arange(plan.bands, dtype=np.uint16), hashes.shape[0]), hashes.reshape(-1)
+        ),
     )
 
 
@@ -92,6 +100,7 @@ PackedSketch = tuple[
     list[bytes],
     npt.NDArray[np.intp],
     npt.NDArray[np.intp],
+    U64,
 ]
 
 
@@ -109,15 +118,16 @@ def pack(sk: Sketch) -> PackedSketch:
         sk.exact_keys,
         sk.bucket_order,
         sk.bucket_shared,
+        sk.bucket_fingerprints,
     )
 
 
 def unpack(packed: PackedSketch) -> Sketch:
     """The :class:`Sketch` that :func:`pack` was given."""
-    size, live, flat, sizes, sigs, bucket_keys, exact_keys, order, shared = packed
+    size, live, flat, sizes, sigs, bucket_keys, exact_keys, order, shared, fps = packed
     at = (np.cumsum(sizes) - sizes).tolist()
     sets = [flat[a : a + c] for a, c in zip(at, sizes.tolist(), strict=True)]
-    return Sketch(size, live, sets, sigs, bucket_keys, exact_keys, order, shared)
+    return Sketch(size, live, sets, sigs, bucket_keys, exact_keys, order, shared, fps)
 
 
 def _sketch_char(

@@ -55,6 +55,10 @@ class Backend(Protocol):
         """Every (key, value) whose key starts with ``prefix``, in key order."""
         ...
 
+    def scan_keys(self, prefix: bytes) -> Iterator[bytes]:
+        """Every key that starts with ``prefix``, in key order (values not read)."""
+        ...
+
     def size_bytes(self) -> int:
         """Approximate bytes used (on disk for RocksDB, in memory for the dict)."""
         ...

@@ -16,6 +16,8 @@ and a bucket stays eight bytes per member.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import numpy as np
 import numpy.typing as npt
 
@@ -47,6 +49,20 @@ def bucket_keys(band_hashes: U64) -> list[bytes]:
     # An unstructured void view turns into whole ``bytes`` per key (trailing NULs kept).
     keys: list[bytes] = packed.view(f"V{_BAND_DTYPE.itemsize}").tolist()
     return keys
+
+
+def parse_bucket_keys(bucket_keys: Sequence[bytes]) -> npt.NDArray[np.void]:
+    """Bucket keys back to a structured array with fields ``band`` and ``h``.
+
+    Raises ``ValueError`` if any key is not a bucket key.
+    """
+    joined = b"".join(bucket_keys)
+    if len(joined) != len(bucket_keys) * _BAND_DTYPE.itemsize:
+        raise ValueError("not all of these keys are bucket keys (11 bytes each)")
+    parsed = np.frombuffer(joined, dtype=_BAND_DTYPE)
+    if not (parsed["p"] == BUCKET).all():
+        raise ValueError("not all of these keys are bucket keys (prefix b)")
+    return parsed
 
 
 def bucket_order(band_hashes: U64) -> npt.NDArray[np.intp]:

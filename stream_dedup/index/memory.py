@@ -41,6 +41,10 @@ class MemoryBackend:
         for key in sorted(k for k in self._data if k.startswith(prefix)):
             yield key, self._data[key]
 
+    def scan_keys(self, prefix: bytes) -> Iterator[bytes]:
+        for key, _ in self.scan_prefix(prefix):
+            yield key
+
     def size_bytes(self) -> int:
         return self._bytes
 

@@ -15,16 +15,29 @@ plain ``(topic, partition) -> (start, end)`` pairs: the index knows nothing of K
 from __future__ import annotations
 
 import json
+import logging
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from itertools import islice
+from operator import itemgetter
 from pathlib import Path
 
+import numpy as np
+
 from stream_dedup.errors import IndexMismatchError, IndexStoreError
+from stream_dedup.hashing import U64
 from stream_dedup.index import keys
 from stream_dedup.index.backend import Backend, PreparedWrite
+from stream_dedup.index.filter import BucketFilter, bucket_fingerprints
 from stream_dedup.index.memory import MemoryBackend
 from stream_dedup.index.params import IndexParams
 from stream_dedup.index.rocks import RocksBackend
+
+log = logging.getLogger("stream_dedup.index")
+
+#: Bucket keys fingerprinted at a time while the bucket filter is built.
+_FILTER_CHUNK = 1 << 18
 
 #: Counters kept in the index, updated in the same write as the records they count.
 COUNTERS = ("documents", "indexed", "duplicates", "empty")
@@ -53,6 +66,7 @@ class PendingCommit:
     write: PreparedWrite
     counters: dict[str, int]
     after_writes: int
+    bucket_fingerprints: U64
 
 
 class DedupIndex:
@@ -83,6 +97,7 @@ class DedupIndex:
         }
         self._intent_pending = self.intent() is not None
         self._writes = 0  # batch writes so far: a prepared commit is valid for one value
+        self._filter: BucketFilter | None = None  # built on first use: see load_filter
 
     @property
     def params(self) -> IndexParams:
@@ -99,6 +114,56 @@ class DedupIndex:
     def read(self, keys_: Sequence[bytes]) -> list[bytes | None]:
         """One batched read of committed values."""
         return self._backend.get_many(keys_)
+
+    def read_buckets(
+        self, bucket_keys: Sequence[bytes], fingerprints: U64 | None = None
+    ) -> list[bytes | None]:
+        """Committed band buckets for ``bucket_keys`` (``None``: no such bucket).
+
+        Only the keys the bucket filter cannot rule out are read (see
+        :mod:`stream_dedup.index.filter`); the answer is what :meth:`read` would give.
+        ``fingerprints`` are the keys' :func:`bucket_fingerprints` when the caller has them.
+        """
+        if fingerprints is None:
+            fingerprints = bucket_fingerprints(bucket_keys)
+        elif fingerprints.size != len(bucket_keys):
+            raise ValueError("one fingerprint per bucket key is needed")
+        maybe = np.flatnonzero(self.load_filter().may_hold(fingerprints))
+        values: list[bytes | None] = [None] * len(bucket_keys)
+        if maybe.size:
+            where = maybe.tolist()
+            wanted = [bucket_keys[i] for i in where]
+            for i, value in zip(where, self._backend.get_many(wanted), strict=True):
+                values[i] = value
+        return values
+
+    def load_filter(self) -> BucketFilter:
+        """The bucket filter, built from a scan of the index's bucket keys the first time.
+
+        Sized for twice the buckets the index can hold now (``bands`` per indexed
+        document). Every later write adds its bucket keys (:meth:`apply`), so the filter
+        never misses a committed bucket.
+        """
+        if self._filter is not None:
+            return self._filter
+        started = time.perf_counter()
+        filt = BucketFilter(2 * self._counters["indexed"] * self._params.bands)
+        scan = self._backend.scan_keys(keys.BUCKET)
+        while chunk := list(islice(scan, _FILTER_CHUNK)):
+            filt.add(bucket_fingerprints(chunk))
+        self._filter = filt
+        if filt.count:
+            log.info(
+                "bucket filter built from the index",
+                extra={
+                    "fields": {
+                        "buckets": filt.count,
+                        "bytes": filt.nbytes,
+                        "seconds": round(time.perf_counter() - started, 3),
+                    }
+                },
+            )
+        return filt
 
     def commit(
         self,
@@ -120,13 +185,15 @@ class DedupIndex:
         offsets: Mapping[tuple[str, int], int] | None = None,
         *,
         ordered: Sequence[tuple[bytes, bytes]] = (),
+        ordered_fingerprints: U64 | None = None,
     ) -> PendingCommit:
         """The write :meth:`commit` would make, built but not applied (see :meth:`apply`).
 
         ``ordered`` are more puts in ascending key order (see
-        :meth:`~stream_dedup.index.backend.Backend.prepare`). Nothing may be written to the
-        index between ``prepare`` and ``apply``: the counters and the intent to clear are
-        read now.
+        :meth:`~stream_dedup.index.backend.Backend.prepare`), and ``ordered_fingerprints``
+        their keys' :func:`bucket_fingerprints` when the caller has them. Nothing may be
+        written to the index between ``prepare`` and ``apply``: the counters and the intent
+        to clear are read now.
         """
         batch = dict(puts)
         new_counters = dict(self._counters)
@@ -137,13 +204,26 @@ class DedupIndex:
             batch[keys.offset_key(topic, partition)] = offset.to_bytes(8, "little")
         if self._intent_pending:
             batch[keys.INTENT] = b""  # the backend has no delete; empty means "none"
-        return PendingCommit(self._backend.prepare(batch, ordered), new_counters, self._writes)
+        # Every bucket key written reaches the filter, however it was handed in.
+        fps = bucket_fingerprints([k for k in batch if k[:1] == keys.BUCKET])
+        if ordered_fingerprints is None:
+            ordered_fingerprints = bucket_fingerprints(list(map(itemgetter(0), ordered)))
+        elif ordered_fingerprints.size != len(ordered):
+            raise ValueError("one fingerprint per ordered put is needed")
+        return PendingCommit(
+            self._backend.prepare(batch, ordered),
+            new_counters,
+            self._writes,
+            np.concatenate([fps, ordered_fingerprints]),
+        )
 
     def apply(self, pending: PendingCommit) -> None:
         """Apply a prepared commit: the atomic write, and the new counters in memory."""
         if pending.after_writes != self._writes:
             raise RuntimeError("the index was written after this commit was prepared")
         self._backend.apply(pending.write)
+        if self._filter is not None:  # not built yet: its scan will see these buckets
+            self._filter.add(pending.bucket_fingerprints)
         self._counters = pending.counters
         self._intent_pending = False
         self._writes += 1

@@ -10,6 +10,7 @@ import pytest
 
 from stream_dedup.config import DedupConfig
 from stream_dedup.generate import StreamSpec, generate
+from stream_dedup.index.filter import bucket_fingerprints
 from stream_dedup.kernels import WHITESPACE
 from stream_dedup.shingles import ShingleSpec
 from stream_dedup.sketch import _sketch_char, _sketch_numpy, sketch
@@ -88,3 +89,5 @@ def test_sketch_lines_up_live_documents_with_their_keys() -> None:
     assert sk.sigs.shape == (2, config.num_perm)
     assert len(sk.bucket_keys) == 2 * config.band_plan().bands
     assert len(sk.exact_keys) == len(sk.sets) == 2
+    # The fingerprints the worker computes from the band hashes are the keys' own.
+    assert np.array_equal(sk.bucket_fingerprints, bucket_fingerprints(sk.bucket_keys))

@@ -35,6 +35,7 @@ def assert_same(got: Sketch, want: Sketch) -> None:
     assert got.exact_keys == want.exact_keys
     assert np.array_equal(got.bucket_order, want.bucket_order)
     assert np.array_equal(got.bucket_shared, want.bucket_shared)
+    assert np.array_equal(got.bucket_fingerprints, want.bucket_fingerprints)
     assert len(got.sets) == len(want.sets)
     for a, b in zip(got.sets, want.sets, strict=True):
         assert np.array_equal(a, b)

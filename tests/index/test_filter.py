@@ -1,0 +1,137 @@
+"""The bucket filter: no false negatives, the false-positive rate it is sized for, and an
+index whose filtered bucket reads equal plain reads, before and after a reopen."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from stream_dedup.config import DedupConfig
+from stream_dedup.dedup import Deduplicator
+from stream_dedup.index import Backend, DedupIndex, RocksBackend, keys
+from stream_dedup.index.filter import (
+    BITS_PER_KEY,
+    MIN_CAPACITY,
+    BucketFilter,
+    bucket_fingerprints,
+)
+from stream_dedup.models import Document
+
+
+def random_keys(n: int, seed: int, bands: int = 18) -> list[bytes]:
+    rng = np.random.default_rng(seed)
+    hashes = rng.integers(0, np.iinfo(np.uint64).max, size=(n, bands), dtype=np.uint64)
+    return keys.bucket_keys(hashes)
+
+
+def false_positive_rate(filt: BucketFilter, seed: int) -> float:
+    probes = random_keys(20_000, seed)  # 360,000 keys never added
+    return float(filt.may_hold(bucket_fingerprints(probes)).mean())
+
+
+def test_every_added_key_is_held_and_the_false_positive_rate_is_as_sized() -> None:
+    filt = BucketFilter(0)
+    added = random_keys(MIN_CAPACITY // 18, seed=1)  # fills the filter to its capacity
+    filt.add(bucket_fingerprints(added))
+    assert filt.layers == 1 and filt.count == len(added)
+    assert filt.nbytes == MIN_CAPACITY * BITS_PER_KEY // 8
+    assert filt.may_hold(bucket_fingerprints(added)).all()
+    # Split block Bloom filters at 10 bits per key: about 1% (0.8% in theory, full).
+    assert 0.002 < false_positive_rate(filt, seed=2) < 0.015
+
+
+def test_a_full_filter_grows_a_layer_and_still_holds_every_key() -> None:
+    filt = BucketFilter(0)
+    batches = [random_keys(20_000, seed=10 + i) for i in range(8)]  # 2.9 M keys
+    for batch in batches:
+        filt.add(bucket_fingerprints(batch))
+    assert filt.layers == 2
+    assert filt.count == sum(map(len, batches))
+    for batch in batches:
+        assert filt.may_hold(bucket_fingerprints(batch)).all()
+    assert false_positive_rate(filt, seed=3) < 0.02
+
+
+def test_an_empty_filter_holds_nothing() -> None:
+    filt = BucketFilter(5)
+    assert not filt.may_hold(bucket_fingerprints(random_keys(1000, seed=4))).any()
+    assert filt.may_hold(bucket_fingerprints([])).size == 0
+
+
+def test_fingerprints_separate_bands_and_refuse_other_keys() -> None:
+    same_hash = np.full((1, 4), 12345, dtype=np.uint64)
+    assert np.unique(bucket_fingerprints(keys.bucket_keys(same_hash))).size == 4
+    with pytest.raises(ValueError, match="bucket keys"):
+        bucket_fingerprints([keys.doc_key(1) + b"xx"])  # 11 bytes, but a document key
+    with pytest.raises(ValueError, match="bucket keys"):
+        bucket_fingerprints([keys.verdict_key("an id")])
+
+
+def kijiji_index(path: Path, docs: list[Document], batch: int) -> Deduplicator:
+    config = DedupConfig()
+    dedup = Deduplicator(DedupIndex(RocksBackend(path), config.index_params()), config)
+    for lo in range(0, len(docs), batch):
+        dedup.process(docs[lo : lo + batch])
+    return dedup
+
+
+def test_filtered_bucket_reads_equal_plain_reads_before_and_after_reopening(
+    tmp_path: Path, kijiji_ads: list[tuple[str, str]]
+) -> None:
+    docs = [Document(i, c) for i, c in kijiji_ads]
+    first, rest = docs[:1500], docs[1500:]
+    dedup = kijiji_index(tmp_path / "index", first, batch=500)
+    probe = dedup.sketch(rest).bucket_keys + dedup.sketch(first).bucket_keys
+    held = dedup.index.read(probe)
+    assert dedup.index.read_buckets(probe) == held
+    assert 0 < sum(v is not None for v in held) < len(held)  # hits and misses both
+    stored = sum(1 for _ in dedup.index._backend.scan_keys(keys.BUCKET))
+    assert dedup.index.load_filter().count >= stored
+    dedup.index.close()
+
+    # Reopened: the filter is rebuilt from the bucket keys on disk, then kept up to date.
+    config = DedupConfig()
+    reopened = Deduplicator(DedupIndex(RocksBackend(tmp_path / "index"), None), config)
+    assert reopened.index.load_filter().count == stored
+    assert reopened.index.read_buckets(probe) == held
+    for lo in range(0, len(rest), 300):
+        reopened.process(rest[lo : lo + 300])
+    assert reopened.index.read_buckets(probe) == reopened.index.read(probe)
+    reopened.index.close()
+
+
+def test_every_committed_bucket_key_reaches_the_filter(
+    backend_factory: Callable[[], Backend],
+) -> None:
+    """Buckets committed before the filter is built are found by its scan; buckets
+    committed after, whether as ordered bucket puts or among plain puts, by the write."""
+    index = DedupIndex(backend_factory(), DedupConfig().index_params())
+    before, plain, ordered, never = (random_keys(50, seed=20 + i) for i in range(4))
+    index.commit(dict.fromkeys(before, b"\x01" * 8), {})
+    assert index.read_buckets(before) == [b"\x01" * 8] * len(before)  # built here, by scan
+    index.commit(dict.fromkeys(plain, b"\x02" * 8), {})
+    index.apply(index.prepare({}, {}, ordered=[(k, b"\x03" * 8) for k in sorted(ordered)]))
+    assert index.read_buckets(plain) == [b"\x02" * 8] * len(plain)
+    assert index.read_buckets(ordered) == [b"\x03" * 8] * len(ordered)
+    assert index.read_buckets(never) == [None] * len(never)
+    assert index.load_filter().count == 3 * 50 * 18
+    index.close()
+
+
+def test_fingerprints_handed_in_must_match_the_keys(
+    backend_factory: Callable[[], Backend],
+) -> None:
+    index = DedupIndex(backend_factory(), DedupConfig().index_params())
+    some = random_keys(3, seed=30)
+    fps = bucket_fingerprints(some)
+    assert index.read_buckets(some, fps) == [None] * len(some)
+    with pytest.raises(ValueError, match="one fingerprint per bucket key"):
+        index.read_buckets(some, fps[:-1])
+    with pytest.raises(ValueError, match="one fingerprint per ordered put"):
+        index.prepare(
+            {}, {}, ordered=[(k, b"x") for k in sorted(some)], ordered_fingerprints=fps[:1]
+        )
+    index.close()
