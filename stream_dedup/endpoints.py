@@ -3,16 +3,21 @@
 ``/healthz`` answers 200 while the loop is alive (its last iteration is recent) and 503
 when it is stuck, so an orchestrator restarts it. ``/readyz`` answers 200 when partitions
 are assigned and the index is open. Both bodies are one short JSON object saying why.
+``/metrics`` answers 500 with the error, rather than closing the connection, if a
+collector fails (reading the index's size from a directory that is gone, say).
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import threading
 from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+
+log = logging.getLogger("stream_dedup.http")
 
 #: A probe returns (ok, details for the body).
 Probe = Callable[[], tuple[bool, dict[str, object]]]
@@ -30,7 +35,16 @@ class HttpEndpoints:
             def do_GET(self) -> None:
                 path = self.path.split("?", 1)[0]
                 if path == "/metrics":
-                    body = generate_latest(registry)
+                    try:
+                        body = generate_latest(registry)
+                    except Exception as exc:  # a collector failed: say so, keep serving
+                        log.exception(
+                            "collecting metrics failed",
+                            extra={"fields": {"action": "see the error; the loop goes on"}},
+                        )
+                        text = f"collecting metrics failed: {type(exc).__name__}: {exc}\n"
+                        self._send(500, "text/plain", text.encode())
+                        return
                     self._send(200, CONTENT_TYPE_LATEST, body)
                 elif path in routes:
                     ok, details = routes[path]()
