@@ -1,11 +1,11 @@
 """The core composed over an index: a batch of documents in, verdicts out, one commit.
 
-``decide(docs)`` reads the committed index (one batched read for replayed ids, exact-text
-digests and band buckets, one for candidate records) and decides the documents in order
-against everything before them *including earlier documents of the same batch*: pending
-writes live in an overlay that later documents of the batch read first (for band
-buckets, :class:`~stream_dedup.buckets.BatchBuckets`, which looks only at the buckets a
-batch shares with the index or within itself). Nothing is
+``decide(docs)`` reads the committed index (batched reads, through the index's key filter,
+for replayed ids, exact-text digests and band buckets; one for candidate records) and
+decides the documents in order against everything before them *including earlier
+documents of the same batch*: pending writes live in an overlay that later documents of
+the batch read first (for band buckets, :class:`~stream_dedup.buckets.BatchBuckets`,
+which looks only at the buckets a batch shares with the index or within itself). Nothing is
 written until ``commit(result, offsets)``, which hands all of the batch's records,
 counters and the input offsets to one atomic index write. Deciding the same batch again
 over the same committed index gives identical verdicts, which is what makes a replay
@@ -30,7 +30,7 @@ from stream_dedup.config import DedupConfig
 from stream_dedup.errors import IndexCorruptError
 from stream_dedup.hashing import U32, U64
 from stream_dedup.index import keys
-from stream_dedup.index.filter import BucketFilter, bucket_fingerprints
+from stream_dedup.index.filter import KeyFilter, bucket_fingerprints
 from stream_dedup.index.records import (
     DocRecord,
     decode_doc,
@@ -95,8 +95,8 @@ class Deduplicator:
         """
         texts = ["warm-up text for the compiled kernels", "warm-up text for the kernels"]
         sk = sketch(texts, self.config, self.plan)
-        BucketFilter(0).add(bucket_fingerprints(sk.bucket_keys))
-        self.index.load_filter()  # a scan of the index's buckets
+        KeyFilter(0).add(bucket_fingerprints(sk.bucket_keys))
+        self.index.load_filter()  # a scan of the index's lookup keys
         if self._exact and len(sk.sets) == 2:
             # Stored sets are read-only buffers: a distinct compiled signature.
             exact_jaccard(sk.sets[0], np.frombuffer(sk.sets[1].tobytes(), dtype="<u4"))
@@ -145,7 +145,7 @@ class Deduplicator:
         nb = self.plan.bands
 
         vkeys = [keys.verdict_key(d.id) for d in docs]
-        read = self.index.read(vkeys + xkeys)
+        read = self.index.read_lookups(vkeys + xkeys)
         nv = len(vkeys)
         # Verdicts and exact digests: committed values, overlaid with the batch's writes
         # (an id or a text may repeat within the batch).

@@ -1,6 +1,7 @@
-"""Which band buckets the index may hold: a Bloom filter over every bucket key written.
+"""Which lookup keys the index may hold: a Bloom filter over every such key written.
 
-A batch of 2,000 documents looks up ~36,000 bucket keys, and nearly all of them miss: a
+A batch of 2,000 documents looks up ~36,000 band-bucket keys, plus a verdict key (is
+this id a replay?) and an exact-text key per document, and nearly all of them miss: a
 bucket exists only where an earlier document had the same band. RocksDB answers a miss
 from its own Bloom filters, but only after each key has crossed into the library and
 probed the memtable and every SST file, about 1 us per key once the index holds a few
@@ -8,12 +9,15 @@ thousand documents: a fifth of the service's time per document. This filter answ
 same question for the whole batch in one compiled pass (~0.05 us per key), and only the
 keys it cannot rule out are read from the index.
 
-It holds fingerprints, never keys, so it cannot say a bucket exists, only that one does
-not: a false positive costs one read that finds nothing, and there are no false
-negatives as long as every bucket key the index writes is added, which
+It holds 64-bit fingerprints, never keys, so it cannot say a key exists, only that one
+does not: a false positive costs one read that finds nothing, and there are no false
+negatives as long as every lookup key the index writes is added, which
 :class:`~stream_dedup.index.store.DedupIndex` does in the same call that applies the write.
-The filter is not stored: the index builds it on first use from a scan of its bucket keys
-(~0.3 s per million keys), sized from the number of documents it holds.
+A bucket key's fingerprint comes from its band and band hash (:func:`bucket_fingerprints`,
+computed with the sketch), a verdict or exact-text key's from Python's own hash of its
+bytes (:func:`key_fingerprints`), which differs between processes: the filter is never
+stored. The index builds it on first use from a scan of those keys (~0.3 s per million
+keys), sized from the number of documents it holds.
 
 The structure is the *split block Bloom filter* of Apache Parquet and Impala: a key sets
 one bit in each of the eight 32-bit words of one 256-bit block, so a lookup touches one
@@ -31,7 +35,7 @@ import numba
 import numpy as np
 import numpy.typing as npt
 
-from stream_dedup.hashing import U64
+from stream_dedup.hashing import U64, fmix64
 from stream_dedup.index import keys
 
 #: Bits of filter per key it is sized for (about 1% false positives).
@@ -118,7 +122,13 @@ def bucket_fingerprints(bucket_keys: Sequence[bytes]) -> U64:
     return fingerprints(parsed["band"], parsed["h"])
 
 
-class BucketFilter:
+def key_fingerprints(index_keys: Sequence[bytes]) -> U64:
+    """Fingerprints of verdict and exact-text keys, for this process only (see above)."""
+    hashed = np.fromiter(map(hash, index_keys), dtype=np.int64, count=len(index_keys))
+    return fmix64(hashed.view(np.uint64))
+
+
+class KeyFilter:
     """A stack of split block Bloom filters; see the module docstring."""
 
     def __init__(self, capacity: int) -> None:
@@ -146,7 +156,7 @@ class BucketFilter:
         return len(self._layers)
 
     def add(self, fps: U64) -> None:
-        """Add fingerprints (from :func:`bucket_fingerprints`)."""
+        """Add fingerprints (from :func:`bucket_fingerprints` or :func:`key_fingerprints`)."""
         if fps.size > self._room:
             self._grow(2 * (self._count + fps.size))
         _insert(self._layers[-1], _SALT, fps)

@@ -29,15 +29,17 @@ from stream_dedup.errors import IndexMismatchError, IndexStoreError
 from stream_dedup.hashing import U64
 from stream_dedup.index import keys
 from stream_dedup.index.backend import Backend, PreparedWrite
-from stream_dedup.index.filter import BucketFilter, bucket_fingerprints
+from stream_dedup.index.filter import KeyFilter, bucket_fingerprints, key_fingerprints
 from stream_dedup.index.memory import MemoryBackend
 from stream_dedup.index.params import IndexParams
 from stream_dedup.index.rocks import RocksBackend
 
 log = logging.getLogger("stream_dedup.index")
 
-#: Bucket keys fingerprinted at a time while the bucket filter is built.
+#: Keys fingerprinted at a time while the key filter is built.
 _FILTER_CHUNK = 1 << 18
+#: Keys read through the key filter besides the band buckets: verdicts and exact texts.
+_LOOKUP_KINDS = frozenset({keys.VERDICT, keys.EXACT})
 
 #: Counters kept in the index, updated in the same write as the records they count.
 COUNTERS = ("documents", "indexed", "duplicates", "empty")
@@ -66,7 +68,7 @@ class PendingCommit:
     write: PreparedWrite
     counters: dict[str, int]
     after_writes: int
-    bucket_fingerprints: U64
+    fingerprints: U64
 
 
 class DedupIndex:
@@ -97,7 +99,7 @@ class DedupIndex:
         }
         self._intent_pending = self.intent() is not None
         self._writes = 0  # batch writes so far: a prepared commit is valid for one value
-        self._filter: BucketFilter | None = None  # built on first use: see load_filter
+        self._filter: KeyFilter | None = None  # built on first use: see load_filter
 
     @property
     def params(self) -> IndexParams:
@@ -115,12 +117,22 @@ class DedupIndex:
         """One batched read of committed values."""
         return self._backend.get_many(keys_)
 
+    def read_lookups(self, lookup_keys: Sequence[bytes]) -> list[bytes | None]:
+        """Committed values of verdict and exact-text keys (``None``: absent).
+
+        Through the key filter, like :meth:`read_buckets`; the answer is what :meth:`read`
+        would give.
+        """
+        if not {k[:1] for k in lookup_keys} <= _LOOKUP_KINDS:
+            raise ValueError("read_lookups reads verdict and exact-text keys only")
+        return self._read_filtered(lookup_keys, key_fingerprints(lookup_keys))
+
     def read_buckets(
         self, bucket_keys: Sequence[bytes], fingerprints: U64 | None = None
     ) -> list[bytes | None]:
         """Committed band buckets for ``bucket_keys`` (``None``: no such bucket).
 
-        Only the keys the bucket filter cannot rule out are read (see
+        Only the keys the key filter cannot rule out are read (see
         :mod:`stream_dedup.index.filter`); the answer is what :meth:`read` would give.
         ``fingerprints`` are the keys' :func:`bucket_fingerprints` when the caller has them.
         """
@@ -128,36 +140,44 @@ class DedupIndex:
             fingerprints = bucket_fingerprints(bucket_keys)
         elif fingerprints.size != len(bucket_keys):
             raise ValueError("one fingerprint per bucket key is needed")
+        return self._read_filtered(bucket_keys, fingerprints)
+
+    def _read_filtered(self, wanted: Sequence[bytes], fingerprints: U64) -> list[bytes | None]:
         maybe = np.flatnonzero(self.load_filter().may_hold(fingerprints))
-        values: list[bytes | None] = [None] * len(bucket_keys)
+        values: list[bytes | None] = [None] * len(wanted)
         if maybe.size:
             where = maybe.tolist()
-            wanted = [bucket_keys[i] for i in where]
-            for i, value in zip(where, self._backend.get_many(wanted), strict=True):
+            for i, value in zip(
+                where, self._backend.get_many([wanted[i] for i in where]), strict=True
+            ):
                 values[i] = value
         return values
 
-    def load_filter(self) -> BucketFilter:
-        """The bucket filter, built from a scan of the index's bucket keys the first time.
+    def load_filter(self) -> KeyFilter:
+        """The key filter, built from a scan of the index's lookup keys the first time.
 
-        Sized for twice the buckets the index can hold now (``bands`` per indexed
-        document). Every later write adds its bucket keys (:meth:`apply`), so the filter
-        never misses a committed bucket.
+        Sized for twice the keys the index can hold now (``bands`` buckets, a verdict and
+        an exact-text key per indexed document, a verdict per other one). Every later
+        write adds its lookup keys (:meth:`apply`), so the filter never misses a
+        committed key.
         """
         if self._filter is not None:
             return self._filter
         started = time.perf_counter()
-        filt = BucketFilter(2 * self._counters["indexed"] * self._params.bands)
-        scan = self._backend.scan_keys(keys.BUCKET)
-        while chunk := list(islice(scan, _FILTER_CHUNK)):
-            filt.add(bucket_fingerprints(chunk))
+        c = self._counters
+        filt = KeyFilter(2 * (c["indexed"] * (self._params.bands + 1) + c["documents"]))
+        for kind in (keys.BUCKET, *sorted(_LOOKUP_KINDS)):
+            fingerprint = bucket_fingerprints if kind == keys.BUCKET else key_fingerprints
+            scan = self._backend.scan_keys(kind)
+            while chunk := list(islice(scan, _FILTER_CHUNK)):
+                filt.add(fingerprint(chunk))
         self._filter = filt
         if filt.count:
             log.info(
-                "bucket filter built from the index",
+                "key filter built from the index",
                 extra={
                     "fields": {
-                        "buckets": filt.count,
+                        "keys": filt.count,
                         "bytes": filt.nbytes,
                         "seconds": round(time.perf_counter() - started, 3),
                     }
@@ -204,17 +224,25 @@ class DedupIndex:
             batch[keys.offset_key(topic, partition)] = offset.to_bytes(8, "little")
         if self._intent_pending:
             batch[keys.INTENT] = b""  # the backend has no delete; empty means "none"
-        # Every bucket key written reaches the filter, however it was handed in.
-        fps = bucket_fingerprints([k for k in batch if k[:1] == keys.BUCKET])
+        # Every lookup key written reaches the filter, however it was handed in.
+        buckets: list[bytes] = []
+        lookups: list[bytes] = []
+        for key in batch:
+            kind = key[:1]
+            if kind == keys.BUCKET:
+                buckets.append(key)
+            elif kind in _LOOKUP_KINDS:
+                lookups.append(key)
         if ordered_fingerprints is None:
             ordered_fingerprints = bucket_fingerprints(list(map(itemgetter(0), ordered)))
         elif ordered_fingerprints.size != len(ordered):
             raise ValueError("one fingerprint per ordered put is needed")
+        fps = [bucket_fingerprints(buckets), key_fingerprints(lookups), ordered_fingerprints]
         return PendingCommit(
             self._backend.prepare(batch, ordered),
             new_counters,
             self._writes,
-            np.concatenate([fps, ordered_fingerprints]),
+            np.concatenate(fps),
         )
 
     def apply(self, pending: PendingCommit) -> None:
@@ -223,7 +251,7 @@ class DedupIndex:
             raise RuntimeError("the index was written after this commit was prepared")
         self._backend.apply(pending.write)
         if self._filter is not None:  # not built yet: its scan will see these buckets
-            self._filter.add(pending.bucket_fingerprints)
+            self._filter.add(pending.fingerprints)
         self._counters = pending.counters
         self._intent_pending = False
         self._writes += 1

@@ -1,4 +1,4 @@
-"""The bucket filter: no false negatives, the false-positive rate it is sized for, and an
+"""The key filter: no false negatives, the false-positive rate it is sized for, and an
 index whose filtered bucket reads equal plain reads, before and after a reopen."""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from stream_dedup.index import Backend, DedupIndex, RocksBackend, keys
 from stream_dedup.index.filter import (
     BITS_PER_KEY,
     MIN_CAPACITY,
-    BucketFilter,
+    KeyFilter,
     bucket_fingerprints,
 )
 from stream_dedup.models import Document
@@ -27,13 +27,13 @@ def random_keys(n: int, seed: int, bands: int = 18) -> list[bytes]:
     return keys.bucket_keys(hashes)
 
 
-def false_positive_rate(filt: BucketFilter, seed: int) -> float:
+def false_positive_rate(filt: KeyFilter, seed: int) -> float:
     probes = random_keys(20_000, seed)  # 360,000 keys never added
     return float(filt.may_hold(bucket_fingerprints(probes)).mean())
 
 
 def test_every_added_key_is_held_and_the_false_positive_rate_is_as_sized() -> None:
-    filt = BucketFilter(0)
+    filt = KeyFilter(0)
     added = random_keys(MIN_CAPACITY // 18, seed=1)  # fills the filter to its capacity
     filt.add(bucket_fingerprints(added))
     assert filt.layers == 1 and filt.count == len(added)
@@ -44,7 +44,7 @@ def test_every_added_key_is_held_and_the_false_positive_rate_is_as_sized() -> No
 
 
 def test_a_full_filter_grows_a_layer_and_still_holds_every_key() -> None:
-    filt = BucketFilter(0)
+    filt = KeyFilter(0)
     batches = [random_keys(20_000, seed=10 + i) for i in range(8)]  # 2.9 M keys
     for batch in batches:
         filt.add(bucket_fingerprints(batch))
@@ -56,7 +56,7 @@ def test_a_full_filter_grows_a_layer_and_still_holds_every_key() -> None:
 
 
 def test_an_empty_filter_holds_nothing() -> None:
-    filt = BucketFilter(5)
+    filt = KeyFilter(5)
     assert not filt.may_hold(bucket_fingerprints(random_keys(1000, seed=4))).any()
     assert filt.may_hold(bucket_fingerprints([])).size == 0
 
@@ -88,7 +88,12 @@ def test_filtered_bucket_reads_equal_plain_reads_before_and_after_reopening(
     held = dedup.index.read(probe)
     assert dedup.index.read_buckets(probe) == held
     assert 0 < sum(v is not None for v in held) < len(held)  # hits and misses both
-    stored = sum(1 for _ in dedup.index._backend.scan_keys(keys.BUCKET))
+    lookups = [keys.verdict_key(d.id) for d in docs] + dedup.sketch(docs).exact_keys
+    looked_up = dedup.index.read(lookups)
+    assert dedup.index.read_lookups(lookups) == looked_up
+    assert 0 < sum(v is not None for v in looked_up) < len(looked_up)
+    backend = dedup.index._backend
+    stored = sum(1 for kind in (b"b", b"v", b"x") for _ in backend.scan_keys(kind))
     assert dedup.index.load_filter().count >= stored
     dedup.index.close()
 
@@ -97,9 +102,12 @@ def test_filtered_bucket_reads_equal_plain_reads_before_and_after_reopening(
     reopened = Deduplicator(DedupIndex(RocksBackend(tmp_path / "index"), None), config)
     assert reopened.index.load_filter().count == stored
     assert reopened.index.read_buckets(probe) == held
+    assert reopened.index.read_lookups(lookups) == looked_up
     for lo in range(0, len(rest), 300):
         reopened.process(rest[lo : lo + 300])
     assert reopened.index.read_buckets(probe) == reopened.index.read(probe)
+    assert reopened.index.read_lookups(lookups) == reopened.index.read(lookups)
+    assert all(v is not None for v in reopened.index.read_lookups(lookups[: len(docs)]))
     reopened.index.close()
 
 
@@ -107,7 +115,8 @@ def test_every_committed_bucket_key_reaches_the_filter(
     backend_factory: Callable[[], Backend],
 ) -> None:
     """Buckets committed before the filter is built are found by its scan; buckets
-    committed after, whether as ordered bucket puts or among plain puts, by the write."""
+    committed after, whether as ordered bucket puts or among plain puts, by the write;
+    verdict and exact-text keys likewise."""
     index = DedupIndex(backend_factory(), DedupConfig().index_params())
     before, plain, ordered, never = (random_keys(50, seed=20 + i) for i in range(4))
     index.commit(dict.fromkeys(before, b"\x01" * 8), {})
@@ -118,6 +127,13 @@ def test_every_committed_bucket_key_reaches_the_filter(
     assert index.read_buckets(ordered) == [b"\x03" * 8] * len(ordered)
     assert index.read_buckets(never) == [None] * len(never)
     assert index.load_filter().count == 3 * 50 * 18
+    verdicts = [keys.verdict_key(f"id-{i}") for i in range(40)]
+    texts = [keys.exact_key(i.to_bytes(16, "big")) for i in range(40)]
+    index.commit(dict.fromkeys(verdicts[:20] + texts[:20], b"\x04"), {})
+    found = index.read_lookups(verdicts + texts)
+    assert found == ([b"\x04"] * 20 + [None] * 20) * 2
+    with pytest.raises(ValueError, match="verdict and exact-text keys only"):
+        index.read_lookups([keys.doc_key(1)])
     index.close()
 
 
