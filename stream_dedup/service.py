@@ -59,6 +59,9 @@ from stream_dedup.sketch_worker import SketchWorkerError
 
 log = logging.getLogger("stream_dedup.service")
 
+#: Keys between progress lines while the key filter is built at start-up (~3.5 s).
+_FILTER_LOG_EVERY = 5_000_000
+
 TpKey = tuple[str, int]
 DeduplicatorFactory = Callable[[DedupIndex, ServiceConfig], Deduplicator]
 
@@ -101,6 +104,7 @@ class Service:
         self._stop = threading.Event()
         self._stop_requested_at: float | None = None
         self._last_beat = time.monotonic()
+        self._filter_logged = 0
         self._index_open = True
         self._batches = BatchCollector(config.batch, self.index.intent(), self._stop)
         self.http: HttpEndpoints | None = None
@@ -126,6 +130,16 @@ class Service:
 
     def _beat(self) -> None:
         self._last_beat = time.monotonic()
+
+    def _filter_progress(self, added: int) -> None:
+        """While the key filter is built at start-up: beat, and log every ~5 million keys."""
+        self._beat()
+        if added >= self._filter_logged + _FILTER_LOG_EVERY:
+            self._filter_logged = added
+            log.info(
+                "building the key filter from the index",
+                extra=fields(keys_so_far=added, action="wait; the service subscribes next"),
+            )
 
     def health(self) -> tuple[bool, dict[str, object]]:
         age = time.monotonic() - self._last_beat
@@ -180,6 +194,7 @@ class Service:
             self._worker_failed,
         )
         ahead = self._ahead
+        self.dedup.index.load_filter(self._filter_progress)
         self.dedup.warm_up()
         consumer_watch = BrokerWatch("consumer")
         producer = EventProducer(cfg.kafka, BrokerWatch("producer"))

@@ -17,7 +17,7 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from itertools import islice
 from operator import itemgetter
@@ -153,13 +153,14 @@ class DedupIndex:
                 values[i] = value
         return values
 
-    def load_filter(self) -> KeyFilter:
+    def load_filter(self, progress: Callable[[int], None] | None = None) -> KeyFilter:
         """The key filter, built from a scan of the index's lookup keys the first time.
 
         Sized for twice the keys the index can hold now (``bands`` buckets, a verdict and
         an exact-text key per indexed document, a verdict per other one). Every later
         write adds its lookup keys (:meth:`apply`), so the filter never misses a
-        committed key.
+        committed key. ``progress`` is called with the keys added so far after every
+        chunk of the scan (~0.2 s), so a long build can be reported and kept alive.
         """
         if self._filter is not None:
             return self._filter
@@ -171,6 +172,8 @@ class DedupIndex:
             scan = self._backend.scan_keys(kind)
             while chunk := list(islice(scan, _FILTER_CHUNK)):
                 filt.add(fingerprint(chunk))
+                if progress is not None:
+                    progress(filt.count)
         self._filter = filt
         if filt.count:
             log.info(

@@ -100,7 +100,10 @@ def test_filtered_bucket_reads_equal_plain_reads_before_and_after_reopening(
     # Reopened: the filter is rebuilt from the bucket keys on disk, then kept up to date.
     config = DedupConfig()
     reopened = Deduplicator(DedupIndex(RocksBackend(tmp_path / "index"), None), config)
-    assert reopened.index.load_filter().count == stored
+    progress: list[int] = []
+    assert reopened.index.load_filter(progress.append).count == stored
+    assert len(progress) == 3 and progress[-1] == stored  # a chunk per kind of key
+    assert reopened.index.load_filter(progress.append).count == stored  # built once
     assert reopened.index.read_buckets(probe) == held
     assert reopened.index.read_lookups(lookups) == looked_up
     for lo in range(0, len(rest), 300):
