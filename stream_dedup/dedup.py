@@ -63,7 +63,7 @@ class BatchResult:
 
     ``bucket_puts`` are the band buckets' new contents, in ascending key order (RocksDB
     inserts a run of ascending keys several times faster), apart from the other ``puts``,
-    and ``bucket_fingerprints`` their keys' fingerprints for the index's bucket filter.
+    and ``bucket_fingerprints`` their keys' fingerprints for the index's key filter.
     """
 
     verdicts: list[Verdict]
@@ -91,11 +91,13 @@ class Deduplicator:
         compiles it, the first time on a machine): close to a second that would otherwise
         land on the latency of the first documents. Deciding a throw-away pair of texts
         (one near-duplicate of the other) runs every kernel the configuration uses; the
-        index is read, to build its bucket filter now, but not written.
+        index is read, to build its key filter now, but not written.
         """
         texts = ["warm-up text for the compiled kernels", "warm-up text for the kernels"]
         sk = sketch(texts, self.config, self.plan)
-        KeyFilter(0).add(bucket_fingerprints(sk.bucket_keys))
+        scratch, fps = KeyFilter(0), bucket_fingerprints(sk.bucket_keys)
+        scratch.add(fps)
+        scratch.may_hold(fps)
         self.index.load_filter()  # a scan of the index's lookup keys
         if self._exact and len(sk.sets) == 2:
             # Stored sets are read-only buffers: a distinct compiled signature.

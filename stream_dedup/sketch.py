@@ -45,7 +45,7 @@ class Sketch:
     ``bucket_keys`` of its keys in ascending byte order (:func:`keys.bucket_order`), and
     ``bucket_shared`` the ``(position, first position)`` pairs of keys that occur more than
     once in the batch (:func:`keys.bucket_shared`). ``bucket_fingerprints`` are the bucket
-    keys' fingerprints for the index's bucket filter
+    keys' fingerprints for the index's key filter
     (:func:`~stream_dedup.index.filter.bucket_fingerprints`), computed here, off the
     deciding process.
     """

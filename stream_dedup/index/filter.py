@@ -6,7 +6,7 @@ bucket exists only where an earlier document had the same band. RocksDB answers 
 from its own Bloom filters, but only after each key has crossed into the library and
 probed the memtable and every SST file, about 1 us per key once the index holds a few
 thousand documents: a fifth of the service's time per document. This filter answers the
-same question for the whole batch in one compiled pass (~0.05 us per key), and only the
+same question for the whole batch in one compiled pass (~0.03 us per key), and only the
 keys it cannot rule out are read from the index.
 
 It holds 64-bit fingerprints, never keys, so it cannot say a key exists, only that one

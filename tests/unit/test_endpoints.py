@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import json
-import urllib.error
-import urllib.request
 from collections.abc import Iterator
 
 import pytest
+from integration.support import http_get as get
 from prometheus_client import CollectorRegistry, Counter
 from prometheus_client.registry import Collector
 
@@ -17,14 +16,6 @@ from stream_dedup.endpoints import HttpEndpoints
 class Broken(Collector):
     def collect(self) -> Iterator[object]:
         raise FileNotFoundError("index directory is gone")
-
-
-def get(port: int, path: str) -> tuple[int, str]:
-    try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=5) as resp:
-            return resp.status, resp.read().decode()
-    except urllib.error.HTTPError as err:
-        return err.code, err.read().decode()
 
 
 @pytest.fixture
