@@ -33,6 +33,7 @@ stream_dedup_rebalances_total{kind}             counter    partition assign / re
 stream_dedup_assigned_partitions                gauge      partitions held now
 stream_dedup_index_documents                    gauge      documents decided in the index
 stream_dedup_index_size_bytes                   gauge      index size on disk
+stream_dedup_index_filter_bytes                 gauge      memory of the index's key filter
 stream_dedup_consumer_lag_messages{topic,part.}  gauge      lag from librdkafka statistics
 ==============================================  =========  =================================
 """
@@ -121,13 +122,18 @@ class _ScrapeCollector(Collector):
             f"{PREFIX}_index_documents", "Documents decided and recorded in the index."
         )
         size = GaugeMetricFamily(f"{PREFIX}_index_size_bytes", "Index size on disk, in bytes.")
+        held = GaugeMetricFamily(
+            f"{PREFIX}_index_filter_bytes", "Memory held by the index's key filter, in bytes."
+        )
         source = self._m.index_source
         if source is not None:
-            n_docs, n_bytes = source()
+            n_docs, n_bytes, n_filter = source()
             docs.add_metric([], n_docs)
             size.add_metric([], n_bytes)
+            held.add_metric([], n_filter)
         yield docs
         yield size
+        yield held
         lag = GaugeMetricFamily(
             f"{PREFIX}_consumer_lag_messages",
             "Messages behind the partition end, from librdkafka statistics.",
@@ -144,7 +150,8 @@ class Metrics:
     def __init__(self, registry: CollectorRegistry) -> None:
         disable_created_metrics()  # type: ignore[no-untyped-call]
         self.registry = registry
-        self.index_source: Callable[[], tuple[int, int]] | None = None
+        #: (documents, bytes on disk, key filter bytes) of the index, read at scrape time.
+        self.index_source: Callable[[], tuple[int, int, int]] | None = None
         self._lag: dict[tuple[str, int], int] = {}
         self._lag_lock = threading.Lock()
         p = PREFIX

@@ -94,6 +94,7 @@ class Service:
         self.metrics.index_source = lambda: (
             self.index.counter("documents"),
             self.index.size_bytes(),
+            self.index.filter_bytes(),
         )
         self._inputs = BatchDecoder(config.input.record_format())
         self._outputs = BatchOutputs(config, self.dedup, self.metrics)

@@ -288,6 +288,11 @@ class DedupIndex:
     def size_bytes(self) -> int:
         return self._backend.size_bytes()
 
+    def filter_bytes(self) -> int:
+        """Memory held by the key filter (0 until it is built)."""
+        filt = self._filter
+        return 0 if filt is None else filt.nbytes
+
     def stats(self) -> IndexStats:
         c = self._counters
         return IndexStats(

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from stream_dedup.embedded import free_port
+from stream_dedup.index.filter import BITS_PER_KEY, MIN_CAPACITY
 
 from .support import (
     ServiceThread,
@@ -116,6 +117,7 @@ def test_metrics_and_health_in_process(bootstrap: str, topics: Topics, tmp_path:
     assert unique + duplicate == len(docs) and duplicate > 0
     assert m("stream_dedup_index_documents") == len(docs)
     assert m("stream_dedup_index_size_bytes") > 0
+    assert m("stream_dedup_index_filter_bytes") == MIN_CAPACITY * BITS_PER_KEY // 8
     assert m("stream_dedup_candidates_per_document_count") == len(docs)
     assert m("stream_dedup_verifications_per_document_count") == len(docs)
     assert m("stream_dedup_document_latency_seconds_count") == len(docs)
