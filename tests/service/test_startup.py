@@ -1,0 +1,46 @@
+"""Start-up over an existing index: the key filter is built from it, with progress lines,
+while the health probe stays green (a large index takes seconds to scan)."""
+
+from __future__ import annotations
+
+import logging
+import time
+from pathlib import Path
+
+import pytest
+
+from stream_dedup import service as service_module
+from stream_dedup.index import store
+from stream_dedup.models import Document
+from stream_dedup.service import Service
+from stream_dedup.service_config import IndexConfig, ServiceConfig
+
+
+def test_the_key_filter_is_built_with_progress_and_heartbeats(
+    tmp_path: Path,
+    kijiji_ads: list[tuple[str, str]],
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    config = ServiceConfig(index=IndexConfig(path=str(tmp_path / "index")))
+    first = Service(config)
+    docs = [Document(i, c) for i, c in kijiji_ads[:1000]]
+    for lo in range(0, len(docs), 250):
+        first.dedup.process(docs[lo : lo + 250])
+    first.index.close()
+
+    monkeypatch.setattr(store, "_FILTER_CHUNK", 1000)  # a progress call per 1,000 keys
+    monkeypatch.setattr(service_module, "_FILTER_LOG_EVERY", 3000)
+    svc = Service(config)
+    svc._last_beat = time.monotonic() - 1000  # as if start-up had taken long already
+    assert svc.health()[0] is False
+    with caplog.at_level(logging.INFO):
+        filt = svc.index.load_filter(svc._filter_progress)
+    assert svc.health()[0] is True  # the scan kept the loop's heartbeat fresh
+    progress = [
+        r for r in caplog.records if r.getMessage() == "building the key filter from the index"
+    ]
+    assert 3 <= len(progress) <= filt.count // 3000  # one per 3,000 keys at most
+    assert any(r.getMessage() == "key filter built from the index" for r in caplog.records)
+    assert svc.index.filter_bytes() == filt.nbytes > 0
+    svc.index.close()
