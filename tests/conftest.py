@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import logging
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -78,3 +79,26 @@ def kijiji_ads() -> list[tuple[str, str]]:
     ads = read_kijiji()
     assert len(ads) == 2627, "the shared data set changed"
     return ads
+
+
+@pytest.fixture
+def package_logs() -> Iterator[list[logging.LogRecord]]:
+    """Every record the package logs at INFO or above during the test.
+
+    Kept by a handler on the package's logger itself, so it holds each record once,
+    whatever an earlier test (``setup_logging``: its own handler, no propagation) or
+    pytest's ``caplog`` did to that logger.
+    """
+    records: list[logging.LogRecord] = []
+
+    class Keep(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            records.append(record)
+
+    logger = logging.getLogger("stream_dedup")
+    handler, level = Keep(logging.INFO), logger.level
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
+    yield records
+    logger.removeHandler(handler)
+    logger.setLevel(level)

@@ -20,7 +20,7 @@ def test_the_key_filter_is_built_with_progress_and_heartbeats(
     tmp_path: Path,
     kijiji_ads: list[tuple[str, str]],
     monkeypatch: pytest.MonkeyPatch,
-    caplog: pytest.LogCaptureFixture,
+    package_logs: list[logging.LogRecord],
 ) -> None:
     config = ServiceConfig(index=IndexConfig(path=str(tmp_path / "index")))
     first = Service(config)
@@ -34,13 +34,12 @@ def test_the_key_filter_is_built_with_progress_and_heartbeats(
     svc = Service(config)
     svc._last_beat = time.monotonic() - 1000  # as if start-up had taken long already
     assert svc.health()[0] is False
-    with caplog.at_level(logging.INFO):
-        filt = svc.index.load_filter(svc._filter_progress)
+    filt = svc.index.load_filter(svc._filter_progress)
     assert svc.health()[0] is True  # the scan kept the loop's heartbeat fresh
     progress = [
-        r for r in caplog.records if r.getMessage() == "building the key filter from the index"
+        r for r in package_logs if r.getMessage() == "building the key filter from the index"
     ]
     assert 3 <= len(progress) <= filt.count // 3000  # one per 3,000 keys at most
-    assert any(r.getMessage() == "key filter built from the index" for r in caplog.records)
+    assert any(r.getMessage() == "key filter built from the index" for r in package_logs)
     assert svc.index.filter_bytes() == filt.nbytes > 0
     svc.index.close()

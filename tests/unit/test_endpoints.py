@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Iterator
 
 import pytest
@@ -47,7 +48,7 @@ def test_metrics_health_and_readiness_answer(registry: CollectorRegistry) -> Non
 
 
 def test_a_failing_collector_gives_a_500_that_says_why(
-    registry: CollectorRegistry, caplog: pytest.LogCaptureFixture
+    registry: CollectorRegistry, package_logs: list[logging.LogRecord]
 ) -> None:
     registry.register(Broken())
     endpoints = serve(registry)
@@ -58,4 +59,4 @@ def test_a_failing_collector_gives_a_500_that_says_why(
         assert get(endpoints.port, "/healthz")[0] == 200  # the server still answers
     finally:
         endpoints.stop()
-    assert any("collecting metrics failed" in r.getMessage() for r in caplog.records)
+    assert any("collecting metrics failed" in r.getMessage() for r in package_logs)
