@@ -195,7 +195,7 @@ class Service:
             self._worker_failed,
         )
         ahead = self._ahead
-        self.dedup.index.load_filter(self._filter_progress)
+        self.index.load_filter(self._filter_progress)
         self.dedup.warm_up()
         consumer_watch = BrokerWatch("consumer")
         producer = EventProducer(cfg.kafka, BrokerWatch("producer"))

@@ -253,7 +253,7 @@ class DedupIndex:
         if pending.after_writes != self._writes:
             raise RuntimeError("the index was written after this commit was prepared")
         self._backend.apply(pending.write)
-        if self._filter is not None:  # not built yet: its scan will see these buckets
+        if self._filter is not None:  # not built yet: its scan will see these keys
             self._filter.add(pending.fingerprints)
         self._counters = pending.counters
         self._intent_pending = False
