@@ -237,6 +237,7 @@ class Service:
         try:
             while not self._stop.is_set():
                 self._beat()
+                gc_tuning.collect_due()
                 if consumer_watch.fatal is not None:
                     raise KafkaException(consumer_watch.fatal)
                 from_intent = self._batches.intent is not None

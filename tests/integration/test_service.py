@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import json
 from collections.abc import Sequence
 from importlib import resources
@@ -10,6 +11,7 @@ from pathlib import Path
 import jsonschema
 import pytest
 
+from stream_dedup import gc_tuning
 from stream_dedup.dedup import BatchResult, Deduplicator
 from stream_dedup.index import DedupIndex
 from stream_dedup.models import Document
@@ -87,8 +89,11 @@ def test_verdicts_through_kafka_equal_offline_command(
 
 
 def test_bad_input_goes_to_the_dead_letter_topic_and_the_stream_goes_on(
-    bootstrap: str, topics: Topics, tmp_path: Path
+    bootstrap: str, topics: Topics, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    # Collect on every pass of the loop: the caught exceptions of bad input leave cycles.
+    monkeypatch.setattr(gc_tuning, "COLLECT_EVERY_S", 0.0)
+    full_collections = gc.get_stats()[2]["collections"]
     good = [{"id": f"g{i}", "title": f"annuncio numero {i} " * 5} for i in range(4)]
     bad: list[tuple[str, bytes]] = [
         ("invalid_json", b'{"id": "x1", "title": '),
@@ -136,7 +141,11 @@ def test_bad_input_goes_to_the_dead_letter_topic_and_the_stream_goes_on(
     # every offset, dead letters included, is committed to the index
     svc.wait_for("stream_dedup_commits_total", 1)
     assert stats_index.offsets() == {(topics.input, 0): len(records)}
+    # the loop runs without automatic collection, and collects between batches instead
+    assert not gc.isenabled()
+    assert gc.get_stats()[2]["collections"] > full_collections
     assert svc.stop() == 0
+    assert gc.isenabled()
 
 
 def test_restart_after_clean_stop_resumes_without_reprocessing(
