@@ -25,7 +25,7 @@ import gc
 import threading
 import time
 
-#: Seconds between two collections while the loop runs (the loop's own clock).
+#: Seconds (monotonic clock) between two collections while the loop runs.
 COLLECT_EVERY_S = 2.0
 
 _lock = threading.Lock()
