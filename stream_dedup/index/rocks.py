@@ -5,17 +5,34 @@ log, so a killed process (``kill -9``) loses nothing that ``write`` returned fro
 ``sync=True`` the WAL is also fsynced, which additionally survives a machine crash at the
 cost of one fsync per batch. RocksDB's LOCK file gives one writer per directory; a second
 opener gets :class:`~stream_dedup.errors.IndexLockedError`.
+
+Layout: document records (``d`` keys, ~85% of an index's bytes) live in a column family of
+their own, ``docs``; every other key is in the default one. Docnums grow with arrival, so
+each flush of ``docs`` holds a key range of its own and compaction moves those files down
+the levels without rewriting them. Sharing a key space with the random band-bucket keys,
+every compaction rewrote them: in a benchmark of 100,000 news articles RocksDB's background
+threads used ~40 us per document that way and ~16 with the column family. The split is
+invisible above this class: keys are routed by their first byte, and a prefix scan of
+``b""`` merges both families in key order. A write batch spans both families and stays
+atomic. An index written before the split (documents in the default family) is moved over
+when it is opened for writing, a chunk per atomic write, so an interrupted move resumes at
+the next open; a read-only view reads whichever layout it finds.
 """
 
 from __future__ import annotations
 
+import heapq
+import logging
 import os
+from bisect import bisect_left
 from collections import deque
 from collections.abc import Iterator, Mapping, Sequence
-from itertools import starmap
+from itertools import islice, repeat, starmap
+from operator import itemgetter
 from pathlib import Path
 
 from rocksdict import (
+    AccessType,
     BlockBasedOptions,
     DBCompressionType,
     Options,
@@ -26,23 +43,34 @@ from rocksdict import (
 )
 
 from stream_dedup.errors import IndexLockedError, IndexStoreError
+from stream_dedup.index.keys import DOC
+
+log = logging.getLogger("stream_dedup.index")
 
 _READ_CHUNK = 512
+#: The column family of document records (see the module docstring).
+DOCS_FAMILY = "docs"
+#: Document records moved per atomic write when an index of the old layout is opened.
+_MOVE_CHUNK = 2000
+#: The first key after every document key.
+_DOC_END = bytes([DOC[0] + 1])
 
 
 def _options() -> Options:
-    """Options for the deduplicator's access pattern: mostly point lookups that miss.
+    """Options of the default family: band buckets, verdicts, exact texts, counters, offsets.
 
     Most band buckets a document looks up do not exist, so whole-key bloom filters, in the
     memtable and in every SST file, answer those misses without searching the memtable's
     skiplist or reading data blocks (halves the batched-read time at 8k-24k documents).
-    A 16 MiB memtable (RocksDB's default is 64) starts flushing to SST files in the
-    background during a run, rather than leaving one large flush to ``close``, and keeps
-    the skiplist a batch inserts into small: writing a batch of 2,000 news articles costs
-    ~20% less CPU than with 32 MiB (the flushes run on RocksDB's own threads). Levels 0 and
-    1, which every flush writes, are not compressed: most of their bytes are verification
-    sets, random 32-bit values that LZ4 spends time on without shrinking; the deeper
-    levels, where a long-lived index keeps most of its data, use LZ4.
+    The 4 MiB memtable holds about two batches of these small keys, as the shared 16 MiB
+    one did before documents had a family of their own: a batch's ~36,000 random bucket
+    keys are inserted into a skiplist that stays small. Kept at 16 MiB for these keys
+    alone, it held eight batches and applying a batch cost ~50% more CPU (in-process
+    harness of the service's batch work, 50,000 news articles); 2 MiB flushed so often
+    that compaction cost more than it saved. Levels 0 and 1, which every flush writes, are
+    not compressed (chosen when verification sets, which LZ4 cannot shrink, were stored
+    here; not measured again since); the deeper levels, where a long-lived index keeps
+    most of its data, use LZ4.
     """
     opts = Options(raw_mode=True)
     opts.create_if_missing(True)
@@ -50,13 +78,34 @@ def _options() -> Options:
     opts.set_compression_type(lz4)
     opts.set_compression_per_level([none, none, lz4, lz4, lz4, lz4, lz4])
     opts.increase_parallelism(2)
-    opts.set_write_buffer_size(16 << 20)
+    opts.set_write_buffer_size(4 << 20)
     opts.set_memtable_whole_key_filtering(True)
     opts.set_memtable_prefix_bloom_ratio(0.05)
     table = BlockBasedOptions()
     table.set_bloom_filter(10, False)
     opts.set_block_based_table_factory(table)
     return opts
+
+
+def _docs_options() -> Options:
+    """Options of the ``docs`` family: sequential keys, incompressible values.
+
+    A document record is read only after a band bucket named its docnum, so it is always
+    present and needs no bloom filter; its verification set is random 32-bit values, which
+    no compression shrinks. 16 MiB is about two batches of 2,000 news articles: flushes
+    start during a run rather than all at ``close``.
+    """
+    opts = Options(raw_mode=True)
+    opts.set_compression_type(DBCompressionType.none())
+    opts.set_write_buffer_size(16 << 20)
+    return opts
+
+
+def _upper_bound(prefix: bytes) -> bytes | None:
+    """The first key after every key that starts with ``prefix`` (``None``: no bound)."""
+    while prefix and prefix[-1] == 0xFF:
+        prefix = prefix[:-1]
+    return prefix[:-1] + bytes([prefix[-1] + 1]) if prefix else None
 
 
 def _wal_bytes(path: str) -> int:
@@ -75,27 +124,86 @@ def _wal_bytes(path: str) -> int:
 class RocksBackend:
     """A RocksDB database in one directory."""
 
-    def __init__(self, path: str | Path, *, sync: bool = False) -> None:
+    def __init__(self, path: str | Path, *, sync: bool = False, read_only: bool = False) -> None:
+        """Open (or create) the database at ``path``.
+
+        ``read_only`` opens a frozen view that takes no lock: the state as of opening,
+        readable while another process writes (see :mod:`stream_dedup.index.snapshot`).
+        """
         self._path = str(path)
-        Path(self._path).mkdir(parents=True, exist_ok=True)
+        if not read_only:
+            Path(self._path).mkdir(parents=True, exist_ok=True)
+        opts = _options()
+        opts.create_missing_column_families(True)
+        families = {DOCS_FAMILY: _docs_options()}
         try:
-            self._db = Rdict(self._path, _options())
+            if read_only:
+                present = Rdict.list_cf(self._path, Options(raw_mode=True))
+                families = {f: o for f, o in families.items() if f in present}
+                self._db = Rdict(
+                    self._path, opts, column_families=families, access_type=AccessType.read_only()
+                )
+            else:
+                self._db = Rdict(self._path, opts, column_families=families)
         except Exception as exc:  # rocksdict raises plain Exception with RocksDB's text
             text = str(exc)
             if "LOCK" in text or "lock" in text:
                 raise IndexLockedError(self._path, text) from exc
+            if "comparator" in text:
+                raise IndexStoreError(
+                    f"{self._path} is not a stream-dedup index (a RocksDB database written by "
+                    f"another program: {text}); point --index at a stream-dedup index directory"
+                ) from exc
             raise IndexStoreError(f"cannot open RocksDB index at {self._path}: {text}") from exc
+        # An old-layout index opened read-only keeps its documents in the default family.
+        self._docs = self._db.get_column_family(DOCS_FAMILY) if families else self._db
+        self._docs_handle = self._db.get_column_family_handle(DOCS_FAMILY) if families else None
         self._write_opts = WriteOptions()
         self._write_opts.sync = sync
+        if not read_only:
+            self._move_documents()
+
+    def _move_documents(self) -> None:
+        """Move document records of the old layout into the ``docs`` family.
+
+        Each chunk is one atomic write (put there, delete here), so a move cut short leaves
+        every record in exactly one family and the next open carries on.
+        """
+        moved = 0
+        while chunk := list(islice(self._scan(self._db, DOC), _MOVE_CHUNK)):
+            batch = WriteBatch(raw_mode=True)
+            for key, value in chunk:
+                batch.put(key, value, self._docs_handle)
+                batch.delete(key)
+            self._db.write(batch, self._write_opts)
+            moved += len(chunk)
+        if moved:
+            self._db.compact_range(DOC, _DOC_END)
+            log.info(
+                "document records moved to their own column family",
+                extra={"fields": {"index": self._path, "records": moved}},
+            )
 
     @property
     def location(self) -> str:
         return self._path
 
     def get_many(self, keys: Sequence[bytes]) -> list[bytes | None]:
+        docs = [i for i, key in enumerate(keys) if key[:1] == DOC]
+        if not docs:
+            return self._get_many(self._db, keys)
+        if len(docs) == len(keys):
+            return self._get_many(self._docs, keys)
+        values = self._get_many(self._db, keys)  # documents: absent here, filled in below
+        for i, value in zip(docs, self._get_many(self._docs, [keys[i] for i in docs]), strict=True):
+            values[i] = value
+        return values
+
+    @staticmethod
+    def _get_many(family: Rdict, keys: Sequence[bytes]) -> list[bytes | None]:
         # Multi-gets of _READ_CHUNK keys: rocksdict's cost per key grows with the list
         # (0.3 us at a few hundred keys, 1 us at 20k), so a batch's ~20k keys go in chunks.
-        get = self._db.get
+        get = family.get
         values: list[bytes | None] = []
         for lo in range(0, len(keys), _READ_CHUNK):
             values.extend(get(list(keys[lo : lo + _READ_CHUNK])) or [])
@@ -112,8 +220,16 @@ class RocksBackend:
         batch = WriteBatch(raw_mode=True)
         put = batch.put
         keys = sorted(puts)  # keys alone: sorting (key, value) pairs is 3x slower
+        # Document keys are one run of the sorted keys; they go to their own family.
+        lo, hi = bisect_left(keys, DOC), bisect_left(keys, _DOC_END)
+        docs, others = keys[lo:hi], keys[:lo] + keys[hi:]
+        value = puts.__getitem__
         # map() drives the ~40,000 puts from C: a Python for loop costs as much again.
-        deque(map(put, keys, map(puts.__getitem__, keys)), maxlen=0)
+        deque(map(put, others, map(value, others)), maxlen=0)
+        deque(map(put, docs, map(value, docs), repeat(self._docs_handle)), maxlen=0)
+        at = bisect_left(ordered, (DOC,))  # they are in key order: one probe finds any
+        if at < len(ordered) and ordered[at][0] < _DOC_END:
+            raise ValueError("ordered puts may not hold document records")
         deque(starmap(put, ordered), maxlen=0)
         return batch
 
@@ -121,7 +237,15 @@ class RocksBackend:
         self._db.write(prepared, self._write_opts)
 
     def scan_prefix(self, prefix: bytes) -> Iterator[tuple[bytes, bytes]]:
-        it = self._db.iter()
+        if prefix[:1] == DOC:
+            return self._scan(self._docs, prefix)
+        if not prefix and self._docs is not self._db:
+            return heapq.merge(self._scan(self._db, b""), self._scan(self._docs, b""), key=_KEY)
+        return self._scan(self._db, prefix)
+
+    @staticmethod
+    def _scan(family: Rdict, prefix: bytes) -> Iterator[tuple[bytes, bytes]]:
+        it = family.iter()
         it.seek(prefix)
         while it.valid():
             key: bytes = it.key()
@@ -131,23 +255,35 @@ class RocksBackend:
             it.next()
 
     def scan_keys(self, prefix: bytes) -> Iterator[bytes]:
+        if prefix[:1] == DOC:
+            return self._scan_keys(self._docs, prefix)
+        if not prefix and self._docs is not self._db:
+            return heapq.merge(self._scan_keys(self._db, b""), self._scan_keys(self._docs, b""))
+        return self._scan_keys(self._db, prefix)
+
+    @staticmethod
+    def _scan_keys(family: Rdict, prefix: bytes) -> Iterator[bytes]:
         # Keys only, iterated on rocksdict's side up to the prefix's end: ~4x faster than
         # stepping an iterator from Python (0.3 s per million keys).
         opts = ReadOptions()
-        if prefix and prefix[-1] < 0xFF:
-            opts.set_iterate_upper_bound(prefix[:-1] + bytes([prefix[-1] + 1]))
+        bound = _upper_bound(prefix)
+        if bound is not None:
+            opts.set_iterate_upper_bound(bound)
         key: bytes
-        for key in self._db.keys(from_key=prefix, read_opt=opts):  # type: ignore[assignment]
+        for key in family.keys(from_key=prefix, read_opt=opts):  # type: ignore[assignment]
             if not key.startswith(prefix):
                 break
             yield key
 
     def size_bytes(self) -> int:
         total = 0
-        for name in ("rocksdb.total-sst-files-size", "rocksdb.cur-size-all-mem-tables"):
-            value = self._db.property_int_value(name)
-            total += int(value or 0)
+        for family in self._families():
+            for name in ("rocksdb.total-sst-files-size", "rocksdb.cur-size-all-mem-tables"):
+                total += int(family.property_int_value(name) or 0)
         return total + _wal_bytes(self._path)
+
+    def _families(self) -> tuple[Rdict, ...]:
+        return (self._db,) if self._docs is self._db else (self._db, self._docs)
 
     @property
     def db(self) -> Rdict:
@@ -156,7 +292,15 @@ class RocksBackend:
 
     def flush(self) -> None:
         """Flush memtables to SST files (for snapshots and size reports)."""
-        self._db.flush()
+        for family in self._families():
+            family.flush()
 
     def close(self) -> None:
+        if self._docs is not self._db:
+            self._docs.close()
+        # A column family handle keeps the database open, lock included, while it lives.
+        self._docs_handle = None
         self._db.close()
+
+
+_KEY = itemgetter(0)

@@ -14,9 +14,10 @@ from __future__ import annotations
 import shutil
 from collections.abc import Callable
 from dataclasses import dataclass
+from itertools import islice
 from pathlib import Path
 
-from rocksdict import AccessType, Checkpoint, Options, Rdict, WriteBatch
+from rocksdict import Checkpoint
 
 from stream_dedup.errors import IndexLockedError, IndexStoreError
 from stream_dedup.index import keys
@@ -34,10 +35,6 @@ class SnapshotInfo:
     keys: int
 
 
-def _raw_options() -> Options:
-    return Options(raw_mode=True)
-
-
 def _check_target(dest: Path) -> None:
     if dest.exists() and any(dest.iterdir()):
         raise IndexStoreError(f"{dest} exists and is not empty: choose a new backup directory")
@@ -46,13 +43,13 @@ def _check_target(dest: Path) -> None:
 
 
 def _count_keys(path: Path) -> int:
-    db = Rdict(str(path), _raw_options(), access_type=AccessType.read_only())
+    view = RocksBackend(path, read_only=True)
     try:
-        if db.get(keys.META) is None:
+        if view.get_many([keys.META])[0] is None:
             raise IndexStoreError(f"{path} holds no stream-dedup index metadata")
-        return sum(1 for _ in db.keys())  # noqa: SIM118 - raw-mode Rdict is not iterable
+        return sum(1 for _ in view.scan_keys(b""))
     finally:
-        db.close()
+        view.close()
 
 
 def snapshot(
@@ -76,28 +73,27 @@ def snapshot(
 
 
 def _copy_live(src: Path, target: Path, progress: Callable[[int], None] | None) -> SnapshotInfo:
-    """Copy every key of a running index through a read-only view (see module docstring)."""
-    view = Rdict(str(src), _raw_options(), access_type=AccessType.read_only())
-    opts = _raw_options()
-    opts.create_if_missing(True)
-    out = Rdict(str(target), opts)
+    """Copy every key of a running index through a read-only view (see module docstring).
+
+    The copy is written in the current layout, whichever layout the running index has.
+    """
+    view = RocksBackend(src, read_only=True)
     copied = 0
     try:
-        if view.get(keys.META) is None:
+        if view.get_many([keys.META])[0] is None:
             raise IndexStoreError(f"{src} holds no stream-dedup index metadata")
-        batch = WriteBatch(raw_mode=True)
-        for key, value in view.items():
-            batch.put(key, value)
-            copied += 1
-            if copied % _COPY_BATCH == 0:
-                out.write(batch)
-                batch = WriteBatch(raw_mode=True)
+        out = RocksBackend(target)
+        try:
+            scan = view.scan_prefix(b"")
+            while chunk := dict(islice(scan, _COPY_BATCH)):
+                out.write(chunk)
+                copied += len(chunk)
                 if progress is not None:
                     progress(copied)
-        out.write(batch)
-        out.flush()
+            out.flush()
+        finally:
+            out.close()
     finally:
-        out.close()
         view.close()
     return SnapshotInfo(str(target), "live copy (read-only view)", copied)
 

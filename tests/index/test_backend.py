@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from rocksdict import AccessType, Options, Rdict
 
 from stream_dedup.index import Backend, MemoryBackend, RocksBackend
 
@@ -115,3 +117,105 @@ def test_rocks_data_survives_reopen(tmp_path: Path) -> None:
         assert [k for k, _ in second.scan_prefix(b"")] == [b"x", b"y"]
     finally:
         second.close()
+
+
+def test_document_keys_read_and_scan_like_any_other(backend: Backend) -> None:
+    """The RocksDB backend keeps ``d`` keys in their own column family: nobody above sees it."""
+    docs = {b"d" + i.to_bytes(8, "big"): bytes([i]) * 40 for i in range(5)}
+    others = {b"M": b"meta", b"b\x00\x01": b"bucket", b"v-id": b"verdict", b"e": b"edge"}
+    backend.write({**docs, **others})
+    mixed = [b"v-id", b"d" + (3).to_bytes(8, "big"), b"M", b"d-missing", b"b\x00\x01"]
+    assert backend.get_many(mixed) == [b"verdict", docs[mixed[1]], b"meta", None, b"bucket"]
+    assert backend.get_many(list(docs)) == list(docs.values())
+    everything = {**docs, **others}
+    assert list(backend.scan_prefix(b"")) == sorted(everything.items())
+    assert list(backend.scan_keys(b"")) == sorted(everything)
+    assert list(backend.scan_prefix(b"d")) == sorted(docs.items())
+    assert list(backend.scan_keys(b"d\x00")) == sorted(docs)
+    assert list(backend.scan_keys(b"e")) == [b"e"]
+
+
+def test_prepared_write_with_document_records_is_atomic(backend: Backend) -> None:
+    prepared = backend.prepare(
+        {b"d\x00": b"doc", b"v1": b"verdict"}, ordered=[(b"b\x01", b"1"), (b"b\x02", b"2")]
+    )
+    assert backend.get_many([b"d\x00", b"v1", b"b\x01"]) == [None, None, None]
+    backend.apply(prepared)
+    assert backend.get_many([b"d\x00", b"v1", b"b\x01", b"b\x02"]) == [
+        b"doc",
+        b"verdict",
+        b"1",
+        b"2",
+    ]
+
+
+def test_rocks_refuses_document_records_among_ordered_puts(tmp_path: Path) -> None:
+    backend = RocksBackend(tmp_path / "db")
+    try:
+        with pytest.raises(ValueError, match="document records"):
+            backend.prepare({}, ordered=[(b"b\x01", b"1"), (b"d\x05", b"doc"), (b"x", b"2")])
+    finally:
+        backend.close()
+
+
+def _families(path: Path) -> dict[str, list[bytes]]:
+    """Every key per column family, read straight from RocksDB."""
+    names = Rdict.list_cf(str(path), Options(raw_mode=True))
+    db = Rdict(str(path), Options(raw_mode=True), access_type=AccessType.read_only())
+    try:
+        out: dict[str, list[bytes]] = {}
+        for name in names:
+            family = db if name == "default" else db.get_column_family(name)
+            out[name] = list(family.keys())
+            if family is not db:
+                family.close()
+        return out
+    finally:
+        db.close()
+
+
+def test_rocks_keeps_document_records_in_their_own_column_family(tmp_path: Path) -> None:
+    path = tmp_path / "db"
+    backend = RocksBackend(path)
+    backend.write({b"d\x00\x01": b"doc", b"b\x01": b"bucket", b"x": b"exact"})
+    backend.close()
+    assert _families(path) == {"default": [b"b\x01", b"x"], "docs": [b"d\x00\x01"]}
+
+
+def test_rocks_moves_documents_of_the_old_layout_at_open(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """An index written before the ``docs`` family works, read-only as it is, and is moved."""
+    path = tmp_path / "db"
+    opts = Options(raw_mode=True)
+    opts.create_if_missing(True)
+    old = Rdict(str(path), opts)
+    docs = {b"d" + i.to_bytes(8, "big"): i.to_bytes(4, "little") * 100 for i in range(4500)}
+    for key, value in {**docs, b"M": b"meta", b"b\x01": b"bucket", b"v1": b"v"}.items():
+        old[key] = value
+    old.close()
+
+    view = RocksBackend(path, read_only=True)  # a frozen view takes the layout as it is
+    try:
+        assert view.get_many([b"d" + (7).to_bytes(8, "big"), b"M"]) == [
+            docs[b"d" + (7).to_bytes(8, "big")],
+            b"meta",
+        ]
+        assert sum(1 for _ in view.scan_keys(b"")) == len(docs) + 3
+    finally:
+        view.close()
+    assert "docs" not in _families(path)
+
+    with caplog.at_level(logging.INFO, logger="stream_dedup.index"):
+        backend = RocksBackend(path)
+    try:
+        assert backend.get_many(list(docs)) == list(docs.values())
+        assert list(backend.scan_prefix(b"d")) == sorted(docs.items())
+        assert backend.get_many([b"M", b"b\x01", b"v1"]) == [b"meta", b"bucket", b"v"]
+    finally:
+        backend.close()
+    moved = [r for r in caplog.records if "own column family" in r.getMessage()]
+    assert [r.fields["records"] for r in moved] == [4500]  # type: ignore[attr-defined]
+    families = _families(path)
+    assert families["default"] == [b"M", b"b\x01", b"v1"]
+    assert families["docs"] == sorted(docs)
