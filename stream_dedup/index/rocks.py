@@ -52,6 +52,8 @@ _READ_CHUNK = 512
 DOCS_FAMILY = "docs"
 #: Document records moved per atomic write when an index of the old layout is opened.
 _MOVE_CHUNK = 2000
+#: Records between two progress lines of such a move.
+_MOVE_REPORT = 200_000
 #: The first key after every document key.
 _DOC_END = bytes([DOC[0] + 1])
 
@@ -167,18 +169,27 @@ class RocksBackend:
         """Move document records of the old layout into the ``docs`` family.
 
         Each chunk is one atomic write (put there, delete here), so a move cut short leaves
-        every record in exactly one family and the next open carries on.
+        every record in exactly one family and the next open carries on. One iterator reads
+        them all: it sees the records as they were when it started, and a new seek per chunk
+        would step over every record deleted so far. ~3 s per 100,000 documents, logged
+        every :data:`_MOVE_REPORT` records.
         """
         moved = 0
-        while chunk := list(islice(self._scan(self._db, DOC), _MOVE_CHUNK)):
+        scan = self._scan(self._db, DOC)
+        while chunk := list(islice(scan, _MOVE_CHUNK)):
             batch = WriteBatch(raw_mode=True)
             for key, value in chunk:
                 batch.put(key, value, self._docs_handle)
                 batch.delete(key)
             self._db.write(batch, self._write_opts)
             moved += len(chunk)
+            if moved % _MOVE_REPORT < _MOVE_CHUNK:
+                log.info(
+                    "moving document records to their own column family",
+                    extra={"fields": {"index": self._path, "records": moved}},
+                )
         if moved:
-            self._db.compact_range(DOC, _DOC_END)
+            self._db.compact_range(DOC, _DOC_END)  # drop the deleted records' tombstones
             log.info(
                 "document records moved to their own column family",
                 extra={"fields": {"index": self._path, "records": moved}},
