@@ -14,7 +14,8 @@ partition, offset) order, and hands it to :mod:`stream_dedup.ahead`, which has t
 worker sketch it while this process decides and checkpoints the batch before it.
 Bad input never stops the loop: a message that cannot be decoded, or whose processing
 raises, goes to the dead-letter topic (:mod:`stream_dedup.outputs` builds a batch's events
-and dead letters) and its offset is committed like any other.
+and dead letters) and its offset is committed like any other. When the group moves
+partitions, :mod:`stream_dedup.rebalance` seeks, checkpoints or drops.
 """
 
 from __future__ import annotations
@@ -27,18 +28,12 @@ import time
 from collections.abc import Callable
 from types import FrameType
 
-from confluent_kafka import Consumer, KafkaException, Message, TopicPartition
+from confluent_kafka import Consumer, KafkaException, Message
 from prometheus_client import CollectorRegistry
 
 from stream_dedup import gc_tuning
 from stream_dedup.ahead import SketchAhead
-from stream_dedup.checkpoint import (
-    Checkpoint,
-    batch_ranges,
-    canonical_order,
-    intent_reached,
-    split_intent,
-)
+from stream_dedup.checkpoint import Checkpoint, batch_ranges, canonical_order
 from stream_dedup.collect import BatchCollector
 from stream_dedup.dedup import Deduplicator
 from stream_dedup.endpoints import HttpEndpoints
@@ -53,6 +48,7 @@ from stream_dedup.kafka import (
 from stream_dedup.logs import fields
 from stream_dedup.metrics import Metrics
 from stream_dedup.outputs import BatchOutputs
+from stream_dedup.rebalance import Rebalance
 from stream_dedup.service_config import ServiceConfig
 from stream_dedup.sketch import Sketch
 from stream_dedup.sketch_worker import SketchWorkerError
@@ -62,7 +58,6 @@ log = logging.getLogger("stream_dedup.service")
 #: Keys between progress lines while the key filter is built at start-up (~3.5 s).
 _FILTER_LOG_EVERY = 5_000_000
 
-TpKey = tuple[str, int]
 DeduplicatorFactory = Callable[[DedupIndex, ServiceConfig], Deduplicator]
 
 
@@ -98,16 +93,24 @@ class Service:
         )
         self._inputs = BatchDecoder(config.input.record_format())
         self._outputs = BatchOutputs(config, self.dedup, self.metrics)
-        strategy = config.kafka.get("partition.assignment.strategy", "")
-        self._cooperative = (
-            "cooperative" in strategy or config.kafka.get("group.protocol") == "consumer"
-        )
         self._stop = threading.Event()
         self._stop_requested_at: float | None = None
         self._last_beat = time.monotonic()
         self._filter_logged = 0
         self._index_open = True
         self._batches = BatchCollector(config.batch, self.index.intent(), self._stop)
+        strategy = config.kafka.get("partition.assignment.strategy", "")
+        self._rebalance = Rebalance(
+            self.index,
+            self._batches,
+            self.metrics,
+            cooperative=(
+                "cooperative" in strategy or config.kafka.get("group.protocol") == "consumer"
+            ),
+            process=self._process,
+            decode=self._decode,
+            ahead=lambda: self._ahead,
+        )
         self.http: HttpEndpoints | None = None
         self._consumer: Consumer | None = None
         self._checkpoint: Checkpoint | None = None
@@ -207,9 +210,9 @@ class Service:
         )
         consumer.subscribe(
             list(cfg.input.topics),
-            on_assign=self._on_assign,
-            on_revoke=self._on_revoke,
-            on_lost=self._on_lost,
+            on_assign=self._rebalance.on_assign,
+            on_revoke=self._rebalance.on_revoke,
+            on_lost=self._rebalance.on_lost,
         )
         log.info(
             "started",
@@ -326,95 +329,3 @@ class Service:
         self.metrics.observe_work(result.stats.candidates, result.stats.verifications)
         self.metrics.replayed.inc(result.stats.replayed)
         self.metrics.truncated.inc(result.stats.truncated_lookups)
-
-    # -- rebalances ----------------------------------------------------------------------
-
-    def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
-        """Seek every assigned partition to the offset stored in the index.
-
-        A partition named by a pending batch intent goes to the intent's start (the same
-        offset when the index has one), so the announced batch is read again whole.
-        """
-        self.metrics.rebalances.labels("assign").inc()
-        stored = self.index.offsets()
-        batches = self._batches
-        intent = batches.intent or {}
-        for tp in partitions:
-            key = (tp.topic, tp.partition)
-            if key in intent:
-                tp.offset = intent[key][0]
-            elif key in stored:
-                tp.offset = stored[key]
-            batches.assigned.add(key)
-            batches.paused.discard(key)
-        log.info(
-            "partitions assigned",
-            extra=fields(
-                partitions=[f"{tp.topic}:{tp.partition}@{tp.offset}" for tp in partitions],
-                source="index offsets (others: group offset or auto.offset.reset)",
-            ),
-        )
-        if self._cooperative:
-            consumer.incremental_assign(partitions)
-        else:
-            consumer.assign(partitions)
-        self.metrics.assigned.set(len(batches.assigned))
-
-    def _on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
-        """Checkpoint what was collected before the partitions go.
-
-        While a batch intent is pending, only the complete announced batch may be
-        checkpointed; otherwise the revoked partitions' messages are dropped here and read
-        again from the index offsets at the next assignment.
-        """
-        self.metrics.rebalances.labels("revoke").inc()
-        revoked = {(tp.topic, tp.partition) for tp in partitions}
-        if self._ahead is not None:
-            self._ahead.drain(self._process)
-        b = self._batches
-        if b.intent is not None and intent_reached(b.pending, b.intent):
-            announced, b.pending = split_intent(b.pending, b.intent)
-            self._process(self._decode(announced), None)
-        if b.intent is None:
-            batch, b.pending = b.pending, []
-            if batch:
-                self._process(self._decode(batch), None)
-        else:
-            batch = []
-            b.drop(revoked)
-            b.resume_all()
-        b.assigned -= revoked
-        b.paused -= revoked
-        self.metrics.assigned.set(len(b.assigned))
-        log.info(
-            "partitions revoked",
-            extra=fields(
-                partitions=[f"{tp.topic}:{tp.partition}" for tp in partitions],
-                checkpointed=len(batch),
-            ),
-        )
-        if self._cooperative:
-            consumer.incremental_unassign(partitions)
-
-    def _on_lost(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
-        """Partitions lost without a revoke: drop their uncommitted messages (replayed later)."""
-        self.metrics.rebalances.labels("lost").inc()
-        lost = {(tp.topic, tp.partition) for tp in partitions}
-        b = self._batches
-        if self._ahead is not None:  # not decided yet: back to the collected messages
-            b.pending = self._ahead.take_back() + b.pending
-        b.drop(lost)
-        b.assigned -= lost
-        b.paused -= lost
-        self.metrics.assigned.set(len(b.assigned))
-        log.warning(
-            "partitions lost",
-            extra=fields(
-                partitions=sorted(f"{t}:{p}" for t, p in lost),
-                action=(
-                    "the session with the group coordinator expired (broker unreachable or"
-                    " the loop stalled longer than session.timeout.ms); their uncommitted"
-                    " messages are decided again when the partitions come back"
-                ),
-            ),
-        )
