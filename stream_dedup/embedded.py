@@ -23,7 +23,8 @@ from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-def
 
 from stream_dedup.errors import StreamDedupError
 
-#: librdkafka consumer settings for clients of the embedded broker (tests, demos, benches).
+#: librdkafka consumer settings for clients of the embedded broker (the demo and the benches;
+#: the integration tests use the service's default of 50 ms, which they also test).
 #: Tansu answers a fetch that finds no data by sleeping for part of the request's
 #: ``fetch.wait.max.ms`` and reading its log again, until data is there or the wait is
 #: over; it is not woken when a message is produced, so a message waits for the next
