@@ -44,6 +44,9 @@ from stream_dedup.signature import SIG_DTYPE, estimate_jaccard
 from stream_dedup.sketch import Sketch, sketch
 from stream_dedup.verdict import Match, best_match, exact_jaccard
 
+#: The kinds, read once (a member looked up on the enum costs ~140 ns on Python 3.11).
+_UNIQUE, _DUPLICATE = VerdictKind.UNIQUE, VerdictKind.DUPLICATE
+
 
 @dataclass(slots=True)
 class BatchStats:
@@ -180,7 +183,7 @@ class Deduplicator:
                 continue
             pos = live_pos[i]
             if pos is None:
-                verdict = Verdict(doc.id, VerdictKind.UNIQUE, None, None, doc.id, empty=True)
+                verdict = Verdict(doc.id, _UNIQUE, None, None, doc.id, empty=True)
                 deltas["empty"] += 1
                 stats.candidates.append(0)
                 stats.verifications.append(0)
@@ -198,11 +201,11 @@ class Deduplicator:
                 stats.candidates.append(n_cand)
                 stats.verifications.append(n_ver)
                 if match is None:
-                    verdict = Verdict(doc.id, VerdictKind.UNIQUE, None, None, doc.id)
+                    verdict = Verdict(doc.id, _UNIQUE, None, None, doc.id)
                 else:
                     verdict = Verdict(
                         doc.id,
-                        VerdictKind.DUPLICATE,
+                        _DUPLICATE,
                         match.doc_id,
                         round(match.similarity, 6),
                         match.cluster_id,
