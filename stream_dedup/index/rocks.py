@@ -56,6 +56,8 @@ _MOVE_CHUNK = 2000
 _MOVE_REPORT = 200_000
 #: The first key after every document key.
 _DOC_END = bytes([DOC[0] + 1])
+#: The key of a (key, value) pair, to merge the two families' scans in key order.
+_KEY = itemgetter(0)
 
 
 def _options() -> Options:
@@ -313,5 +315,3 @@ class RocksBackend:
         self._docs_handle = None
         self._db.close()
 
-
-_KEY = itemgetter(0)
