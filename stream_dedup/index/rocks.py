@@ -314,4 +314,3 @@ class RocksBackend:
         # A column family handle keeps the database open, lock included, while it lives.
         self._docs_handle = None
         self._db.close()
-
