@@ -34,6 +34,7 @@ from pathlib import Path
 from rocksdict import (
     AccessType,
     BlockBasedOptions,
+    DBCompactionStyle,
     DBCompressionType,
     Options,
     Rdict,
@@ -58,6 +59,8 @@ _MOVE_REPORT = 200_000
 _DOC_END = bytes([DOC[0] + 1])
 #: The key of a (key, value) pair, to merge the two families' scans in key order.
 _KEY = itemgetter(0)
+#: Sorted runs of the default family before universal compaction merges some (see _options).
+_SORTED_RUNS = 12
 
 
 def _options() -> Options:
@@ -71,16 +74,26 @@ def _options() -> Options:
     keys are inserted into a skiplist that stays small. Kept at 16 MiB for these keys
     alone, it held eight batches and applying a batch cost ~50% more CPU (in-process
     harness of the service's batch work, 50,000 news articles); 2 MiB flushed so often
-    that compaction cost more than it saved. Levels 0 and 1, which every flush writes, are
-    not compressed (chosen when verification sets, which LZ4 cannot shrink, were stored
-    here; not measured again since); the deeper levels, where a long-lived index keeps
-    most of its data, use LZ4.
+    that compaction cost more than it saved.
+
+    Compaction is *universal* (tiered), started at 12 sorted runs. A document writes ~19
+    small keys here, spread at random over the key space, so under leveled compaction
+    every compaction out of level 0 overlapped, and rewrote, the whole level below it;
+    while this family is under ``max_bytes_for_level_base`` (256 MiB, about 450,000 news
+    articles) that level is all of it, so each compaction cost more as the index grew:
+    RocksDB's threads used ~14 us per document over the first 50,000 documents and ~140
+    over the sixth 50,000 (``bench/bench_growth.py``). Universal compaction merges runs
+    of similar size, so a key is rewritten about log(n) times instead; a read checks one
+    bloom filter per run, and reads here are few (the key filter of
+    :mod:`stream_dedup.index.filter` answers most misses). Nothing is compressed: LZ4
+    shrank these keys by 0.2% (random hashes and docnums) for CPU at every flush and
+    compaction.
     """
     opts = Options(raw_mode=True)
     opts.create_if_missing(True)
-    none, lz4 = DBCompressionType.none(), DBCompressionType.lz4()
-    opts.set_compression_type(lz4)
-    opts.set_compression_per_level([none, none, lz4, lz4, lz4, lz4, lz4])
+    opts.set_compression_type(DBCompressionType.none())
+    opts.set_compaction_style(DBCompactionStyle.universal())
+    opts.set_level_zero_file_num_compaction_trigger(_SORTED_RUNS)
     opts.increase_parallelism(2)
     opts.set_write_buffer_size(4 << 20)
     opts.set_memtable_whole_key_filtering(True)

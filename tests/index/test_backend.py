@@ -219,3 +219,70 @@ def test_rocks_moves_documents_of_the_old_layout_at_open(
     families = _families(path)
     assert families["default"] == [b"M", b"b\x01", b"v1"]
     assert families["docs"] == sorted(docs)
+
+
+def _sst_files(path: Path) -> set[str]:
+    return {p.name for p in path.glob("*.sst")}
+
+
+def _family_options(path: Path, family: str) -> dict[str, str]:
+    """One column family's options as RocksDB wrote them at the last open (OPTIONS file)."""
+    latest = max(path.glob("OPTIONS-*"), key=lambda p: int(p.name.split("-")[1]))
+    section, out = "", {}
+    for line in latest.read_text().splitlines():
+        line = line.strip()
+        if line.startswith("["):
+            section = line
+        elif section == f'[CFOptions "{family}"]' and "=" in line:
+            key, value = line.split("=", 1)
+            out[key] = value
+    return out
+
+
+def test_rocks_opens_an_index_compacted_level_by_level_and_compacts_it_on(
+    tmp_path: Path,
+) -> None:
+    """Indexes written before universal compaction (leveled: files at L0 and L6) still work.
+
+    RocksDB takes each non-empty level as one sorted run; reads see every key, and new
+    flushes are merged with the old runs by universal compaction from then on.
+    """
+    path = tmp_path / "db"
+    opts = Options(raw_mode=True)
+    opts.create_if_missing(True)
+    old = Rdict(str(path), opts)  # RocksDB's default: leveled compaction
+    written: dict[bytes, bytes] = {}
+    for chunk in range(3):
+        for i in range(2000):
+            key = b"b" + (chunk * 2000 + i).to_bytes(2, "big") + (i * 7919).to_bytes(8, "big")
+            old[key] = written[key] = i.to_bytes(8, "little")
+        old.flush()
+        if chunk == 0:
+            old.compact_range(None, None)  # to the last level
+    levels = [old.property_int_value(f"rocksdb.num-files-at-level{n}") for n in range(7)]
+    old.close()
+    assert levels[0] == 2 and levels[6] == 1  # runs at level 0 and level 6
+
+    backend = RocksBackend(path)
+    try:
+        default = _family_options(path, "default")
+        assert default["compaction_style"] == "kCompactionStyleUniversal"
+        assert default["compression"] == "kNoCompression"
+        assert default["level0_file_num_compaction_trigger"] == "12"
+        assert backend.get_many(list(written)) == list(written.values())
+        before = _sst_files(path)
+        for flush in range(14):  # more sorted runs than the compaction trigger
+            puts = {b"b\xff" + bytes([flush]) + i.to_bytes(8, "big"): b"x" for i in range(500)}
+            backend.write(puts)
+            written.update(puts)
+            backend.flush()
+        backend.db.compact_range(None, None)  # waits for the merge of every run
+        assert not before & _sst_files(path)  # the old runs were merged away
+        assert dict(backend.scan_prefix(b"b")) == written
+    finally:
+        backend.close()
+    reopened = RocksBackend(path)
+    try:
+        assert reopened.get_many(list(written)) == list(written.values())
+    finally:
+        reopened.close()
