@@ -84,11 +84,11 @@ def _options() -> Options:
     RocksDB's threads used ~14 us per document over the first 50,000 documents and ~122
     over the sixth 50,000 (``bench/bench_growth.py``). Universal compaction merges runs
     of similar size, so a key is rewritten about log(n) times instead (9-44 us per
-    document over the same 300,000, with no trend); a read checks one
-    bloom filter per run, and reads here are few (the key filter of
-    :mod:`stream_dedup.index.filter` answers most misses). Nothing is compressed: LZ4
-    shrank these keys by ~2% (3 of 164 MB after 300,000 documents: random hashes and
-    docnums) for CPU at every flush and compaction.
+    document over the same 300,000, with no trend). A read checks one bloom filter per
+    run, and reads here are few: the key filter of :mod:`stream_dedup.index.filter`
+    answers most misses. Nothing is compressed: LZ4 shrank these keys by ~2% (3 of 164 MB
+    after 300,000 documents: random hashes and docnums) for CPU at every flush and
+    compaction.
     """
     opts = Options(raw_mode=True)
     opts.create_if_missing(True)

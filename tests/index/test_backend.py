@@ -244,8 +244,9 @@ def test_rocks_opens_an_index_compacted_level_by_level_and_compacts_it_on(
 ) -> None:
     """Indexes written before universal compaction (leveled: files at L0 and L6) still work.
 
-    RocksDB takes each non-empty level as one sorted run; reads see every key, and new
-    flushes are merged with the old runs by universal compaction from then on.
+    RocksDB takes each non-empty level as one sorted run; reads see every key, and the
+    old runs are merged with new ones. The options in force are read back from the
+    OPTIONS file RocksDB writes at each open.
     """
     path = tmp_path / "db"
     opts = Options(raw_mode=True)
