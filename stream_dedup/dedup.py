@@ -42,7 +42,7 @@ from stream_dedup.index.store import DedupIndex, PendingCommit
 from stream_dedup.models import Document, Verdict, VerdictKind
 from stream_dedup.signature import SIG_DTYPE, estimate_jaccard
 from stream_dedup.sketch import Sketch, sketch
-from stream_dedup.verdict import Match, best_match, exact_jaccard
+from stream_dedup.verdict import Match, best_match, jaccard_at_least
 
 #: The kinds, read once (a member looked up on the enum costs ~140 ns on Python 3.11).
 _UNIQUE, _DUPLICATE = VerdictKind.UNIQUE, VerdictKind.DUPLICATE
@@ -104,7 +104,8 @@ class Deduplicator:
         self.index.load_filter()  # a scan of the index's lookup keys
         if self._exact and len(sk.sets) == 2:
             # Stored sets are read-only buffers: a distinct compiled signature.
-            exact_jaccard(sk.sets[0], np.frombuffer(sk.sets[1].tobytes(), dtype="<u4"))
+            stored = np.frombuffer(sk.sets[1].tobytes(), dtype="<u4")
+            jaccard_at_least(sk.sets[0], stored, self.config.threshold)
 
     def process(
         self, docs: Sequence[Document], offsets: Mapping[tuple[str, int], int] | None = None
@@ -280,12 +281,16 @@ class Deduplicator:
         missing = [n for n in chosen if n not in records]
         if missing:
             records.update(self._fetch_records(missing))
+        threshold = self.config.threshold
         matches = []
         for n in chosen:
             rec = records[n]
             if shingles is not None:
-                sim = exact_jaccard(shingles, np.frombuffer(rec.payload, dtype="<u4"))
+                # None: below the threshold, which is all best_match needs to know.
+                sim = jaccard_at_least(shingles, np.frombuffer(rec.payload, dtype="<u4"), threshold)
+                if sim is None:
+                    continue
             else:
                 sim = estimate_jaccard(sig, np.frombuffer(rec.payload, dtype=SIG_DTYPE))
             matches.append(Match(n, rec.doc_id, rec.cluster_id, sim))
-        return best_match(matches, self.config.threshold), n_cand, len(chosen)
+        return best_match(matches, threshold), n_cand, len(chosen)
