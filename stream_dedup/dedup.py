@@ -105,7 +105,7 @@ class Deduplicator:
         if self._exact and len(sk.sets) == 2:
             # Stored sets are read-only buffers: a distinct compiled signature.
             stored = np.frombuffer(sk.sets[1].tobytes(), dtype="<u4")
-            jaccard_at_least(sk.sets[0], stored, self.config.threshold)
+            jaccard_at_least(sk.sets[0], stored, 0.0)  # 0: sizes cannot skip the merge
 
     def process(
         self, docs: Sequence[Document], offsets: Mapping[tuple[str, int], int] | None = None

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import random
 import string
+import subprocess
+import sys
 from collections.abc import Callable
 from pathlib import Path
 
@@ -525,3 +527,22 @@ def test_an_index_of_the_old_layout_decides_as_before(
     across = [v for v in got if v.duplicate_of in earlier]
     assert len(across) > 100  # verified against records written before the move
     assert all(v.similarity is not None and v.similarity >= 0.8 for v in across)
+
+
+def test_warm_up_compiles_verification_for_stored_sets() -> None:
+    """In a fresh process, warm_up leaves the merge kernel ready for read-only stored sets.
+
+    The first batch would otherwise load it (up to a second) while documents wait. Run in a
+    subprocess: in this one, other tests may have compiled it already.
+    """
+    code = (
+        "from stream_dedup.config import DedupConfig\n"
+        "from stream_dedup.dedup import Deduplicator\n"
+        "from stream_dedup.index import open_index\n"
+        "from stream_dedup import kernels\n"
+        "c = DedupConfig()\n"
+        "Deduplicator(open_index(None, c.index_params()), c).warm_up()\n"
+        "print(any(not s[1].mutable for s in kernels.intersection_at_least.signatures))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "True"
