@@ -20,7 +20,7 @@ from stream_dedup.decode import RecordFormat, decode_records
 from stream_dedup.events import Source
 from stream_dedup.inputs import BatchDecoder, Decoded, Records
 from stream_dedup.sketch import Sketch, pack, sketch, unpack
-from stream_dedup.sketch_worker import SketchWorker, SketchWorkerError
+from stream_dedup.sketch_worker import NICENESS, SketchWorker, SketchWorkerError
 
 from .test_sketch import EDGE_CASES
 
@@ -85,6 +85,16 @@ def test_worker_decodes_and_sketches_as_in_process(
         (53, "missing_content"),
         (54, "missing_content"),
     ]
+
+
+def test_the_worker_yields_the_cpu_to_the_service(worker: SketchWorker) -> None:
+    """The worker runs NICENESS below this process: the service's loop wins a busy core."""
+    worker.submit(BAD_RECORDS)  # waits until the worker is ready (niced at its start)
+    worker.result()
+    assert worker.pid is not None
+    stat = Path(f"/proc/{worker.pid}/stat").read_text()
+    theirs = int(stat.rsplit(")", 1)[1].split()[16])  # field 19: nice
+    assert theirs == min(os.nice(0) + NICENESS, 19)
 
 
 def test_a_batch_with_no_document_has_no_sketch(worker: SketchWorker) -> None:
