@@ -61,6 +61,8 @@ _DOC_END = bytes([DOC[0] + 1])
 _KEY = itemgetter(0)
 #: Sorted runs of the default family before universal compaction merges some (see _options).
 _SORTED_RUNS = 12
+#: Write-ahead log files kept for reuse (see _options).
+_RECYCLED_LOGS = 4
 
 
 def _options() -> Options:
@@ -89,6 +91,13 @@ def _options() -> Options:
     answers most misses. Nothing is compressed: LZ4 shrank these keys by ~2% (3 of 164 MB
     after 300,000 documents: random hashes and docnums) for CPU at every flush and
     compaction.
+
+    Write-ahead log files are recycled (:data:`_RECYCLED_LOGS`): a batch writes ~8 MB to
+    the log, mostly document records, and a recycled file's pages are already allocated,
+    so the write does not allocate them again, nor does an fsync (``index.sync``) update
+    the file's size in its inode each time. Applying a batch took ~10% less CPU (medians
+    of 5 replays of 50,000 news articles' batches). Recovery after a crash is unchanged:
+    RocksDB's point-in-time recovery tells a recycled file's new records from its old.
     """
     opts = Options(raw_mode=True)
     opts.create_if_missing(True)
@@ -96,6 +105,7 @@ def _options() -> Options:
     opts.set_compaction_style(DBCompactionStyle.universal())
     opts.set_level_zero_file_num_compaction_trigger(_SORTED_RUNS)
     opts.increase_parallelism(2)
+    opts.set_recycle_log_file_num(_RECYCLED_LOGS)
     opts.set_write_buffer_size(4 << 20)
     opts.set_memtable_whole_key_filtering(True)
     opts.set_memtable_prefix_bloom_ratio(0.05)
