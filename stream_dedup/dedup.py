@@ -191,14 +191,19 @@ class Deduplicator:
             else:
                 held = held_at.of(pos)
                 xkey = xkeys[pos]
-                match, n_cand, n_ver = self._match(
-                    sets[pos] if self._exact else None,
-                    sigs[pos],
-                    [v for _, v in held if v],
-                    xdb[xkey],
-                    records,
-                    stats,
-                )
+                exact_hit = xdb[xkey]
+                hits = [v for _, v in held if v] if held else None
+                if exact_hit is None and not hits:  # nothing earlier shares a bucket
+                    match, n_cand, n_ver = None, 0, 0
+                else:
+                    match, n_cand, n_ver = self._match(
+                        sets[pos] if self._exact else None,
+                        sigs[pos],
+                        hits or [],
+                        exact_hit,
+                        records,
+                        stats,
+                    )
                 stats.candidates.append(n_cand)
                 stats.verifications.append(n_ver)
                 if match is None:
@@ -220,7 +225,7 @@ class Deduplicator:
                     payload = sets[pos].tobytes() if self._exact else sigs[pos].tobytes()
                     puts[keys.doc_key(docnum)] = encode_doc(doc.id, verdict.cluster_id, payload)
                     records[docnum] = DocRecord(doc.id, verdict.cluster_id, payload)
-                    if xdb[xkey] is None:
+                    if exact_hit is None:
                         puts[xkey] = xdb[xkey] = docnum.to_bytes(8, "little")
                     if held:
                         stats.bucket_evictions += held_at.append(held, docnum, bucket_bytes)
