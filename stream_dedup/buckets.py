@@ -22,6 +22,8 @@ from operator import itemgetter
 import numpy as np
 import numpy.typing as npt
 
+from stream_dedup.index.backend import NO_ORDERED_PUTS, OrderedPuts
+
 #: ``(slot, contents)`` of the touched buckets of one document; ``None`` = empty so far.
 Held = list[tuple[int, bytes | None]]
 
@@ -95,7 +97,7 @@ class BatchBuckets:
 
     def puts(
         self, keys: list[bytes], order: npt.NDArray[np.intp], docnum_at: list[int]
-    ) -> tuple[list[tuple[bytes, bytes]], npt.NDArray[np.intp]]:
+    ) -> tuple[OrderedPuts, npt.NDArray[np.intp]]:
         """The bucket writes of the indexed documents (``docnum_at`` >= 0), in key order,
         and the positions in ``keys`` of the keys written.
 
@@ -105,7 +107,7 @@ class BatchBuckets:
         per_key = np.repeat(np.asarray(docnum_at, dtype=np.int64), self._bands)
         chosen = order[per_key[order] >= 0]
         if chosen.size == 0:
-            return [], chosen
+            return NO_ORDERED_PUTS, chosen
         # Equal keys sit side by side in key order: keep the first of each run.
         slots = self._slot[chosen]
         first = np.ones(chosen.size, dtype=bool)
@@ -120,4 +122,4 @@ class BatchBuckets:
         patched = where[written]
         for k, s in zip(patched.tolist(), slots[patched].tolist(), strict=True):
             values[k] = contents[s]  # type: ignore[assignment]  # appended: bytes
-        return list(zip(in_order(keys, chosen), values, strict=True)), chosen
+        return OrderedPuts(in_order(keys, chosen), values), chosen

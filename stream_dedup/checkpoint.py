@@ -51,6 +51,7 @@ from confluent_kafka import Consumer, KafkaException, Message, TopicPartition
 
 from stream_dedup.dedup import BatchResult, BatchStats, Deduplicator
 from stream_dedup.events import OutRecord
+from stream_dedup.index.backend import NO_ORDERED_PUTS
 from stream_dedup.index.store import Ranges
 from stream_dedup.kafka import EventProducer
 from stream_dedup.metrics import Metrics
@@ -113,7 +114,7 @@ def split_intent(msgs: list[Message], intent: Ranges) -> tuple[list[Message], li
 
 def empty_result() -> BatchResult:
     """A batch with nothing to decide (every message was dead-lettered)."""
-    return BatchResult([], {}, [], {}, BatchStats())
+    return BatchResult([], {}, NO_ORDERED_PUTS, {}, BatchStats())
 
 
 class Checkpoint:

@@ -30,6 +30,7 @@ from stream_dedup.config import DedupConfig
 from stream_dedup.errors import IndexCorruptError
 from stream_dedup.hashing import U32, U64
 from stream_dedup.index import keys
+from stream_dedup.index.backend import OrderedPuts
 from stream_dedup.index.filter import KeyFilter, bucket_fingerprints
 from stream_dedup.index.records import (
     DocRecord,
@@ -71,7 +72,7 @@ class BatchResult:
 
     verdicts: list[Verdict]
     puts: dict[bytes, bytes]
-    bucket_puts: list[tuple[bytes, bytes]]
+    bucket_puts: OrderedPuts
     counter_deltas: dict[str, int]
     stats: BatchStats
     bucket_fingerprints: U64 = field(default_factory=lambda: np.empty(0, dtype=np.uint64))

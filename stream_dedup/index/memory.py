@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Mapping, Sequence
 
+from stream_dedup.index.backend import NO_ORDERED_PUTS, OrderedPuts
+
 
 class MemoryBackend:
     """A dict with the :class:`~stream_dedup.index.backend.Backend` contract."""
@@ -21,10 +23,10 @@ class MemoryBackend:
         return [get(k) for k in keys]
 
     def prepare(
-        self, puts: Mapping[bytes, bytes], ordered: Sequence[tuple[bytes, bytes]] = ()
+        self, puts: Mapping[bytes, bytes], ordered: OrderedPuts = NO_ORDERED_PUTS
     ) -> dict[bytes, bytes]:
         prepared = dict(puts)
-        prepared.update(ordered)
+        prepared.update(zip(ordered.keys, ordered.values, strict=True))
         return prepared
 
     def apply(self, prepared: dict[bytes, bytes]) -> None:

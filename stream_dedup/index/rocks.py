@@ -27,7 +27,7 @@ import os
 from bisect import bisect_left
 from collections import deque
 from collections.abc import Iterator, Mapping, Sequence
-from itertools import islice, repeat, starmap
+from itertools import islice, repeat
 from operator import itemgetter
 from pathlib import Path
 
@@ -44,6 +44,7 @@ from rocksdict import (
 )
 
 from stream_dedup.errors import IndexLockedError, IndexStoreError
+from stream_dedup.index.backend import NO_ORDERED_PUTS, OrderedPuts
 from stream_dedup.index.keys import DOC
 
 log = logging.getLogger("stream_dedup.index")
@@ -250,7 +251,7 @@ class RocksBackend:
         self.apply(self.prepare(puts))
 
     def prepare(
-        self, puts: Mapping[bytes, bytes], ordered: Sequence[tuple[bytes, bytes]] = ()
+        self, puts: Mapping[bytes, bytes], ordered: OrderedPuts = NO_ORDERED_PUTS
     ) -> WriteBatch:
         # In key order: the memtable's skiplist then continues each insert from the last
         # one, which makes a batch of ~20k keys several times cheaper to apply.
@@ -264,10 +265,11 @@ class RocksBackend:
         # map() drives the ~40,000 puts from C: a Python for loop costs as much again.
         deque(map(put, others, map(value, others)), maxlen=0)
         deque(map(put, docs, map(value, docs), repeat(self._docs_handle)), maxlen=0)
-        at = bisect_left(ordered, (DOC,))  # they are in key order: one probe finds any
-        if at < len(ordered) and ordered[at][0] < _DOC_END:
+        ordered_keys = ordered.keys
+        at = bisect_left(ordered_keys, DOC)  # they are in key order: one probe finds any
+        if at < len(ordered_keys) and ordered_keys[at] < _DOC_END:
             raise ValueError("ordered puts may not hold document records")
-        deque(starmap(put, ordered), maxlen=0)
+        deque(map(put, ordered_keys, ordered.values), maxlen=0)
         return batch
 
     def apply(self, prepared: WriteBatch) -> None:

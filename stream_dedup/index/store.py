@@ -20,7 +20,6 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from itertools import islice
-from operator import itemgetter
 from pathlib import Path
 
 import numpy as np
@@ -28,7 +27,7 @@ import numpy as np
 from stream_dedup.errors import IndexMismatchError, IndexStoreError
 from stream_dedup.hashing import U64
 from stream_dedup.index import keys
-from stream_dedup.index.backend import Backend, PreparedWrite
+from stream_dedup.index.backend import NO_ORDERED_PUTS, Backend, OrderedPuts, PreparedWrite
 from stream_dedup.index.filter import KeyFilter, bucket_fingerprints, key_fingerprints
 from stream_dedup.index.memory import MemoryBackend
 from stream_dedup.index.params import IndexParams
@@ -207,7 +206,7 @@ class DedupIndex:
         counter_deltas: Mapping[str, int],
         offsets: Mapping[tuple[str, int], int] | None = None,
         *,
-        ordered: Sequence[tuple[bytes, bytes]] = (),
+        ordered: OrderedPuts = NO_ORDERED_PUTS,
         ordered_fingerprints: U64 | None = None,
     ) -> PendingCommit:
         """The write :meth:`commit` would make, built but not applied (see :meth:`apply`).
@@ -237,8 +236,8 @@ class DedupIndex:
             elif kind in _LOOKUP_KINDS:
                 lookups.append(key)
         if ordered_fingerprints is None:
-            ordered_fingerprints = bucket_fingerprints(list(map(itemgetter(0), ordered)))
-        elif ordered_fingerprints.size != len(ordered):
+            ordered_fingerprints = bucket_fingerprints(ordered.keys)
+        elif ordered_fingerprints.size != len(ordered.keys):
             raise ValueError("one fingerprint per ordered put is needed")
         fps = [bucket_fingerprints(buckets), key_fingerprints(lookups), ordered_fingerprints]
         return PendingCommit(

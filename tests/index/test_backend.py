@@ -14,6 +14,7 @@ import pytest
 from rocksdict import AccessType, Options, Rdict
 
 from stream_dedup.index import Backend, MemoryBackend, RocksBackend
+from stream_dedup.index.backend import OrderedPuts
 
 
 @pytest.fixture
@@ -141,7 +142,8 @@ def test_document_keys_read_and_scan_like_any_other(backend: Backend) -> None:
 
 def test_prepared_write_with_document_records_is_atomic(backend: Backend) -> None:
     prepared = backend.prepare(
-        {b"d\x00": b"doc", b"v1": b"verdict"}, ordered=[(b"b\x01", b"1"), (b"b\x02", b"2")]
+        {b"d\x00": b"doc", b"v1": b"verdict"},
+        ordered=OrderedPuts([b"b\x01", b"b\x02"], [b"1", b"2"]),
     )
     assert backend.get_many([b"d\x00", b"v1", b"b\x01"]) == [None, None, None]
     backend.apply(prepared)
@@ -157,7 +159,9 @@ def test_rocks_refuses_document_records_among_ordered_puts(tmp_path: Path) -> No
     backend = RocksBackend(tmp_path / "db")
     try:
         with pytest.raises(ValueError, match="document records"):
-            backend.prepare({}, ordered=[(b"b\x01", b"1"), (b"d\x05", b"doc"), (b"x", b"2")])
+            backend.prepare(
+                {}, ordered=OrderedPuts([b"b\x01", b"d\x05", b"x"], [b"1", b"doc", b"2"])
+            )
     finally:
         backend.close()
 

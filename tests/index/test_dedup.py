@@ -209,7 +209,7 @@ def test_resubmitted_id_returns_stored_verdict_and_changes_nothing(
         assert new.to_json() == old.to_json()
     assert replay.stats.replayed == 2
     assert replay.puts == {}
-    assert replay.bucket_puts == []
+    assert replay.bucket_puts == ((), ())
     assert set(replay.counter_deltas.values()) == {0}
     assert {c: dedup.index.counter(c) for c in counters} == counters
 
@@ -290,13 +290,13 @@ def test_bucket_puts_come_apart_in_key_order_and_only_for_indexed_documents(
     result = dedup.decide(batch, sk)
     assert [v.verdict for v in result.verdicts] == [UNIQUE, DUP, UNIQUE, DUP]
     assert not any(k.startswith(keys.BUCKET) for k in result.puts)
-    buckets = [k for k, _ in result.bucket_puts]
+    buckets = list(result.bucket_puts.keys)
     assert buckets == sorted(set(buckets))  # ascending, each bucket once
     nb = dedup.plan.bands
     # a1 and a2, duplicates, are not indexed: only a's and b's buckets are written, each
     # with its one member, although a1 and a2 share many of a's buckets.
     assert set(buckets) == set(sk.bucket_keys[:nb]) | set(sk.bucket_keys[2 * nb : 3 * nb])
-    members = {k: v for k, v in result.bucket_puts}
+    members = dict(zip(*result.bucket_puts, strict=True))
     assert {members[k] for k in sk.bucket_keys[:nb]} == {(0).to_bytes(8, "little")}
     assert {members[k] for k in sk.bucket_keys[2 * nb : 3 * nb]} == {(1).to_bytes(8, "little")}
 
@@ -311,7 +311,7 @@ def test_documents_sharing_buckets_in_one_batch_append_in_batch_order(
     sk = dedup.sketch(batch)
     result = dedup.decide(batch, sk)
     assert [v.duplicate_of for v in result.verdicts] == ["a", None, "a1"]
-    members = {k: v for k, v in result.bucket_puts}
+    members = dict(zip(*result.bucket_puts, strict=True))
     nb = dedup.plan.bands
     a1_keys, a1x_keys = sk.bucket_keys[:nb], sk.bucket_keys[2 * nb :]
     committed = dict(zip(a1_keys, dedup.index.read(a1_keys), strict=True))

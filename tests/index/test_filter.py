@@ -12,6 +12,7 @@ import pytest
 from stream_dedup.config import DedupConfig
 from stream_dedup.dedup import Deduplicator
 from stream_dedup.index import Backend, DedupIndex, RocksBackend, keys
+from stream_dedup.index.backend import OrderedPuts
 from stream_dedup.index.filter import (
     BITS_PER_KEY,
     MIN_CAPACITY,
@@ -125,7 +126,8 @@ def test_every_committed_bucket_key_reaches_the_filter(
     index.commit(dict.fromkeys(before, b"\x01" * 8), {})
     assert index.read_buckets(before) == [b"\x01" * 8] * len(before)  # built here, by scan
     index.commit(dict.fromkeys(plain, b"\x02" * 8), {})
-    index.apply(index.prepare({}, {}, ordered=[(k, b"\x03" * 8) for k in sorted(ordered)]))
+    in_order = sorted(ordered)
+    index.apply(index.prepare({}, {}, ordered=OrderedPuts(in_order, [b"\x03" * 8] * len(in_order))))
     assert index.read_buckets(plain) == [b"\x02" * 8] * len(plain)
     assert index.read_buckets(ordered) == [b"\x03" * 8] * len(ordered)
     assert index.read_buckets(never) == [None] * len(never)
@@ -150,7 +152,8 @@ def test_fingerprints_handed_in_must_match_the_keys(
     with pytest.raises(ValueError, match="one fingerprint per bucket key"):
         index.read_buckets(some, fps[:-1])
     with pytest.raises(ValueError, match="one fingerprint per ordered put"):
+        in_order = sorted(some)
         index.prepare(
-            {}, {}, ordered=[(k, b"x") for k in sorted(some)], ordered_fingerprints=fps[:1]
+            {}, {}, ordered=OrderedPuts(in_order, [b"x"] * 3), ordered_fingerprints=fps[:1]
         )
     index.close()

@@ -7,7 +7,7 @@ import signal
 import subprocess
 import sys
 import textwrap
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 import pytest
@@ -27,6 +27,7 @@ from stream_dedup.index import (
     keys,
     open_index,
 )
+from stream_dedup.index.backend import NO_ORDERED_PUTS, OrderedPuts
 from stream_dedup.index.params import FORMAT_VERSION
 from stream_dedup.index.store import COUNTERS
 
@@ -142,7 +143,7 @@ class RecordingBackend:
         self.inner.write(puts)
 
     def prepare(
-        self, puts: Mapping[bytes, bytes], ordered: Sequence[tuple[bytes, bytes]] = ()
+        self, puts: Mapping[bytes, bytes], ordered: OrderedPuts = NO_ORDERED_PUTS
     ) -> dict[bytes, bytes]:
         # A plain dict of the puts, as the in-memory backend prepares them (it keeps no
         # state for that); apply() then records and forwards it as one write.
