@@ -97,7 +97,8 @@ def _options() -> Options:
     the log, mostly document records, and a recycled file's pages are already allocated,
     so the write does not allocate them again, nor does an fsync (``index.sync``) update
     the file's size in its inode each time. Applying a batch took ~10% less CPU (medians
-    of 5 replays of 50,000 news articles' batches). Recovery after a crash is unchanged:
+    of 5 replays of 50,000 news articles' batches, 17.1 against 18.9 us per document;
+    single replays spread more than that). Recovery after a crash is unchanged:
     RocksDB's point-in-time recovery tells a recycled file's new records from its old.
     """
     opts = Options(raw_mode=True)

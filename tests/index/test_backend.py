@@ -4,9 +4,6 @@ from __future__ import annotations
 
 import logging
 import signal
-import subprocess
-import sys
-import textwrap
 from collections.abc import Callable
 from pathlib import Path
 
@@ -15,6 +12,8 @@ from rocksdict import AccessType, Options, Rdict
 
 from stream_dedup.index import Backend, MemoryBackend, RocksBackend
 from stream_dedup.index.backend import OrderedPuts
+
+from .child import run_child
 
 
 @pytest.fixture
@@ -310,30 +309,22 @@ def test_rocks_recycles_log_files_and_recovers_from_them_after_a_kill(tmp_path: 
     dies without closing. Every batch it wrote must be there, and nothing else.
     """
     path = tmp_path / "db"
-    child = subprocess.run(
-        [
-            sys.executable,
-            "-c",
-            textwrap.dedent(
-                f"""
-                import os, signal
-                from stream_dedup.index.rocks import RocksBackend
-                backend = RocksBackend({str(path)!r})
-                for n in range(40):
-                    puts = {{b"b" + n.to_bytes(2, "big") + i.to_bytes(8, "big"): bytes([n]) * 10
-                             for i in range(300)}}
-                    puts.update({{b"d" + (n * 100 + i).to_bytes(8, "big"): bytes([n]) * 3000
-                                  for i in range(100)}})
-                    backend.write(puts)
-                    if n % 8 == 7 and n < 39:
-                        backend.flush()  # a new log file next; the old one is obsolete
-                os.kill(os.getpid(), signal.SIGKILL)
-                """
-            ),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=120,
+    child = run_child(
+        f"""
+        import os, signal
+        from stream_dedup.index.rocks import RocksBackend
+        backend = RocksBackend({str(path)!r})
+        for n in range(40):
+            puts = {{b"b" + n.to_bytes(2, "big") + i.to_bytes(8, "big"): bytes([n]) * 10
+                     for i in range(300)}}
+            puts.update({{b"d" + (n * 100 + i).to_bytes(8, "big"): bytes([n]) * 3000
+                          for i in range(100)}})
+            backend.write(puts)
+            if n % 8 == 7 and n < 39:
+                backend.flush()  # a new log file next; the old one is obsolete
+        os.kill(os.getpid(), signal.SIGKILL)
+        """,
+        timeout_s=120,
     )
     assert child.returncode == -signal.SIGKILL, child.stderr
     assert _options_section(path, "[DBOptions]")["recycle_log_file_num"] == "4"

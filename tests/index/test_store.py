@@ -4,9 +4,6 @@ from __future__ import annotations
 
 import dataclasses
 import signal
-import subprocess
-import sys
-import textwrap
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
@@ -30,6 +27,8 @@ from stream_dedup.index import (
 from stream_dedup.index.backend import NO_ORDERED_PUTS, OrderedPuts
 from stream_dedup.index.params import FORMAT_VERSION
 from stream_dedup.index.store import COUNTERS
+
+from .child import run_child
 
 PARAMS = DedupConfig().index_params()
 
@@ -243,21 +242,11 @@ def test_rocks_mismatch_releases_the_lock(tmp_path: Path) -> None:
     open_index(path, PARAMS).close()
 
 
-def _run_child(code: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-c", textwrap.dedent(code)],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
-
-
 def test_rocks_open_from_a_second_process_is_locked(tmp_path: Path) -> None:
     path = tmp_path / "idx"
     index = open_index(path, PARAMS)
     try:
-        child = _run_child(
+        child = run_child(
             f"""
             import sys
             from stream_dedup.errors import IndexLockedError
@@ -279,7 +268,7 @@ def test_rocks_open_from_a_second_process_is_locked(tmp_path: Path) -> None:
 def test_rocks_commit_survives_a_killed_process(tmp_path: Path) -> None:
     """A commit that returned is in the write-ahead log even if the process dies unclosed."""
     path = tmp_path / "idx"
-    child = _run_child(
+    child = run_child(
         f"""
         import os, signal
         from stream_dedup.config import DedupConfig
@@ -353,7 +342,7 @@ def test_failed_commit_keeps_the_batch_intent(backend_factory: Callable[[], Back
 
 def test_rocks_batch_intent_survives_a_killed_process_and_reopen(tmp_path: Path) -> None:
     path = tmp_path / "idx"
-    child = _run_child(
+    child = run_child(
         f"""
         import os, signal
         from stream_dedup.config import DedupConfig
