@@ -5,7 +5,13 @@ from __future__ import annotations
 import pytest
 
 from stream_dedup.config import DocumentFormat
-from stream_dedup.decode import document_from_json, document_from_object
+from stream_dedup.decode import (
+    RecordFormat,
+    decode_records,
+    document_from_json,
+    document_from_object,
+    document_from_record,
+)
 from stream_dedup.errors import ConfigError, DecodeError, StreamDedupError
 
 FMT = DocumentFormat()
@@ -114,3 +120,40 @@ def test_lone_surrogate_escape_decodes() -> None:
     """A JSON escape of a lone surrogate is valid JSON and must not be an error here."""
     doc = document_from_json(b'{"id": "a", "title": "x \\ud800 y"}', FMT)
     assert doc.content == "x \ud800 y"
+
+
+def test_a_batch_decodes_record_by_record_as_document_from_record_decides() -> None:
+    """The batch decoder's one-pass reading of common records changes no outcome."""
+    fmt = RecordFormat(max_bytes=200)
+    values: list[bytes | None] = [
+        b'{"id": "a", "title": "T", "text": "body"}',
+        b'{"id": 7, "title": "T", "text": "int id"}',
+        b'{"id": 123456789012345678901234567890, "text": "big int id"}',
+        b'{"id": 1.5, "text": "float id"}',
+        b'{"id": "b", "text": "no title"}',
+        b'{"id": "c", "title": null, "text": "null title"}',
+        b'{"id": "", "text": "empty id"}',
+        b'{"id": "d", "title": 3, "text": "number title"}',
+        b'{"id": "e"}',
+        b'["not", "an", "object"]',
+        b'{"id": "f", "text": "lone \\ud800 surrogate"}',
+        b'{"id": "g", "text": NaN}',
+        b"{not json",
+        b'{"id": "h", "text": "\xff"}',
+        b'{"id": "i", "text": "' + b"x" * 300 + b'"}',
+        None,
+    ]
+    ids, contents, errors = decode_records(values, None, None, fmt)
+    expected_docs, expected_errors = [], []
+    for i, value in enumerate(values):
+        try:
+            doc = document_from_record(
+                value, None, ("", 0, 0), fmt.document, max_bytes=fmt.max_bytes
+            )
+        except DecodeError as exc:
+            expected_errors.append((i, exc.reason, exc.detail))
+        else:
+            expected_docs.append((doc.id, doc.content))
+    assert list(zip(ids, contents, strict=True)) == expected_docs
+    assert errors == expected_errors
+    assert ("a", "T\nbody") in expected_docs and len(expected_docs) == 6
