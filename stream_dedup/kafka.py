@@ -22,7 +22,6 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Mapping
-from functools import partial
 from typing import Any
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer
@@ -30,6 +29,9 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Produ
 from stream_dedup.events import OutRecord
 
 log = logging.getLogger("stream_dedup.kafka")
+
+#: What a delivery report tells of its record: topic, key and value (not the headers).
+_Identity = tuple[str, bytes | None, bytes | None]
 
 CONSUMER_DEFAULTS: Mapping[str, str] = {
     # A group with no stored offsets starts at the oldest message: nothing goes undecided.
@@ -215,41 +217,54 @@ class EventProducer:
         conf: dict[str, Any] = client_config("producer", user)
         conf["error_cb"] = watch
         conf["logger"] = logging.getLogger("stream_dedup.librdkafka.producer")
-        # Delivery reports only for failures (unless the user says otherwise): confirm()
-        # needs the failed records, to produce them again, not a Python callback per
-        # delivered event; flush() returning 0 says everything else was acknowledged. The
-        # Python client reads this one key itself, and only as a bool.
+        # Delivery reports only for failures (unless the user says otherwise), through one
+        # producer-wide callback: confirm() needs the failed records, to produce them
+        # again, not a Python callback per delivered event (a callback bound to each
+        # record cost ~1 us per event); flush() returning 0 says everything else was
+        # acknowledged. The Python client reads this one key itself, and only as a bool.
         only_errors = str(conf.get("delivery.report.only.error", "true")).lower()
         conf["delivery.report.only.error"] = only_errors in ("true", "1")
+        conf["on_delivery"] = self._report
         self._producer = Producer(conf)
         self._watch = watch
-        self._failed: list[tuple[OutRecord, KafkaError]] = []
+        #: Records produced since the last confirmed flush, to rebuild failed ones from.
+        self._inflight: list[OutRecord] = []
+        self._failed: list[tuple[_Identity, KafkaError]] = []
 
     def produce(self, rec: OutRecord) -> None:
         """Queue one record; raises KafkaException if the client rejects it outright.
 
         Delivery reports are served by :meth:`confirm` (and by ``poll`` when the local
-        queue is full), not once per record. Each report carries its record, to be produced
-        again whole if delivery failed (a report's message has no headers). Only failures
-        are reported by default (``delivery.report.only.error``); a success report is
-        ignored.
+        queue is full), not once per record. Only failures are reported by default
+        (``delivery.report.only.error``); a success report is ignored.
         """
         while True:
             try:
-                self._producer.produce(
-                    rec.topic,
-                    value=rec.value,
-                    key=rec.key,
-                    headers=rec.headers,
-                    on_delivery=partial(self._delivered, rec),
-                )
+                self._producer.produce(rec.topic, rec.value, rec.key, headers=rec.headers)
                 break
             except BufferError:
                 self._producer.poll(0.05)
+        self._inflight.append(rec)
 
-    def _delivered(self, rec: OutRecord, err: KafkaError | None, _msg: Message) -> None:
+    def _report(self, err: KafkaError | None, msg: Message) -> None:
+        # A report's message has no headers: the record is found again by the rest.
         if err is not None:
-            self._failed.append((rec, err))
+            self._failed.append(((msg.topic() or "", msg.key(), msg.value()), err))
+
+    def _failed_records(self, failed: list[tuple[_Identity, KafkaError]]) -> list[OutRecord]:
+        """The produced records (headers included) that the failure reports name."""
+        produced: dict[_Identity, list[OutRecord]] = {}
+        for rec in self._inflight:
+            produced.setdefault((rec.topic, rec.key, rec.value), []).append(rec)
+        records = []
+        for identity, _err in failed:
+            same = produced.get(identity)
+            if not same:  # never: librdkafka reports the bytes it was given
+                raise DeliveryAbandonedError(
+                    f"a failed delivery to {identity[0]} matches no record produced"
+                )
+            records.append(same.pop())
+        return records
 
     def confirm(
         self,
@@ -271,6 +286,7 @@ class EventProducer:
             remaining = self._producer.flush(step_s)
             if self._failed:
                 failed, self._failed = self._failed, []
+                records = self._failed_records(failed)
                 log.warning(
                     "event deliveries failed, producing them again",
                     extra={
@@ -286,10 +302,11 @@ class EventProducer:
                     raise DeliveryAbandonedError(f"{len(failed)} records failed to deliver")
                 time.sleep(delay)
                 delay = min(delay * 2, backoff[1])
-                for rec, _err in failed:
+                for rec in records:
                     self.produce(rec)
                 continue
             if not remaining:
+                self._inflight.clear()
                 break
             log.warning(
                 "waiting for event deliveries",
