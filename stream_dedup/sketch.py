@@ -61,6 +61,13 @@ class Sketch:
     bucket_fingerprints: U64
 
 
+#: Verification sets when verification is by signature: none.
+_NO_SETS: tuple[U32, npt.NDArray[np.int64]] = (
+    np.empty(0, dtype="<u4"),
+    np.empty(0, dtype=np.int64),
+)
+
+
 def content_digest(utf8: bytes) -> bytes:
     """16-byte digest of normalised text (UTF-8) for the exact-duplicate fast path."""
     return hashlib.blake2b(utf8, digest_size=16).digest()
@@ -68,35 +75,18 @@ def content_digest(utf8: bytes) -> bytes:
 
 def sketch(texts: Sequence[str], config: DedupConfig, plan: BandPlan) -> Sketch:
     """The :class:`Sketch` of a batch of raw document contents."""
-    if config.shingle.kind == "char":
-        live, sets, sigs, digests = _sketch_char(texts, config)
-    else:
-        live, sets, sigs, digests = _sketch_numpy(texts, config)
-    hashes = band_hashes(sigs, plan, config.seed)
-    order = keys.bucket_order(hashes)
-    return Sketch(
-        size=len(texts),
-        live=live,
-        sets=sets,
-        sigs=sigs,
-        bucket_keys=keys.bucket_keys(hashes),
-        exact_keys=[keys.exact_key(d) for d in digests],
-        bucket_order=order,
-        bucket_shared=keys.bucket_shared(hashes, order),
-        bucket_fingerprints=fingerprints(
-            np.tile(np.arange(plan.bands, dtype=np.uint16), hashes.shape[0]), hashes.reshape(-1)
-        ),
-    )
+    return unpack(sketch_packed(texts, config, plan))
 
 
-#: A :class:`Sketch` as plain values for a pipe: the verification sets as one array.
+#: A :class:`Sketch` as plain values for a pipe: the verification sets as one array and
+#: their sizes, the bucket keys as one array of fixed-width keys.
 PackedSketch = tuple[
     int,
     list[int],
     U32,
     npt.NDArray[np.int64],
     U32,
-    list[bytes],
+    npt.NDArray[np.void],
     list[bytes],
     npt.NDArray[np.intp],
     npt.NDArray[np.intp],
@@ -104,17 +94,48 @@ PackedSketch = tuple[
 ]
 
 
+def sketch_packed(texts: Sequence[str], config: DedupConfig, plan: BandPlan) -> PackedSketch:
+    """:func:`sketch` as the plain values the sketch worker sends (see :func:`unpack`).
+
+    A few large arrays pickle and unpickle at memory speed, where a batch's ~36,000 bucket
+    keys as ``bytes`` objects cost ~1.5 us per document each way and its verification sets
+    as 2,000 arrays cost a copy to join them: the worker sends these, and only the process
+    that decides turns them into the objects it uses.
+    """
+    if config.shingle.kind == "char":
+        live, flat, sizes, sigs, digests = _sketch_char(texts, config)
+    else:
+        live, flat, sizes, sigs, digests = _sketch_numpy(texts, config)
+    hashes = band_hashes(sigs, plan, config.seed)
+    order = keys.bucket_order(hashes)
+    return (
+        len(texts),
+        live,
+        flat,
+        sizes,
+        sigs,
+        keys.packed_bucket_keys(hashes),
+        [keys.exact_key(d) for d in digests],
+        order,
+        keys.bucket_shared(hashes, order),
+        fingerprints(
+            np.tile(np.arange(plan.bands, dtype=np.uint16), hashes.shape[0]), hashes.reshape(-1)
+        ),
+    )
+
+
 def pack(sk: Sketch) -> PackedSketch:
-    """``sk`` as plain values that pickle fast (thousands of small arrays do not)."""
+    """``sk`` as the plain values :func:`sketch_packed` gives."""
     sizes = np.fromiter((s.size for s in sk.sets), dtype=np.int64, count=len(sk.sets))
     flat = np.concatenate(sk.sets) if sk.sets else np.empty(0, dtype="<u4")
+    bucket_keys = np.frombuffer(b"".join(sk.bucket_keys), dtype=keys.PACKED_BUCKET_KEY)
     return (
         sk.size,
         sk.live,
         flat,
         sizes,
         sk.sigs,
-        sk.bucket_keys,
+        bucket_keys,
         sk.exact_keys,
         sk.bucket_order,
         sk.bucket_shared,
@@ -123,16 +144,18 @@ def pack(sk: Sketch) -> PackedSketch:
 
 
 def unpack(packed: PackedSketch) -> Sketch:
-    """The :class:`Sketch` that :func:`pack` was given."""
+    """The :class:`Sketch` that :func:`pack` was given (or :func:`sketch_packed` computed)."""
     size, live, flat, sizes, sigs, bucket_keys, exact_keys, order, shared, fps = packed
     at = (np.cumsum(sizes) - sizes).tolist()
     sets = [flat[a : a + c] for a, c in zip(at, sizes.tolist(), strict=True)]
-    return Sketch(size, live, sets, sigs, bucket_keys, exact_keys, order, shared, fps)
+    # An unstructured void array turns into whole ``bytes`` per key (trailing NULs kept).
+    keys_list: list[bytes] = bucket_keys.tolist()
+    return Sketch(size, live, sets, sigs, keys_list, exact_keys, order, shared, fps)
 
 
 def _sketch_char(
     texts: Sequence[str], config: DedupConfig
-) -> tuple[list[int], list[U32], U32, list[bytes]]:
+) -> tuple[list[int], U32, npt.NDArray[np.int64], U32, list[bytes]]:
     k = config.shingle.k
     folded = [unicodedata.normalize("NFKC", t).casefold() for t in texts]
     raw = np.frombuffer("".join(folded).encode("utf-32-le", "surrogatepass"), dtype="<u4")
@@ -157,29 +180,31 @@ def _sketch_char(
     )  # fmt: skip
     if not filled.all():
         densify(sigs, filled, config.num_perm, config.seed)
-    sets: list[U32] = []
+    flat, sizes = _NO_SETS
     if config.verify == "exact":
         bounds = runs.tolist()
         for lo, hi in itertools.pairwise(bounds):
             high[lo:hi].sort()
         flat, sizes = kernels.drop_repeats(high, runs)
-        at = (np.cumsum(sizes) - sizes).tolist()
-        sets = [flat[a : a + c] for a, c in zip(at, sizes.tolist(), strict=True)]
     text = utf8.tobytes()
     digests = [
         content_digest(text[s : s + c])
         for s, c in zip(utf8_starts[live_at].tolist(), utf8_lengths[live_at].tolist(), strict=True)
     ]
-    return live_at.tolist(), sets, sigs, digests
+    return live_at.tolist(), flat, sizes, sigs, digests
 
 
 def _sketch_numpy(
     texts: Sequence[str], config: DedupConfig
-) -> tuple[list[int], list[U32], U32, list[bytes]]:
+) -> tuple[list[int], U32, npt.NDArray[np.int64], U32, list[bytes]]:
     norms = [normalize(t) for t in texts]
     live = [i for i, t in enumerate(norms) if t]
     batch = shingle_sets([norms[i] for i in live], config.shingle, config.seed)
     sigs = signatures(batch, config.num_perm, config.seed)
-    sets = verification_sets(batch) if config.verify == "exact" else []
+    flat, sizes = _NO_SETS
+    if config.verify == "exact":
+        sets = verification_sets(batch)
+        sizes = np.fromiter((a.size for a in sets), dtype=np.int64, count=len(sets))
+        flat = np.concatenate(sets) if sets else flat
     digests = [content_digest(norms[i].encode("utf-8", "surrogatepass")) for i in live]
-    return live, sets, sigs, digests
+    return live, flat, sizes, sigs, digests

@@ -41,7 +41,7 @@ from stream_dedup.allocator import keep_freed_memory
 from stream_dedup.config import DedupConfig
 from stream_dedup.decode import DecodedRecords, RecordFormat, decode_records
 from stream_dedup.shared import Envelope, SharedRegion, create_region_fd
-from stream_dedup.sketch import PackedSketch, Sketch, pack, sketch, unpack
+from stream_dedup.sketch import PackedSketch, Sketch, sketch, sketch_packed, unpack
 
 log = logging.getLogger("stream_dedup.sketch_worker")
 
@@ -83,7 +83,7 @@ def _serve(conn: Connection, region: SharedRegion) -> None:
         try:
             decoded = decode_records(values, keys, positions, records)
             contents = decoded[1]
-            packed = pack(sketch(contents, config, plan)) if contents else None
+            packed = sketch_packed(contents, config, plan) if contents else None
             reply: tuple[str, object] = ("ok", region.put((decoded, packed)))
         except Exception as exc:
             reply = ("error", f"{type(exc).__name__}: {exc}")

@@ -39,15 +39,24 @@ def counter_key(name: str) -> bytes:
     return COUNTER + name.encode()
 
 
-def bucket_keys(band_hashes: U64) -> list[bytes]:
-    """Keys for an ``(n_docs, bands)`` array of band hashes, row-major."""
+#: One bucket key as a numpy scalar: an unstructured void of a bucket key's width.
+PACKED_BUCKET_KEY = np.dtype(f"V{_BAND_DTYPE.itemsize}")
+
+
+def packed_bucket_keys(band_hashes: U64) -> npt.NDArray[np.void]:
+    """:func:`bucket_keys` as one array of :data:`PACKED_BUCKET_KEY` (``.tolist()`` gives them)."""
     n, bands = band_hashes.shape
     packed = np.empty(n * bands, dtype=_BAND_DTYPE)
     packed["p"] = BUCKET
     packed["band"] = np.tile(np.arange(bands, dtype=np.uint16), n)
     packed["h"] = band_hashes.reshape(-1)
-    # An unstructured void view turns into whole ``bytes`` per key (trailing NULs kept).
-    keys: list[bytes] = packed.view(f"V{_BAND_DTYPE.itemsize}").tolist()
+    return packed.view(PACKED_BUCKET_KEY)
+
+
+def bucket_keys(band_hashes: U64) -> list[bytes]:
+    """Keys for an ``(n_docs, bands)`` array of band hashes, row-major."""
+    # An unstructured void array turns into whole ``bytes`` per key (trailing NULs kept).
+    keys: list[bytes] = packed_bucket_keys(band_hashes).tolist()
     return keys
 
 
