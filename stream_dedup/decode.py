@@ -163,9 +163,9 @@ def decode_records(
     errors: list[tuple[int, str, str]] = []
     doc_fmt = fmt.document
     id_field, fields, joiner = doc_fmt.id_field, doc_fmt.content_fields, doc_fmt.joiner
-    limit = fmt.max_bytes
+    limit, json_records = fmt.max_bytes, not fmt.text
     for i, value in enumerate(values):
-        if not fmt.text and value is not None and (limit is None or len(value) <= limit):
+        if json_records and value is not None and (limit is None or len(value) <= limit):
             # The common record, read in one pass: an object with a non-empty string id
             # and every content field a string. Anything else (an error, an integer or
             # float id, an absent field) takes the full path below, which decides it.

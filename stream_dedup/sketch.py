@@ -124,32 +124,12 @@ def sketch_packed(texts: Sequence[str], config: DedupConfig, plan: BandPlan) -> 
     )
 
 
-def pack(sk: Sketch) -> PackedSketch:
-    """``sk`` as the plain values :func:`sketch_packed` gives."""
-    sizes = np.fromiter((s.size for s in sk.sets), dtype=np.int64, count=len(sk.sets))
-    flat = np.concatenate(sk.sets) if sk.sets else np.empty(0, dtype="<u4")
-    bucket_keys = np.frombuffer(b"".join(sk.bucket_keys), dtype=keys.PACKED_BUCKET_KEY)
-    return (
-        sk.size,
-        sk.live,
-        flat,
-        sizes,
-        sk.sigs,
-        bucket_keys,
-        sk.exact_keys,
-        sk.bucket_order,
-        sk.bucket_shared,
-        sk.bucket_fingerprints,
-    )
-
-
 def unpack(packed: PackedSketch) -> Sketch:
-    """The :class:`Sketch` that :func:`pack` was given (or :func:`sketch_packed` computed)."""
+    """The :class:`Sketch` whose plain values :func:`sketch_packed` computed."""
     size, live, flat, sizes, sigs, bucket_keys, exact_keys, order, shared, fps = packed
     at = (np.cumsum(sizes) - sizes).tolist()
     sets = [flat[a : a + c] for a, c in zip(at, sizes.tolist(), strict=True)]
-    # An unstructured void array turns into whole ``bytes`` per key (trailing NULs kept).
-    keys_list: list[bytes] = bucket_keys.tolist()
+    keys_list: list[bytes] = bucket_keys.tolist()  # see keys.PACKED_BUCKET_KEY
     return Sketch(size, live, sets, sigs, keys_list, exact_keys, order, shared, fps)
 
 

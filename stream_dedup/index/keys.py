@@ -39,7 +39,8 @@ def counter_key(name: str) -> bytes:
     return COUNTER + name.encode()
 
 
-#: One bucket key as a numpy scalar: an unstructured void of a bucket key's width.
+#: One bucket key as a numpy scalar: an unstructured void of a bucket key's width, which
+#: ``tolist()`` turns into the whole key as ``bytes`` (trailing NULs kept).
 PACKED_BUCKET_KEY = np.dtype(f"V{_BAND_DTYPE.itemsize}")
 
 
@@ -55,7 +56,6 @@ def packed_bucket_keys(band_hashes: U64) -> npt.NDArray[np.void]:
 
 def bucket_keys(band_hashes: U64) -> list[bytes]:
     """Keys for an ``(n_docs, bands)`` array of band hashes, row-major."""
-    # An unstructured void array turns into whole ``bytes`` per key (trailing NULs kept).
     keys: list[bytes] = packed_bucket_keys(band_hashes).tolist()
     return keys
 
