@@ -18,8 +18,10 @@ happened to interleave partitions. For every batch, in this order:
    (dead-lettered messages included) *and* the cleared intent. Applying it is the commit
    point. It is built (keys ordered and copied into the ``WriteBatch``: most of its cost)
    while step 3 waits for the broker, and applied only after step 3 confirmed every record.
-5. **Commit the offsets to Kafka** so that standard lag tools see progress. Kafka's
-   offsets are informational: a failure here is logged and counted, not fatal.
+5. **Commit the offsets to Kafka** so that standard lag tools see progress, without
+   waiting for the broker's answer (the consumer's commit callback,
+   :func:`kafka_commit_reporter`, reports it while the loop goes on). Kafka's offsets are
+   informational: a failure here is logged and counted, not fatal.
 
 On partition assignment the service seeks to the offsets stored in the index (step 4),
 not to Kafka's; a partition named by a pending intent is sought to the intent's start.
@@ -47,7 +49,7 @@ import logging
 import time
 from collections.abc import Callable, Mapping
 
-from confluent_kafka import Consumer, KafkaException, Message, TopicPartition
+from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
 
 from stream_dedup.dedup import BatchResult, BatchStats, Deduplicator
 from stream_dedup.events import OutRecord
@@ -167,19 +169,39 @@ class Checkpoint:
         self._metrics.commit_duration.observe(time.perf_counter() - started)
 
     def _commit_kafka(self, offsets: Offsets) -> None:
+        """Step 5, asynchronous: a synchronous commit is a broker round trip per batch
+        (~2 ms at 1,000 docs/s, a fifth of a small batch's time in the loop)."""
         if not offsets:
             return
         tps = [TopicPartition(t, p, o) for (t, p), o in offsets.items()]
         try:
-            self._consumer.commit(offsets=tps, asynchronous=False)
+            self._consumer.commit(offsets=tps, asynchronous=True)
         except KafkaException as exc:
-            self._metrics.kafka_commit_failures.inc()
-            log.warning(
-                "Kafka refused the offset commit; the index holds the true offsets",
-                extra={
-                    "fields": {
-                        "error": str(exc),
-                        "action": "none needed; lag tools catch up at the next commit",
-                    }
-                },
-            )
+            _kafka_commit_failed(self._metrics, str(exc))
+
+
+def kafka_commit_reporter(
+    metrics: Metrics,
+) -> Callable[[KafkaError | None, list[TopicPartition]], None]:
+    """The consumer's ``on_commit`` callback: how step 5 ended, served while consuming."""
+
+    def report(err: KafkaError | None, partitions: list[TopicPartition]) -> None:
+        errors = [str(err)] if err is not None else []
+        errors += [f"{tp.topic}[{tp.partition}]: {tp.error}" for tp in partitions if tp.error]
+        if errors:
+            _kafka_commit_failed(metrics, "; ".join(errors))
+
+    return report
+
+
+def _kafka_commit_failed(metrics: Metrics, error: str) -> None:
+    metrics.kafka_commit_failures.inc()
+    log.warning(
+        "Kafka refused the offset commit; the index holds the true offsets",
+        extra={
+            "fields": {
+                "error": error,
+                "action": "none needed; lag tools catch up at the next commit",
+            }
+        },
+    )

@@ -24,7 +24,14 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer
+from confluent_kafka import (
+    Consumer,
+    KafkaError,
+    KafkaException,
+    Message,
+    Producer,
+    TopicPartition,
+)
 
 from stream_dedup.events import OutRecord
 
@@ -186,11 +193,19 @@ class BrokerWatch:
 
 
 def build_consumer(
-    user: Mapping[str, str], watch: BrokerWatch, stats_cb: Callable[[str], None] | None
+    user: Mapping[str, str],
+    watch: BrokerWatch,
+    stats_cb: Callable[[str], None] | None,
+    on_commit: Callable[[KafkaError | None, list[TopicPartition]], None] | None = None,
 ) -> Consumer:
-    """A consumer with merged settings; no network until the first poll."""
+    """A consumer with merged settings; no network until the first poll.
+
+    ``on_commit`` hears how each offset commit ended (asynchronous commits report there).
+    """
     conf: dict[str, Any] = client_config("consumer", user)
     conf["error_cb"] = watch
+    if on_commit is not None:
+        conf["on_commit"] = on_commit
     conf["logger"] = logging.getLogger("stream_dedup.librdkafka.consumer")
     if stats_cb is not None:
         conf["stats_cb"] = stats_cb

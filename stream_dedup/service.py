@@ -33,7 +33,12 @@ from prometheus_client import CollectorRegistry
 
 from stream_dedup import gc_tuning
 from stream_dedup.ahead import SketchAhead
-from stream_dedup.checkpoint import Checkpoint, batch_ranges, canonical_order
+from stream_dedup.checkpoint import (
+    Checkpoint,
+    batch_ranges,
+    canonical_order,
+    kafka_commit_reporter,
+)
 from stream_dedup.collect import BatchCollector
 from stream_dedup.dedup import Deduplicator
 from stream_dedup.endpoints import HttpEndpoints
@@ -202,7 +207,12 @@ class Service:
         self.dedup.warm_up()
         consumer_watch = BrokerWatch("consumer")
         producer = EventProducer(cfg.kafka, BrokerWatch("producer"))
-        consumer = build_consumer(cfg.kafka, consumer_watch, self.metrics.on_statistics)
+        consumer = build_consumer(
+            cfg.kafka,
+            consumer_watch,
+            self.metrics.on_statistics,
+            on_commit=kafka_commit_reporter(self.metrics),
+        )
         self._consumer = consumer
         self._batches.consumer = consumer
         self._checkpoint = Checkpoint(

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import jsonschema
 import pytest
+from confluent_kafka import Consumer, TopicPartition
 
 from stream_dedup import gc_tuning
 from stream_dedup.dedup import BatchResult, Deduplicator
@@ -157,6 +158,13 @@ def test_restart_after_clean_stop_resumes_without_reprocessing(
     first = ServiceThread(config).start()
     first.wait_for("stream_dedup_messages_consumed_total", 400)
     assert first.stop() == 0
+    # The offsets reached Kafka too (committed without waiting), for lag tools.
+    probe = Consumer({"bootstrap.servers": bootstrap, "group.id": topics.group})
+    try:
+        [committed] = probe.committed([TopicPartition(topics.input, 0)], timeout=10)
+    finally:
+        probe.close()
+    assert committed.offset == 400
 
     produce_json(bootstrap, topics.input, docs[400:])
     second = ServiceThread(config).start()

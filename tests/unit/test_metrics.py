@@ -1,10 +1,16 @@
-"""The batch-observed histogram exports exactly what the client library's histogram would."""
+"""The batch-observed histogram exports exactly what the client library's histogram would;
+failed Kafka offset commits are counted."""
 
 from __future__ import annotations
 
+import logging
+
 import numpy as np
+import pytest
+from confluent_kafka import KafkaError, TopicPartition
 from prometheus_client import CollectorRegistry, Histogram, generate_latest
 
+from stream_dedup.checkpoint import kafka_commit_reporter
 from stream_dedup.metrics import BatchHistogram, Metrics
 
 BUCKETS = (0, 1, 2, 5, 10, 0.25)
@@ -46,3 +52,20 @@ def test_service_metrics_have_no_created_series() -> None:
     assert (
         registry.get_sample_value("stream_dedup_candidates_per_document_bucket", {"le": "5.0"}) == 2
     )
+
+
+def test_kafka_commit_reporter_counts_and_logs_only_failed_commits(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    registry = CollectorRegistry()
+    metrics = Metrics(registry)
+    report = kafka_commit_reporter(metrics)
+    with caplog.at_level(logging.WARNING, logger="stream_dedup.checkpoint"):
+        report(None, [TopicPartition("news", 0, 42)])
+        assert registry.get_sample_value("stream_dedup_kafka_commit_failures_total") == 0
+        assert not caplog.records
+        report(KafkaError(KafkaError.REQUEST_TIMED_OUT), [TopicPartition("news", 0, 42)])
+    assert registry.get_sample_value("stream_dedup_kafka_commit_failures_total") == 1
+    assert [r.getMessage() for r in caplog.records] == [
+        "Kafka refused the offset commit; the index holds the true offsets"
+    ]
