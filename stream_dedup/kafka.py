@@ -253,13 +253,16 @@ class EventProducer:
         queue is full), not once per record. Only failures are reported by default
         (``delivery.report.only.error``); a success report is ignored.
         """
+        self._send(rec)
+        self._inflight.append(rec)
+
+    def _send(self, rec: OutRecord) -> None:
         while True:
             try:
                 self._producer.produce(rec.topic, rec.value, rec.key, headers=rec.headers)
-                break
+                return
             except BufferError:
                 self._producer.poll(0.05)
-        self._inflight.append(rec)
 
     def _report(self, err: KafkaError | None, msg: Message) -> None:
         # A report's message has no headers: the record is found again by the rest.
@@ -318,7 +321,7 @@ class EventProducer:
                 time.sleep(delay)
                 delay = min(delay * 2, backoff[1])
                 for rec in records:
-                    self.produce(rec)
+                    self._send(rec)  # still in _inflight: a retry does not add it again
                 continue
             if not remaining:
                 self._inflight.clear()
