@@ -12,7 +12,10 @@ index on disk) and this script's producer and consumer.
    == n; a batch commits only after all its events are confirmed delivered).
 2. **latency**: with the service running, documents are produced at a fixed offered load
    (``--rate`` docs/s for ``--seconds``); each carries its send time, and this script's
-   consumer of the event topics records send -> event received. p50/p99 reported.
+   consumer of the event topics records send -> event received. p50/p99 reported, and
+   the p99 of each third of the run (by send time) beside the CPU the embedded broker
+   used in that third: Tansu's memory storage lists every stored batch of a partition on
+   each fetch, so its cost, and with it the latency, grows as the run's topics grow.
 
 Each phase is repeated ``--repeats`` times on fresh topics and a fresh index; medians are
 reported. Targets (issue 3): >= 10,000 docs/s sustained; p99 <= 100 ms at 1,000 docs/s.
@@ -25,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import io
+import itertools
 import json
 import os
 import statistics
@@ -36,6 +40,7 @@ import time
 import urllib.request
 import uuid
 from collections.abc import Mapping
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -177,10 +182,52 @@ def throughput(
         run.stop()
 
 
+def process_cpu_s(pid: int | None) -> float | None:
+    """CPU seconds (user + system) a process has used so far; None where unknown."""
+    if pid is None:
+        return None
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text(encoding="ascii").rsplit(")", 1)[1].split()
+    except OSError:  # not Linux, or the process is gone
+        return None
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+@dataclass
+class LatencyRun:
+    """One latency run: (send time, seconds to its event) per timed document, and the
+    broker's CPU seconds at the start of the timed load and after each third of it."""
+
+    samples: list[tuple[float, float]]
+    broker_cpu_s: list[float | None]
+    seconds: float
+
+    def thirds(self) -> list[list[float]]:
+        """The latencies of documents sent in each third of the timed load."""
+        start = min(t for t, _ in self.samples)
+        parts: list[list[float]] = [[], [], []]
+        for sent, lat in self.samples:
+            parts[min(2, int(3 * (sent - start) / self.seconds))].append(lat)
+        return parts
+
+    def broker_share(self) -> list[float] | None:
+        """The broker's CPU in each third, as a fraction of one core."""
+        cpu = [c for c in self.broker_cpu_s if c is not None]
+        if len(cpu) != 4:
+            return None
+        third = self.seconds / 3
+        return [(b - a) / third for a, b in itertools.pairwise(cpu)]
+
+
 def latency(
-    bootstrap: str, workdir: Path, args: argparse.Namespace, seed: int, kafka: Mapping[str, str]
-) -> list[float]:
-    """send -> event received, in seconds, for every timed document.
+    bootstrap: str,
+    workdir: Path,
+    args: argparse.Namespace,
+    seed: int,
+    kafka: Mapping[str, str],
+    broker_pid: int | None,
+) -> LatencyRun:
+    """send -> event received for every timed document, and the broker's CPU meanwhile.
 
     Before the timed load, probe documents go through until one's event comes back, so
     the figures are the steady state at the offered load, not the start-up of the
@@ -191,7 +238,7 @@ def latency(
     run = Run(bootstrap, workdir, args, kafka)
     run.start()
     run.wait_ready()
-    received: list[float] = []
+    received: list[tuple[float, float]] = []
     warmed = threading.Event()
     done = threading.Event()
 
@@ -221,7 +268,7 @@ def latency(
                     now = time.time()
                     doc = json.loads(msg.value() or b"{}")["document"]
                     if "sent" in doc:
-                        received.append(now - doc["sent"])
+                        received.append((doc["sent"], now - doc["sent"]))
                     else:
                         warmed.set()
         consumer.close()
@@ -240,23 +287,30 @@ def latency(
         raise RuntimeError("no probe event came back within 30 s")
     tick = 0.01
     per_tick = max(1, round(args.rate * tick))
+    cuts = [total // 3, 2 * total // 3]
+    cpu = [process_cpu_s(broker_pid)]
     start = time.monotonic()
     for i in range(0, total, per_tick):
         target = start + (i / per_tick) * tick
         pause = target - time.monotonic()
         if pause > 0:
             time.sleep(pause)
+        if cuts and i >= cuts[0]:
+            cuts.pop(0)
+            cpu.append(process_cpu_s(broker_pid))
         for d in docs[i : i + per_tick]:
             d["sent"] = time.time()
             producer.produce(run.topic, json.dumps(d).encode())
         producer.poll(0)
+    cpu.append(process_cpu_s(broker_pid))
+    seconds = time.monotonic() - start
     producer.flush(60)
     reader.join(timeout=60)
     done.set()
     run.stop()
     if len(received) < total:
         raise RuntimeError(f"only {len(received)} of {total} events arrived")
-    return received
+    return LatencyRun(received, cpu, seconds)
 
 
 def quantile(values: list[float], q: float) -> float:
@@ -306,12 +360,36 @@ def main() -> int:
                     + ")  target >= 10,000"
                 )
             if not args.skip_latency:
-                p50s, p99s = [], []
+                p50s, p99s, thirds, shares = [], [], [], []
+                pid = broker.pid if broker is not None else None
                 for r in range(args.repeats):
-                    lat = latency(bootstrap, work, args, 100 + r, kafka)
+                    run = latency(bootstrap, work, args, 100 + r, kafka, pid)
+                    lat = [x for _, x in run.samples]
                     p50s.append(quantile(lat, 0.50) * 1000)
                     p99s.append(quantile(lat, 0.99) * 1000)
-                results["latency_ms"] = {"p50": p50s, "p99": p99s, "rate": args.rate}
+                    thirds.append([quantile(part, 0.99) * 1000 for part in run.thirds()])
+                    share = run.broker_share()
+                    shares.append(share)
+                    print(
+                        f"  latency run {r + 1}: p50 {p50s[-1]:.1f} ms, p99 {p99s[-1]:.1f} ms; "
+                        "p99 by third of the run "
+                        + " / ".join(f"{v:.1f}" for v in thirds[-1])
+                        + " ms"
+                        + (
+                            "; broker CPU by third "
+                            + " / ".join(f"{100 * v:.0f}%" for v in share)
+                            + " of a core"
+                            if share is not None
+                            else ""
+                        )
+                    )
+                results["latency_ms"] = {
+                    "p50": p50s,
+                    "p99": p99s,
+                    "p99_by_third": thirds,
+                    "rate": args.rate,
+                }
+                results["broker_cpu_share_by_third"] = shares
                 print(
                     f"latency at {args.rate:,.0f} docs/s offered: median p50 "
                     f"{statistics.median(p50s):.1f} ms, median p99 "
