@@ -201,6 +201,7 @@ class Service:
             self.dedup.config if cfg.service.sketch_worker else None,
             self._inputs,
             self._worker_failed,
+            cfg.service.sketch_inline_max,
         )
         ahead = self._ahead
         self.index.load_filter(self._filter_progress)

@@ -146,10 +146,15 @@ class ServiceSection:
     broker outage backoff."""
 
     sketch_worker: bool = True
+    sketch_inline_max: int = 64
     flush_timeout_s: float = 30.0
     shutdown_timeout_s: float = 30.0
     backoff_initial_s: float = 0.5
     backoff_max_s: float = 30.0
+
+    def __post_init__(self) -> None:
+        if self.sketch_inline_max < 0:
+            raise ConfigError("service.sketch_inline_max", "must not be negative")
 
 
 @dataclass(frozen=True, slots=True)

@@ -58,6 +58,7 @@ def test_layers_file_then_env_then_flags(tmp_path: Path) -> None:
         ({"input": {"format": "xml"}}, "input.format"),
         ({"bogus": {"x": 1}}, "bogus"),
         ({"kafka": {"linger.ms": [1]}}, "kafka.linger.ms"),
+        ({"service": {"sketch_inline_max": -1}}, "service.sketch_inline_max"),
     ],
 )
 def test_bad_settings_name_the_key(layer: dict[str, dict[str, object]], key: str) -> None:

@@ -245,6 +245,37 @@ def test_sketch_ahead_processes_in_order_with_the_right_sketch(with_worker: bool
     assert failures == []
 
 
+def test_sketch_ahead_sketches_a_small_batch_in_process_when_the_worker_is_idle() -> None:
+    """Small batches at light load skip the worker's round trip; pipelining is unchanged.
+
+    With nothing held, a batch of at most ``inline_max`` messages is processed at once
+    (decoded and sketched here: no sketch handed in); a larger one goes to the worker and
+    is held; while one is held, even a small batch goes to the worker, so the worker's
+    work still overlaps the deciding of the batch before it. Order is always kept.
+    """
+    failures: list[SketchWorkerError] = []
+    ahead = SketchAhead(CONFIG, DECODER, failures.append, inline_max=2)
+    seen: list[tuple[str, bool]] = []
+
+    def process(decoded: Decoded, sketched: Sketch | None) -> None:
+        seen.append((decoded.docs[0].id.split("-")[0], sketched is not None))
+
+    try:
+        ahead.advance(_records("small", ["one text", "two texts"]), process)
+        assert not ahead.holding and seen == [("small", False)]
+        ahead.advance(_records("large", ["a", "b c", "d e f"]), process)
+        assert ahead.holding and seen == [("small", False)]
+        ahead.advance(_records("next", ["g"]), process)  # the worker is busy: queue behind
+        assert ahead.holding
+        ahead.advance(None, process)
+        assert not ahead.holding
+        ahead.advance(_records("last", ["h"]), process)
+    finally:
+        ahead.close()
+    assert seen == [("small", False), ("large", True), ("next", True), ("last", False)]
+    assert failures == []
+
+
 def all_sources(decoded: Decoded) -> list[Source]:
     """The decoded batch's sources, good and bad, in their original order."""
     return sorted(decoded.sources + [s for s, _ in decoded.undecodable], key=lambda s: s.offset)
