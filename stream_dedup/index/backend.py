@@ -13,6 +13,7 @@ broker acknowledges the batch's events, and applies only once they are confirmed
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping, Sequence
+from pathlib import Path
 from typing import Any, NamedTuple, Protocol
 
 #: A write built by :meth:`Backend.prepare`, opaque to everything but its backend.
@@ -76,6 +77,17 @@ class Backend(Protocol):
 
     def size_bytes(self) -> int:
         """Approximate bytes used (on disk for RocksDB, in memory for the dict)."""
+        ...
+
+    def sidecar(self, name: str) -> Path | None:
+        """Where a file derived from the data may be kept beside it (``None``: nowhere,
+        e.g. in memory or in a read-only view). Such a file is a cache: never the only
+        copy of anything."""
+        ...
+
+    def sequence(self) -> int:
+        """A number that changes with every write (RocksDB's write sequence number): what
+        a sidecar file was derived from."""
         ...
 
     def close(self) -> None:

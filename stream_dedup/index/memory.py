@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping, Sequence
+from pathlib import Path
 
 from stream_dedup.index.backend import NO_ORDERED_PUTS, OrderedPuts
 
@@ -13,6 +14,7 @@ class MemoryBackend:
     def __init__(self) -> None:
         self._data: dict[bytes, bytes] = {}
         self._bytes = 0
+        self._writes = 0
 
     @property
     def location(self) -> str:
@@ -32,12 +34,19 @@ class MemoryBackend:
     def apply(self, prepared: dict[bytes, bytes]) -> None:
         self.write(prepared)
 
+    def sidecar(self, name: str) -> Path | None:
+        return None
+
+    def sequence(self) -> int:
+        return self._writes
+
     def write(self, puts: Mapping[bytes, bytes]) -> None:
         for key, value in puts.items():
             old = self._data.get(key)
             # A new key adds key + value; an overwrite only swaps the value's bytes.
             self._bytes += len(value) - len(old) if old is not None else len(key) + len(value)
             self._data[key] = value
+        self._writes += 1
 
     def scan_prefix(self, prefix: bytes) -> Iterator[tuple[bytes, bytes]]:
         for key in sorted(k for k in self._data if k.startswith(prefix)):

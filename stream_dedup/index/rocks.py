@@ -161,6 +161,7 @@ class RocksBackend:
         readable while another process writes (see :mod:`stream_dedup.index.snapshot`).
         """
         self._path = str(path)
+        self._read_only = read_only
         if not read_only:
             Path(self._path).mkdir(parents=True, exist_ok=True)
         opts = _options()
@@ -321,6 +322,12 @@ class RocksBackend:
             for name in ("rocksdb.total-sst-files-size", "rocksdb.cur-size-all-mem-tables"):
                 total += int(family.property_int_value(name) or 0)
         return total + _wal_bytes(self._path)
+
+    def sidecar(self, name: str) -> Path | None:
+        return None if self._read_only else Path(self._path) / name
+
+    def sequence(self) -> int:
+        return int(self._db.latest_sequence_number())
 
     def _families(self) -> tuple[Rdict, ...]:
         return (self._db,) if self._docs is self._db else (self._db, self._docs)

@@ -37,6 +37,8 @@ log = logging.getLogger("stream_dedup.index")
 
 #: Keys fingerprinted at a time while the key filter is built.
 _FILTER_CHUNK = 1 << 18
+#: The key filter saved beside a RocksDB index when its writer closes it (see load_filter).
+FILTER_FILE = "keyfilter.bin"
 #: Keys read through the key filter besides the band buckets: verdicts and exact texts.
 _LOOKUP_KINDS = frozenset({keys.VERDICT, keys.EXACT})
 
@@ -153,17 +155,39 @@ class DedupIndex:
         return values
 
     def load_filter(self, progress: Callable[[int], None] | None = None) -> KeyFilter:
-        """The key filter, built from a scan of the index's lookup keys the first time.
+        """The key filter: the one saved when the index was last closed, if nothing was
+        written since, else built from a scan of the index's lookup keys.
 
-        Sized for twice the keys the index can hold now (``bands`` buckets, a verdict and
-        an exact-text key per indexed document, a verdict per other one). Every later
-        write adds its lookup keys (:meth:`apply`), so the filter never misses a
-        committed key. ``progress`` is called with the keys added so far after every
-        chunk of the scan (~0.2 s), so a long build can be reported and kept alive.
+        A filter is saved by :meth:`close` (the file :data:`FILTER_FILE` beside the
+        index), stamped with the index's write sequence number; it is loaded only at the
+        same number, so any write since (a crash after more batches, another program)
+        means a scan. The file is removed once read: from then on it would describe an
+        index that has moved on, until the next close saves it again.
+
+        A built filter is sized for twice the keys the index can hold now (``bands``
+        buckets, a verdict and an exact-text key per indexed document, a verdict per
+        other one). Every later write adds its lookup keys (:meth:`apply`), so the filter
+        never misses a committed key. ``progress`` is called with the keys added so far
+        after every chunk of the scan (~0.2 s), so a long build can be reported and kept
+        alive.
         """
         if self._filter is not None:
             return self._filter
         started = time.perf_counter()
+        saved = self._load_saved_filter()
+        if saved is not None:
+            self._filter = saved
+            log.info(
+                "key filter loaded",
+                extra={
+                    "fields": {
+                        "keys": saved.count,
+                        "bytes": saved.nbytes,
+                        "seconds": round(time.perf_counter() - started, 3),
+                    }
+                },
+            )
+            return saved
         c = self._counters
         filt = KeyFilter(2 * (c["indexed"] * (self._params.bands + 1) + c["documents"]))
         for kind in (keys.BUCKET, *sorted(_LOOKUP_KINDS)):
@@ -186,6 +210,48 @@ class DedupIndex:
                 },
             )
         return filt
+
+    def _load_saved_filter(self) -> KeyFilter | None:
+        """The filter :meth:`close` saved, if it describes the index as it is; the file
+        is removed either way."""
+        path = self._backend.sidecar(FILTER_FILE)
+        if path is None or not path.exists():
+            return None
+        try:
+            return KeyFilter.load(path, self._backend.sequence())
+        except (OSError, ValueError) as exc:
+            log.info(
+                "saved key filter not used; building it from the index",
+                extra={"fields": {"file": str(path), "reason": str(exc)}},
+            )
+            return None
+        finally:
+            path.unlink(missing_ok=True)
+
+    def _save_filter(self) -> None:
+        """Save the key filter for the next opening (see :meth:`load_filter`)."""
+        path = self._backend.sidecar(FILTER_FILE)
+        if self._filter is None or path is None:
+            return
+        started = time.perf_counter()
+        try:
+            self._filter.save(path, self._backend.sequence())
+        except OSError as exc:
+            log.warning(
+                "could not save the key filter; the next start builds it from the index",
+                extra={"fields": {"file": str(path), "error": str(exc)}},
+            )
+            return
+        log.info(
+            "key filter saved",
+            extra={
+                "fields": {
+                    "file": str(path),
+                    "bytes": self._filter.nbytes,
+                    "seconds": round(time.perf_counter() - started, 3),
+                }
+            },
+        )
 
     def commit(
         self,
@@ -305,6 +371,8 @@ class DedupIndex:
         )
 
     def close(self) -> None:
+        """Close the index; a writer saves its key filter first (see :meth:`load_filter`)."""
+        self._save_filter()
         self._backend.close()
 
 

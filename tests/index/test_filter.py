@@ -3,6 +3,9 @@ index whose filtered bucket reads equal plain reads, before and after a reopen."
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from collections.abc import Callable
 from pathlib import Path
 
@@ -15,10 +18,13 @@ from stream_dedup.index import Backend, DedupIndex, RocksBackend, keys
 from stream_dedup.index.backend import OrderedPuts
 from stream_dedup.index.filter import (
     BITS_PER_KEY,
+    FILE_MAGIC,
     MIN_CAPACITY,
     KeyFilter,
     bucket_fingerprints,
+    key_fingerprints,
 )
+from stream_dedup.index.store import FILTER_FILE
 from stream_dedup.models import Document
 
 
@@ -98,7 +104,11 @@ def test_filtered_bucket_reads_equal_plain_reads_before_and_after_reopening(
     assert dedup.index.load_filter().count >= stored
     dedup.index.close()
 
-    # Reopened: the filter is rebuilt from the bucket keys on disk, then kept up to date.
+    # Closing saved the filter beside the index; it is moved aside here, so that the
+    # reopened index rebuilds it from the keys on disk (a crash leaves no saved filter).
+    saved = tmp_path / "index" / FILTER_FILE
+    assert saved.stat().st_size > dedup.index.load_filter().nbytes
+    saved.rename(tmp_path / "kept-filter")
     config = DedupConfig()
     reopened = Deduplicator(DedupIndex(RocksBackend(tmp_path / "index"), None), config)
     progress: list[int] = []
@@ -157,3 +167,106 @@ def test_fingerprints_handed_in_must_match_the_keys(
             {}, {}, ordered=OrderedPuts(in_order, [b"x"] * 3), ordered_fingerprints=fps[:1]
         )
     index.close()
+
+
+def test_a_closed_index_reopens_with_its_saved_filter_and_a_stale_one_is_rebuilt(
+    tmp_path: Path, kijiji_ads: list[tuple[str, str]]
+) -> None:
+    """Closing saves the filter; the next opening loads it (no scan) and removes the file.
+    A filter saved before a later write (a crash after more batches, another program
+    writing the index) is not used: the filter is built from the keys on disk."""
+    docs = [Document(i, c) for i, c in kijiji_ads[:1200]]
+    dedup = kijiji_index(tmp_path / "index", docs[:800], batch=400)
+    built = dedup.index.load_filter()
+    probe = dedup.sketch(docs).bucket_keys
+    lookups = [keys.verdict_key(d.id) for d in docs] + dedup.sketch(docs).exact_keys
+    dedup.index.close()
+    saved = tmp_path / "index" / FILTER_FILE
+    assert saved.exists()
+
+    index = DedupIndex(RocksBackend(tmp_path / "index"), None)
+    progress: list[int] = []
+    loaded = index.load_filter(progress.append)
+    assert progress == []  # loaded, not scanned
+    assert loaded.count == built.count and loaded.nbytes == built.nbytes
+    assert not saved.exists()  # it would describe an index that moves on from here
+    assert index.read_buckets(probe) == index.read(probe)
+    assert index.read_lookups(lookups) == index.read(lookups)
+    stale = tmp_path / "stale-filter"
+    index.close()
+    saved.rename(stale)  # the filter as of 800 documents
+
+    # More documents are committed by a process that never saves its filter (as if
+    # killed), then the stale file is put back: it is not used.
+    writer = Deduplicator(DedupIndex(RocksBackend(tmp_path / "index"), None), DedupConfig())
+    writer.process(docs[800:])
+    writer.index._filter = None  # nothing to save, like a killed writer
+    writer.index.close()
+    assert not saved.exists()
+    stale.rename(saved)
+    index = DedupIndex(RocksBackend(tmp_path / "index"), None)
+    rebuilt = index.load_filter(progress.append)
+    assert len(progress) == 3 and rebuilt.count > built.count
+    assert not saved.exists()
+    assert index.read_buckets(probe) == index.read(probe)
+    assert all(v is not None for v in index.read_lookups(lookups[: len(docs)]))
+    index.close()
+
+
+def test_a_damaged_saved_filter_is_rebuilt(tmp_path: Path) -> None:
+    index = DedupIndex(RocksBackend(tmp_path / "index"), DedupConfig().index_params())
+    index.commit(dict.fromkeys(random_keys(20, seed=30), b"\x01" * 8), {"documents": 20})
+    held = index.load_filter().count
+    index.close()
+    saved = tmp_path / "index" / FILTER_FILE
+    saved.write_bytes(saved.read_bytes()[:-100])  # cut short
+    index = DedupIndex(RocksBackend(tmp_path / "index"), None)
+    progress: list[int] = []
+    assert index.load_filter(progress.append).count == held
+    assert progress  # scanned
+    index.close()
+    saved.write_bytes(b"something else entirely")
+    index = DedupIndex(RocksBackend(tmp_path / "index"), None)
+    assert index.load_filter().count == held
+    index.close()
+
+
+def test_key_fingerprints_are_a_fixed_function_of_the_bytes() -> None:
+    """Saved filters depend on it: the same in every process (unlike ``hash``), and
+    pinned here, so a change of the function is a deliberate change of FILE_MAGIC."""
+    probe = [b"v", keys.verdict_key("id-1"), keys.verdict_key("id-2"), b"v" + bytes(15)]
+    code = (
+        "from stream_dedup.index.filter import key_fingerprints;"
+        f"print(key_fingerprints({probe!r}).tolist())"
+    )
+    runs = {
+        subprocess.run(
+            [sys.executable, "-c", code],
+            env={**os.environ, "PYTHONHASHSEED": seed},
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
+        for seed in ("1", "2")
+    }
+    assert len(runs) == 1
+    here = key_fingerprints(probe).tolist()
+    assert runs == {f"{here}\n"}
+    assert len(set(here)) == len(probe)
+    assert FILE_MAGIC == b"SDKEYFILTER1\n"
+    assert here == [reference_key_hash(k) for k in probe]
+
+
+def reference_key_hash(key: bytes) -> int:
+    """The key hash written out in Python: the length, then 8-byte little-endian words."""
+    mask = (1 << 64) - 1
+
+    def mix(h: int) -> int:
+        h = ((h ^ (h >> 30)) * 0xBF58476D1CE4E5B9) & mask
+        h = ((h ^ (h >> 27)) * 0x94D049BB133111EB) & mask
+        return h ^ (h >> 31)
+
+    h = mix(len(key) ^ 0x9E3779B97F4A7C15)
+    for at in range(0, len(key), 8):
+        h = mix(h ^ int.from_bytes(key[at : at + 8], "little"))
+    return h

@@ -1,5 +1,6 @@
 """Start-up over an existing index: the key filter is built from it, with progress lines,
-while the health probe stays green (a large index takes seconds to scan)."""
+while the health probe stays green (a large index takes seconds to scan), unless the
+last process to write the index closed it and saved its filter, which is then loaded."""
 
 from __future__ import annotations
 
@@ -28,6 +29,8 @@ def test_the_key_filter_is_built_with_progress_and_heartbeats(
     for lo in range(0, len(docs), 250):
         first.dedup.process(docs[lo : lo + 250])
     first.index.close()
+    saved = tmp_path / "index" / store.FILTER_FILE
+    saved.unlink()  # as a killed service leaves it: no saved filter
 
     monkeypatch.setattr(store, "_FILTER_CHUNK", 1000)  # a progress call per 1,000 keys
     monkeypatch.setattr(service_module, "_FILTER_LOG_EVERY", 3000)
@@ -43,3 +46,12 @@ def test_the_key_filter_is_built_with_progress_and_heartbeats(
     assert any(r.getMessage() == "key filter built from the index" for r in package_logs)
     assert svc.index.filter_bytes() == filt.nbytes > 0
     svc.index.close()
+    assert saved.exists()
+
+    package_logs.clear()
+    again = Service(config)
+    assert again.index.load_filter(again._filter_progress).count == filt.count
+    messages = [r.getMessage() for r in package_logs]
+    assert "key filter loaded" in messages
+    assert "building the key filter from the index" not in messages
+    again.index.close()
