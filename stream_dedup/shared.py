@@ -1,13 +1,16 @@
 """Large arrays between two processes through shared memory, not through a pipe.
 
 A batch's sketch is ~9 MB for 2,000 news articles, mostly numpy arrays (the verification
-sets and signatures). Pickled through a socket pair, it costs the receiving service
-process ~12 ms per batch in copies and context switches, on the core that is the
-service's bottleneck. Here the sender pickles with protocol 5, which leaves the arrays'
-buffers out of band, writes those buffers into a region both processes map, and sends
-only the small pickle and the buffers' spans through the pipe. The receiver copies the
-region once (one ``memcpy``) and unpickles against the copy, so nothing it keeps refers
-to memory the sender will overwrite with the next batch.
+sets and signatures), and its records ~2 MB of text. Pickled through a socket pair, it
+costs the receiving service process ~12 ms per batch in copies and context switches, on
+the core that is the service's bottleneck; a message larger than the socket's buffer
+also makes the reader wait for the writer to be scheduled again, chunk by chunk, which on
+a busy machine with a niced writer doubled the time the service spent taking a reply.
+Here the sender pickles with protocol 5, which leaves the arrays' buffers out of band,
+writes those buffers and the pickle itself into a region both processes map, and sends
+only their spans through the pipe (a few hundred bytes). The receiver copies the region
+once (one ``memcpy``) and unpickles against the copy, so nothing it keeps refers to memory
+the sender will overwrite with the next payload.
 
 The region is a ``memfd`` (an anonymous file; a temporary file where there is none) that
 the service creates and the worker inherits. The sender grows it when a payload does not
@@ -26,8 +29,9 @@ from typing import Any
 #: Spans (offset, length) of the out-of-band buffers of one payload, in order.
 Spans = list[tuple[int, int]]
 
-#: What goes through the pipe for one payload: the in-band pickle, spans, bytes used.
-Envelope = tuple[bytes, Spans, int]
+#: What goes through the pipe for one payload: the spans of its out-of-band buffers and,
+#: last, of the pickle itself; the bytes used.
+Envelope = tuple[Spans, int]
 
 _INITIAL_BYTES = 16 << 20
 
@@ -59,10 +63,12 @@ class SharedRegion:
         return self._map
 
     def put(self, value: Any) -> Envelope:
-        """Write ``value``'s large buffers into the region; what to send through the pipe."""
+        """Write ``value`` into the region (its large buffers, then the pickle of the rest);
+        what to send through the pipe."""
         buffers: list[pickle.PickleBuffer] = []
         head = pickle.dumps(value, protocol=5, buffer_callback=buffers.append)
         raws = [b.raw() for b in buffers]
+        raws.append(memoryview(head))
         total = sum(r.nbytes for r in raws)
         if os.fstat(self.fd).st_size < total:
             os.ftruncate(self.fd, max(total + total // 4, _INITIAL_BYTES))
@@ -73,14 +79,16 @@ class SharedRegion:
             region[at : at + raw.nbytes] = raw
             spans.append((at, raw.nbytes))
             at += raw.nbytes
-        return head, spans, total
+        return spans, total
 
     def take(self, envelope: Envelope) -> Any:
         """The value :meth:`put` wrapped, backed by a private copy of the region."""
-        head, spans, total = envelope
-        local = bytearray(memoryview(self._mapped(total))[:total]) if total else bytearray()
+        spans, total = envelope
+        local = bytearray(memoryview(self._mapped(total))[:total])
         view = memoryview(local)
-        return pickle.loads(head, buffers=[view[a : a + n] for a, n in spans])
+        (head_at, head_size), buffers = spans[-1], spans[:-1]
+        head = view[head_at : head_at + head_size]
+        return pickle.loads(head, buffers=[view[a : a + n] for a, n in buffers])
 
     def close(self) -> None:
         if self._map is not None:

@@ -11,7 +11,9 @@ decodes and sketches batch N+1, which the loop has already consumed.
 The worker is a fresh interpreter (``python -m stream_dedup.sketch_worker``; forking a
 process that runs librdkafka threads and RocksDB is unsafe, and ``multiprocessing``'s
 spawn would import the embedding program's main module again) joined by a socket pair
-and a shared memory region for the sketches' arrays (:mod:`stream_dedup.shared`).
+and two shared memory regions (:mod:`stream_dedup.shared`): one carries each batch's
+records to the worker, the other its decoded records and sketch back; the pipe only says
+where they are.
 It exits when the pipe closes, which includes the service being killed (``kill -9``):
 nothing is left running. It
 ignores SIGINT and SIGTERM, which stop the service, so that the batch in hand is still
@@ -55,11 +57,11 @@ class SketchWorkerError(RuntimeError):
     """The worker could not sketch a batch; the caller sketches it in process instead."""
 
 
-def _serve(conn: Connection, region: SharedRegion) -> None:
+def _serve(conn: Connection, region: SharedRegion, requests: SharedRegion) -> None:
     """The worker's loop: its settings, then records in, documents and sketches out, until EOF.
 
-    A reply goes through the shared ``region`` (:mod:`stream_dedup.shared`), which the
-    pipe only points at.
+    A batch's records arrive through the shared ``requests`` region and its reply goes
+    through ``region`` (:mod:`stream_dedup.shared`); the pipe only points at them.
     """
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
@@ -77,7 +79,7 @@ def _serve(conn: Connection, region: SharedRegion) -> None:
         return  # the service is gone already
     while True:
         try:
-            values, keys, positions = conn.recv()
+            values, keys, positions = requests.take(conn.recv())
         except (EOFError, OSError):
             return
         try:
@@ -106,6 +108,7 @@ class SketchWorker:
         self._records = records if records is not None else RecordFormat()
         self._conn: Connection | None = None
         self._region: SharedRegion | None = None
+        self._requests: SharedRegion | None = None
         self._proc: subprocess.Popen[bytes] | None = None
         self._ready = False
         self._busy = False
@@ -114,6 +117,7 @@ class SketchWorker:
     def _start(self) -> None:
         parent, child = multiprocessing.Pipe(duplex=True)
         region = SharedRegion(create_region_fd())
+        requests = SharedRegion(create_region_fd())
         try:
             proc = subprocess.Popen(
                 [
@@ -122,18 +126,20 @@ class SketchWorker:
                     "stream_dedup.sketch_worker",
                     str(child.fileno()),
                     str(region.fd),
+                    str(requests.fd),
                 ],
-                pass_fds=(child.fileno(), region.fd),
+                pass_fds=(child.fileno(), region.fd, requests.fd),
                 stdin=subprocess.DEVNULL,
             )
         except BaseException:
             region.close()
+            requests.close()
             raise
         finally:
             child.close()
         parent.send((self._config, self._records))
         self._conn, self._proc, self._ready, self._busy = parent, proc, False, False
-        self._region = region
+        self._region, self._requests = region, requests
 
     @property
     def pid(self) -> int | None:
@@ -165,8 +171,9 @@ class SketchWorker:
             if not self._ready:
                 self._receive(START_TIMEOUT_S)
                 self._ready = True
-            assert self._conn is not None
-            self._conn.send((values, keys, positions))
+            assert self._conn is not None and self._requests is not None
+            # The worker took its copy of the last request before it replied to it.
+            self._conn.send(self._requests.put((values, keys, positions)))
         except (SketchWorkerError, OSError) as exc:
             self._stop()
             raise SketchWorkerError(f"sketch worker failed to start: {exc}") from exc
@@ -228,15 +235,17 @@ class SketchWorker:
                 self._proc.kill()
                 self._proc.wait()
             self._proc = None
-        if self._region is not None:
-            self._region.close()
-            self._region = None
+        for region in (self._region, self._requests):
+            if region is not None:
+                region.close()
+        self._region = self._requests = None
         self._busy = False
         self._ready = False
 
 
 def main() -> None:
-    """Entry point of the worker process: argv[1] is the pipe's descriptor, argv[2] the region's.
+    """Entry point of the worker process: argv[1] is the pipe's descriptor, argv[2] and
+    argv[3] those of the reply and request regions.
 
     The worker owns its process, so it keeps freed memory for the next batch
     (:mod:`stream_dedup.allocator`): each batch allocates some 50 MB of arrays, and
@@ -255,7 +264,9 @@ def main() -> None:
     keep_freed_memory()
     with contextlib.suppress(OSError):
         os.nice(NICENESS)  # raising one's own niceness needs no privilege
-    _serve(Connection(int(sys.argv[1])), SharedRegion(int(sys.argv[2])))
+    _serve(
+        Connection(int(sys.argv[1])), SharedRegion(int(sys.argv[2])), SharedRegion(int(sys.argv[3]))
+    )
 
 
 if __name__ == "__main__":

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ast
 import os
+import pickle
 import subprocess
 import sys
 
@@ -17,11 +18,14 @@ def test_round_trip_keeps_arrays_and_plain_values() -> None:
     receiver = SharedRegion(os.dup(sender.fd))
     sets = np.arange(1000, dtype="<u4")
     sigs = np.arange(256, dtype="<u4").reshape(2, 128)
-    head, spans, total = sender.put((3, [0, 2], sets, sigs, [b"key"]))
-    assert total == sets.nbytes + sigs.nbytes
-    assert len(head) < 1000  # the arrays travel out of band
-    n, live, got_sets, got_sigs, keys = receiver.take((head, spans, total))
-    assert (n, live, keys) == (3, [0, 2], [b"key"])
+    envelope = sender.put((3, [0, 2], sets, sigs, [b"key" * 100_000]))
+    spans, total = envelope
+    assert len(pickle.dumps(envelope)) < 200  # all that goes through the pipe
+    assert len(spans) == 3  # the two arrays out of band, then the rest's pickle
+    assert spans[0] == (0, sets.nbytes) and spans[1] == (sets.nbytes, sigs.nbytes)
+    assert total == sets.nbytes + sigs.nbytes + spans[2][1] > 300_000
+    n, live, got_sets, got_sigs, keys = receiver.take(envelope)
+    assert (n, live, keys) == (3, [0, 2], [b"key" * 100_000])
     np.testing.assert_array_equal(got_sets, sets)
     np.testing.assert_array_equal(got_sigs, sigs)
     assert got_sigs.shape == (2, 128)
