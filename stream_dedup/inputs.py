@@ -56,6 +56,18 @@ class Records:
     batch: list[Message]
     sources: list[Source]
 
+    def split(self, at: int) -> tuple[Records, Records]:
+        """The first ``at`` messages and the rest, each still in the canonical order (so
+        each holds one run of offsets per partition: a batch of its own)."""
+        if at <= 0:
+            return Records([], []), self
+        if at >= len(self.sources):
+            return self, Records([], [])
+        return (
+            Records(self.batch[:at], self.sources[:at]),
+            Records(self.batch[at:], self.sources[at:]),
+        )
+
 
 @dataclass(frozen=True, slots=True)
 class Decoded:

@@ -245,35 +245,65 @@ def test_sketch_ahead_processes_in_order_with_the_right_sketch(with_worker: bool
     assert failures == []
 
 
-def test_sketch_ahead_sketches_a_small_batch_in_process_when_the_worker_is_idle() -> None:
-    """Small batches at light load skip the worker's round trip; pipelining is unchanged.
-
-    With nothing held, a batch of at most ``inline_max`` messages is processed at once
-    (decoded and sketched here: no sketch handed in); a larger one goes to the worker and
-    is held; while one is held, even a small batch goes to the worker, so the worker's
-    work still overlaps the deciding of the batch before it. Order is always kept.
+def test_sketch_ahead_starts_from_idle_in_process_and_pipelines_under_load() -> None:
+    """With nothing held, a batch of at most ``inline_max`` messages is processed at once
+    (decoded and sketched here: no sketch handed in), and a larger one is split: its first
+    third is processed here while the worker sketches the rest, which is held. While a
+    batch is held, a new one goes to the worker whole, so the worker's work overlaps the
+    deciding of the batch before it. Order is always kept, a batch's first part first.
     """
     failures: list[SketchWorkerError] = []
     ahead = SketchAhead(CONFIG, DECODER, failures.append, inline_max=2)
-    seen: list[tuple[str, bool]] = []
+    seen: list[tuple[list[str], bool]] = []
 
     def process(decoded: Decoded, sketched: Sketch | None) -> None:
-        seen.append((decoded.docs[0].id.split("-")[0], sketched is not None))
+        seen.append(([d.id for d in decoded.docs], sketched is not None))
 
     try:
         ahead.advance(_records("small", ["one text", "two texts"]), process)
-        assert not ahead.holding and seen == [("small", False)]
-        ahead.advance(_records("large", ["a", "b c", "d e f"]), process)
-        assert ahead.holding and seen == [("small", False)]
-        ahead.advance(_records("next", ["g"]), process)  # the worker is busy: queue behind
+        assert not ahead.holding and seen == [(["small-0", "small-1"], False)]
+        large = ["a", "b c", "d e f", "g", "h i", "j k l"]
+        ahead.advance(_records("large", large), process)
+        assert ahead.holding  # the last two thirds, at the worker
+        assert seen[-1] == (["large-0", "large-1"], False)  # the first third, here
+        ahead.advance(_records("next", ["m"]), process)  # the worker is busy: queue behind
         assert ahead.holding
         ahead.advance(None, process)
         assert not ahead.holding
-        ahead.advance(_records("last", ["h"]), process)
+        ahead.advance(_records("last", ["n"]), process)
     finally:
         ahead.close()
-    assert seen == [("small", False), ("large", True), ("next", True), ("last", False)]
+    assert seen == [
+        (["small-0", "small-1"], False),
+        (["large-0", "large-1"], False),
+        (["large-2", "large-3", "large-4", "large-5"], True),
+        (["next-0"], True),
+        (["last-0"], False),
+    ]
     assert failures == []
+
+
+def test_sketch_ahead_with_inline_max_0_hands_every_batch_to_the_worker_whole() -> None:
+    ahead = SketchAhead(CONFIG, DECODER, lambda exc: pytest.fail(str(exc)), inline_max=0)
+    seen: list[tuple[int, bool]] = []
+
+    def process(decoded: Decoded, sketched: Sketch | None) -> None:
+        seen.append((len(decoded.docs), sketched is not None))
+
+    try:
+        ahead.advance(_records("a", ["one", "two", "three", "four"]), process)
+        assert ahead.holding and seen == []
+        ahead.drain(process)
+    finally:
+        ahead.close()
+    assert seen == [(4, True)]
+
+
+def test_records_split_into_a_run_per_partition_each() -> None:
+    sources = [Source("in", p, o, None, None, b"{}", []) for p in (0, 1) for o in (5, 6, 7)]
+    head, rest = Records([], sources).split(4)
+    assert [(s.partition, s.offset) for s in head.sources] == [(0, 5), (0, 6), (0, 7), (1, 5)]
+    assert [(s.partition, s.offset) for s in rest.sources] == [(1, 6), (1, 7)]
 
 
 def all_sources(decoded: Decoded) -> list[Source]:
