@@ -9,7 +9,11 @@ index on disk) and this script's producer and consumer.
    measured from the first message consumed (``stream_dedup_messages_consumed_total`` > 0,
    polled every 10 ms on ``/metrics``) to the last batch committed (the service's
    ``stream_dedup_last_commit_timestamp_seconds`` once ``stream_dedup_index_documents``
-   == n; a batch commits only after all its events are confirmed delivered).
+   == n; a batch commits only after all its events are confirmed delivered). Each run
+   also prints the CPU per document, from ``/proc``, of the service's loop (its main
+   thread), its other threads (RocksDB's, librdkafka's), its sketch worker, the embedded
+   broker and this script (:mod:`proc_cpu`): these move far less between runs than the
+   rate does, so they tell a change of cost from the host's noise.
 2. **latency**: with the service running, documents are produced at a fixed offered load
    (``--rate`` docs/s for ``--seconds``); each carries its send time, and this script's
    consumer of the event topics records send -> event received. p50/p99 reported, and
@@ -46,6 +50,7 @@ from pathlib import Path
 from typing import Any
 
 from confluent_kafka import OFFSET_BEGINNING, Consumer, Producer, TopicPartition
+from proc_cpu import CpuSample, per_document_us, process_cpu_s, render
 
 from stream_dedup.embedded import (
     TANSU_CONSUMER_SETTINGS,
@@ -154,24 +159,42 @@ def produce_all(bootstrap: str, topic: str, docs: list[dict[str, Any]]) -> None:
 
 
 def throughput(
-    bootstrap: str, workdir: Path, args: argparse.Namespace, seed: int, kafka: Mapping[str, str]
-) -> float:
+    bootstrap: str,
+    workdir: Path,
+    args: argparse.Namespace,
+    seed: int,
+    kafka: Mapping[str, str],
+    broker_pid: int | None,
+) -> tuple[float, dict[str, float | None]]:
+    """Sustained docs/s of one run, and the CPU per document of each part meanwhile.
+
+    The CPU is sampled when the first message is seen consumed and when the last batch
+    is seen committed (up to a second later: the idle parts use next to nothing then, the
+    broker's idle fetches ~1-2 us per document of a 50,000-document run).
+    """
     docs = documents(args.documents, seed)
     run = Run(bootstrap, workdir, args, kafka)
     produce_all(bootstrap, run.topic, docs)
     run.start()
+    assert run.proc is not None
     first: float | None = None
+    cpu_first: CpuSample | None = None
     try:
         deadline = time.monotonic() + 600
         while time.monotonic() < deadline:
-            if run.proc is not None and run.proc.poll() is not None:
+            if run.proc.poll() is not None:
                 raise RuntimeError(f"the service exited with code {run.proc.returncode}")
             m = scrape(run.port)
             if first is None and m.get("stream_dedup_messages_consumed_total", 0) > 0:
                 first = time.time()
+                cpu_first = CpuSample.take(run.proc.pid, broker_pid)
             if m.get("stream_dedup_index_documents", 0) >= len(docs):
-                assert first is not None
-                return len(docs) / (m["stream_dedup_last_commit_timestamp_seconds"] - first)
+                assert first is not None and cpu_first is not None
+                cpu = per_document_us(
+                    cpu_first, CpuSample.take(run.proc.pid, broker_pid), len(docs)
+                )
+                rate = len(docs) / (m["stream_dedup_last_commit_timestamp_seconds"] - first)
+                return rate, cpu
             # A scrape costs the service CPU: poll finely only until the first message is
             # consumed (the service is idle then); the end is the last checkpoint's own
             # timestamp, so polling once a second afterwards (Prometheus scrapes every 15 s
@@ -180,17 +203,6 @@ def throughput(
         raise RuntimeError("throughput run did not finish")
     finally:
         run.stop()
-
-
-def process_cpu_s(pid: int | None) -> float | None:
-    """CPU seconds (user + system) a process has used so far; None where unknown."""
-    if pid is None:
-        return None
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text(encoding="ascii").rsplit(")", 1)[1].split()
-    except OSError:  # not Linux, or the process is gone
-        return None
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 @dataclass
@@ -351,8 +363,15 @@ def main() -> int:
         with tempfile.TemporaryDirectory(prefix="bench-service-") as tmp:
             work = Path(tmp)
             if not args.skip_throughput:
-                rates = [throughput(bootstrap, work, args, r, kafka) for r in range(args.repeats)]
+                pid = broker.pid if broker is not None else None
+                rates, cpus = [], []
+                for r in range(args.repeats):
+                    rate, cpu = throughput(bootstrap, work, args, r, kafka, pid)
+                    rates.append(rate)
+                    cpus.append(cpu)
+                    print(f"  throughput run {r + 1}: {rate:,.0f} docs/s; {render(cpu)}")
                 results["throughput_docs_per_s"] = rates
+                results["throughput_cpu_us_per_document"] = cpus
                 print(
                     f"throughput: median {statistics.median(rates):,.0f} docs/s over "
                     f"{args.documents:,} documents (runs: "
