@@ -70,13 +70,19 @@ Words = npt.NDArray[np.uint32]
 
 
 @numba.njit(**_JIT)  # type: ignore[untyped-decorator]
+def _mix(h: Any) -> Any:
+    """splitmix64's finaliser: a bijection of 64-bit words that spreads every bit."""
+    h = (h ^ (h >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+    h = (h ^ (h >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+    return h ^ (h >> np.uint64(31))
+
+
+@numba.njit(**_JIT)  # type: ignore[untyped-decorator]
 def _fingerprints(bands: npt.NDArray[np.uint16], hashes: U64, out: U64) -> None:
     """Mix each key's band into its band hash (splitmix64's finaliser)."""
     for i in range(hashes.size):
-        x = hashes[i] ^ ((np.uint64(bands[i]) + np.uint64(1)) * np.uint64(0x9E3779B97F4A7C15))
-        x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
-        x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
-        out[i] = x ^ (x >> np.uint64(31))
+        golden = (np.uint64(bands[i]) + np.uint64(1)) * np.uint64(0x9E3779B97F4A7C15)
+        out[i] = _mix(hashes[i] ^ golden)
 
 
 @numba.njit(**_JIT)  # type: ignore[untyped-decorator]
@@ -126,14 +132,6 @@ def bucket_fingerprints(bucket_keys: Sequence[bytes]) -> U64:
         return np.empty(0, dtype=np.uint64)
     parsed = keys.parse_bucket_keys(bucket_keys)
     return fingerprints(parsed["band"], parsed["h"])
-
-
-@numba.njit(**_JIT)  # type: ignore[untyped-decorator]
-def _mix(h: Any) -> Any:
-    """splitmix64's finaliser: a bijection of 64-bit words that spreads every bit."""
-    h = (h ^ (h >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
-    h = (h ^ (h >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
-    return h ^ (h >> np.uint64(31))
 
 
 @numba.njit(**_JIT)  # type: ignore[untyped-decorator]
