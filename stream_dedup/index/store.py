@@ -177,16 +177,7 @@ class DedupIndex:
         saved = self._load_saved_filter()
         if saved is not None:
             self._filter = saved
-            log.info(
-                "key filter loaded",
-                extra={
-                    "fields": {
-                        "keys": saved.count,
-                        "bytes": saved.nbytes,
-                        "seconds": round(time.perf_counter() - started, 3),
-                    }
-                },
-            )
+            _log_filter("key filter loaded", saved, started)
             return saved
         c = self._counters
         filt = KeyFilter(2 * (c["indexed"] * (self._params.bands + 1) + c["documents"]))
@@ -199,16 +190,7 @@ class DedupIndex:
                     progress(filt.count)
         self._filter = filt
         if filt.count:
-            log.info(
-                "key filter built from the index",
-                extra={
-                    "fields": {
-                        "keys": filt.count,
-                        "bytes": filt.nbytes,
-                        "seconds": round(time.perf_counter() - started, 3),
-                    }
-                },
-            )
+            _log_filter("key filter built from the index", filt, started)
         return filt
 
     def _load_saved_filter(self) -> KeyFilter | None:
@@ -374,6 +356,16 @@ class DedupIndex:
         """Close the index; a writer saves its key filter first (see :meth:`load_filter`)."""
         self._save_filter()
         self._backend.close()
+
+
+def _log_filter(message: str, filt: KeyFilter, started: float) -> None:
+    """Log how large a key filter is and how long it took (since ``started``) to get."""
+    fields = {
+        "keys": filt.count,
+        "bytes": filt.nbytes,
+        "seconds": round(time.perf_counter() - started, 3),
+    }
+    log.info(message, extra={"fields": fields})
 
 
 def open_index(
