@@ -3,9 +3,9 @@
 ``decide(docs)`` reads the committed index (batched reads, through the index's key filter,
 for replayed ids, exact-text digests and band buckets; one for candidate records) and
 decides the documents in order against everything before them *including earlier
-documents of the same batch*: pending writes live in an overlay that later documents of
-the batch read first (for band buckets, :class:`~stream_dedup.buckets.BatchBuckets`,
-which looks only at the buckets a batch shares with the index or within itself). Nothing is
+documents of the same batch*: the compiled matching pass
+(:mod:`stream_dedup.batch_match`) keeps the batch's own bucket appends and exact texts
+beside what the index holds, so later documents of the batch see them. Nothing is
 written until ``commit(result, offsets)``, which hands all of the batch's records,
 counters and the input offsets to one atomic index write. Deciding the same batch again
 over the same committed index gives identical verdicts, which is what makes a replay
@@ -20,18 +20,19 @@ verified, and the best verified match at or above the threshold decides.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from operator import itemgetter
 
 import numpy as np
+import numpy.typing as npt
 
-from stream_dedup.buckets import BatchBuckets
+from stream_dedup.batch_match import BatchMatches, match_batch
 from stream_dedup.config import DedupConfig
 from stream_dedup.errors import IndexCorruptError
 from stream_dedup.hashing import U32, U64
 from stream_dedup.index import keys
-from stream_dedup.index.backend import OrderedPuts
-from stream_dedup.index.filter import KeyFilter, bucket_fingerprints
+from stream_dedup.index.backend import NO_ORDERED_PUTS, OrderedPuts
 from stream_dedup.index.records import (
     DocRecord,
     decode_doc,
@@ -41,9 +42,7 @@ from stream_dedup.index.records import (
 )
 from stream_dedup.index.store import DedupIndex, PendingCommit
 from stream_dedup.models import Document, Verdict, VerdictKind
-from stream_dedup.signature import SIG_DTYPE, estimate_jaccard
 from stream_dedup.sketch import Sketch, sketch
-from stream_dedup.verdict import Match, best_match, jaccard_at_least
 
 #: The kinds, read once (a member looked up on the enum costs ~140 ns on Python 3.11).
 _UNIQUE, _DUPLICATE = VerdictKind.UNIQUE, VerdictKind.DUPLICATE
@@ -95,18 +94,10 @@ class Deduplicator:
         compiles it, the first time on a machine): close to a second that would otherwise
         land on the latency of the first documents. Deciding a throw-away pair of texts
         (one near-duplicate of the other) runs every kernel the configuration uses; the
-        index is read, to build its key filter now, but not written.
+        index is read, which builds its key filter now, but not written.
         """
         texts = ["warm-up text for the compiled kernels", "warm-up text for the kernels"]
-        sk = sketch(texts, self.config, self.plan)
-        scratch, fps = KeyFilter(0), bucket_fingerprints(sk.bucket_keys)
-        scratch.add(fps)
-        scratch.may_hold(fps)
-        self.index.load_filter()  # a scan of the index's lookup keys
-        if self._exact and len(sk.sets) == 2:
-            # Stored sets are read-only buffers: a distinct compiled signature.
-            stored = np.frombuffer(sk.sets[1].tobytes(), dtype="<u4")
-            jaccard_at_least(sk.sets[0], stored, 0.0)  # 0: sizes cannot skip the merge
+        self.decide([Document(f"\x00warm-up {i}", t) for i, t in enumerate(texts)])
 
     def process(
         self, docs: Sequence[Document], offsets: Mapping[tuple[str, int], int] | None = None
@@ -142,110 +133,136 @@ class Deduplicator:
         """Verdicts for ``docs`` in order; see the module docstring for the rules.
 
         ``sketched`` is ``docs``' sketch when it was computed elsewhere (the service's
-        sketch worker computes it one batch ahead); by default it is computed here.
+        sketch worker computes it one batch ahead); by default it is computed here. The
+        matching itself is one compiled pass (:func:`~stream_dedup.batch_match.match_batch`);
+        this method gathers its inputs from the index and turns its numbers into verdicts
+        and records.
         """
         cfg = self.config
         sk = sketched if sketched is not None else self.sketch(docs)
         if sk.size != len(docs):
             raise ValueError("the sketch handed in is not the sketch of these documents")
-        live, sets, sigs, bkeys, xkeys = sk.live, sk.sets, sk.sigs, sk.bucket_keys, sk.exact_keys
-        nb = self.plan.bands
+        live, xkeys, bkeys = sk.live, sk.exact_keys, sk.bucket_keys
+        n_docs, n_live, nb = len(docs), len(live), self.plan.bands
 
         vkeys = [keys.verdict_key(d.id) for d in docs]
         read = self.index.read_lookups(vkeys + xkeys)
-        nv = len(vkeys)
-        # Verdicts and exact digests: committed values, overlaid with the batch's writes
-        # (an id or a text may repeat within the batch).
-        vdb: dict[bytes, bytes | None] = dict(zip(vkeys, read[:nv], strict=True))
-        xdb: dict[bytes, bytes | None] = dict(zip(xkeys, read[nv:], strict=True))
-        committed = self.index.read_buckets(bkeys, sk.bucket_fingerprints)
-        held_at = BatchBuckets(committed, sk.bucket_shared, nb)
-
-        records = self._prefetch_records(xdb.values(), held_at.committed_values())
-        next_docnum = self.index.counter("indexed")
-        puts: dict[bytes, bytes] = {}
-        stats = BatchStats()
-        deltas = dict.fromkeys(("documents", "indexed", "duplicates", "empty"), 0)
-        verdicts: list[Verdict] = []
-        live_pos: list[int | None] = [None] * len(docs)
+        stored, xread = read[:n_docs], read[n_docs:]
+        # An id repeated within the batch is decided once, at its first occurrence; the
+        # later ones, like an id the index has decided before, get that verdict back.
+        first_at = dict(zip(reversed(vkeys), range(n_docs - 1, -1, -1), strict=True))
+        live_pos: list[int | None] = [None] * n_docs
         for p, doc_index in enumerate(live):
             live_pos[doc_index] = p
-        docnum_at = [-1] * len(live)
-        index_all = cfg.index_policy == "all"
-        bucket_bytes = self._bucket_bytes
+        fresh = np.ones(n_live, dtype=bool)
+        if len(first_at) < n_docs or stored.count(None) < n_docs:
+            for i, vkey in enumerate(vkeys):
+                at_live = live_pos[i]
+                if at_live is not None and (stored[i] is not None or first_at[vkey] != i):
+                    fresh[at_live] = False
+        # Equal normalised texts share a group, keyed by the last position with that text.
+        last_with = dict(zip(xkeys, range(n_live), strict=True))
+        text_group = np.array([last_with[x] for x in xkeys], dtype=np.int64)
+        group_docnum = np.full(n_live, -1, dtype=np.int64)
+        exact_docnums = [
+            (p, int.from_bytes(raw, "little")) for p, raw in enumerate(xread) if raw is not None
+        ]
+        for p, n in exact_docnums:
+            group_docnum[text_group[p]] = n
 
+        at, held = self.index.read_buckets_present(bkeys, sk.bucket_fingerprints)
+        com_len = np.zeros(len(bkeys), dtype=np.int64)
+        com_at = np.zeros(len(bkeys), dtype=np.int64)
+        lengths = np.fromiter(map(len, held), dtype=np.int64, count=len(held)) >> 3
+        com_len[at] = lengths
+        com_at[at] = np.cumsum(lengths) - lengths
+        members = np.frombuffer(b"".join(held), dtype="<u8")
+        slot = np.arange(len(bkeys), dtype=np.intp)
+        shared = sk.bucket_shared
+        slot[shared[:, 0]] = shared[:, 1]
+
+        wanted = {n for _, n in exact_docnums}
+        wanted.update(np.unique(members).tolist())
+        records = self._fetch_records(sorted(wanted))
+        first_docnum = self.index.counter("indexed")
+        if self._exact:
+            q_flat, q_at, q_len = sk.set_flat, sk.set_at, sk.set_len
+        else:
+            per = cfg.num_perm
+            q_flat = sk.sigs.reshape(-1)
+            q_at = np.arange(n_live, dtype=np.int64) * per
+            q_len = np.full(n_live, per, dtype=np.int64)
+        found = match_batch(
+            fresh=fresh,
+            text_group=text_group,
+            group_docnum=group_docnum,
+            slot=slot,
+            committed=(com_at, com_len, members),
+            bands=nb,
+            max_members=cfg.max_bucket_size,
+            max_candidates=cfg.max_candidates,
+            threshold=cfg.threshold,
+            exact=self._exact,
+            index_all=cfg.index_policy == "all",
+            first_docnum=first_docnum,
+            payloads=(q_flat, q_at, q_len),
+            records=_payloads(records),
+        )
+
+        stats = BatchStats(
+            exact_hits=found.exact_hits,
+            truncated_lookups=found.truncated,
+            bucket_evictions=found.evictions,
+        )
+        per_doc = np.zeros((2, n_docs), dtype=np.int64)
+        per_doc[0, live] = found.candidates
+        per_doc[1, live] = found.verifications
+        stats.candidates, stats.verifications = per_doc.tolist()
+        matched, sims = found.match.tolist(), found.similarity.tolist()
+        given, new_text = found.docnum.tolist(), found.new_text.tolist()
+        payload_bytes = q_flat.tobytes()
+        starts, sizes = (4 * q_at).tolist(), (4 * q_len).tolist()
+        puts: dict[bytes, bytes] = {}
+        deltas = dict.fromkeys(("documents", "indexed", "duplicates", "empty"), 0)
+        verdicts: list[Verdict] = []
         for i, doc in enumerate(docs):
             vkey = vkeys[i]
-            stored = vdb[vkey]
-            if stored is not None:
-                verdicts.append(decode_verdict(doc.id, stored))
+            replay = stored[i]
+            if replay is None and first_at[vkey] != i:
+                replay = puts[vkey]  # what its first occurrence was given
+            if replay is not None:
+                verdicts.append(decode_verdict(doc.id, replay))
                 stats.replayed += 1
-                stats.candidates.append(0)
-                stats.verifications.append(0)
                 continue
-            pos = live_pos[i]
-            if pos is None:
+            live_at = live_pos[i]
+            if live_at is None:
                 verdict = Verdict(doc.id, _UNIQUE, None, None, doc.id, empty=True)
                 deltas["empty"] += 1
-                stats.candidates.append(0)
-                stats.verifications.append(0)
             else:
-                held = held_at.of(pos)
-                xkey = xkeys[pos]
-                exact_hit = xdb[xkey]
-                hits = [v for _, v in held if v] if held else None
-                if exact_hit is None and not hits:  # nothing earlier shares a bucket
-                    match, n_cand, n_ver = None, 0, 0
-                else:
-                    match, n_cand, n_ver = self._match(
-                        sets[pos] if self._exact else None,
-                        sigs[pos],
-                        hits or [],
-                        exact_hit,
-                        records,
-                        stats,
-                    )
-                stats.candidates.append(n_cand)
-                stats.verifications.append(n_ver)
-                if match is None:
+                p = live_at
+                n = matched[p]
+                if n < 0:
                     verdict = Verdict(doc.id, _UNIQUE, None, None, doc.id)
                 else:
+                    rec = records[n]
                     verdict = Verdict(
-                        doc.id,
-                        _DUPLICATE,
-                        match.doc_id,
-                        round(match.similarity, 6),
-                        match.cluster_id,
+                        doc.id, _DUPLICATE, rec.doc_id, round(sims[p], 6), rec.cluster_id
                     )
                     deltas["duplicates"] += 1
-                if index_all or match is None:
-                    docnum = next_docnum
-                    next_docnum += 1
+                num = given[p]
+                if num >= 0:
                     deltas["indexed"] += 1
-                    docnum_at[pos] = docnum
-                    payload = sets[pos].tobytes() if self._exact else sigs[pos].tobytes()
-                    puts[keys.doc_key(docnum)] = encode_doc(doc.id, verdict.cluster_id, payload)
-                    records[docnum] = DocRecord(doc.id, verdict.cluster_id, payload)
-                    if exact_hit is None:
-                        puts[xkey] = xdb[xkey] = docnum.to_bytes(8, "little")
-                    if held:
-                        stats.bucket_evictions += held_at.append(held, docnum, bucket_bytes)
+                    payload = payload_bytes[starts[p] : starts[p] + sizes[p]]
+                    puts[keys.doc_key(num)] = encode_doc(doc.id, verdict.cluster_id, payload)
+                    records[num] = DocRecord(doc.id, verdict.cluster_id, payload)
+                    if new_text[p]:
+                        puts[xkeys[p]] = num.to_bytes(8, "little")
             deltas["documents"] += 1
-            puts[vkey] = vdb[vkey] = encode_verdict(verdict)
+            puts[vkey] = encode_verdict(verdict)
             verdicts.append(verdict)
-        bucket_puts, written = held_at.puts(bkeys, sk.bucket_order, docnum_at)
+        bucket_puts, written = _bucket_puts(bkeys, sk.bucket_order, slot, found, nb)
         fps = sk.bucket_fingerprints[written]
         return BatchResult(verdicts, puts, bucket_puts, deltas, stats, fps)
-
-    def _prefetch_records(
-        self, exact: Iterable[bytes | None], buckets: list[bytes]
-    ) -> dict[int, DocRecord]:
-        """Fetch, in one read, the records of every committed document a bucket names."""
-        wanted = {int.from_bytes(raw, "little") for raw in exact if raw is not None}
-        if buckets:
-            members = np.frombuffer(b"".join(buckets), dtype="<u8")
-            wanted.update(np.unique(members).tolist())
-        return self._fetch_records(sorted(wanted))
 
     def _fetch_records(self, docnums: list[int]) -> dict[int, DocRecord]:
         raw = self.index.read([keys.doc_key(n) for n in docnums])
@@ -256,47 +273,56 @@ class Deduplicator:
             out[n] = decode_doc(value)
         return out
 
-    def _match(
-        self,
-        shingles: U32 | None,
-        sig: U32,
-        hits: list[bytes],
-        exact_hit: bytes | None,
-        records: dict[int, DocRecord],
-        stats: BatchStats,
-    ) -> tuple[Match | None, int, int]:
-        """Best verified earlier match of one document, candidates seen, verifications.
 
-        ``hits`` are the values of the document's non-empty band buckets.
-        """
-        if exact_hit is not None:
-            n = int.from_bytes(exact_hit, "little")
-            rec = records.get(n) or self._fetch_records([n])[n]
-            stats.exact_hits += 1
-            return Match(n, rec.doc_id, rec.cluster_id, 1.0), 1, 0
-        if not hits:
-            return None, 0, 0
-        members = np.frombuffer(b"".join(hits), dtype="<u8")
-        chosen = set(members.tolist())
-        n_cand = len(chosen)
-        if n_cand > self.config.max_candidates:
-            stats.truncated_lookups += 1
-            unique, counts = np.unique(members, return_counts=True)
-            order = np.lexsort((unique, -counts))[: self.config.max_candidates]
-            chosen = set(unique[order].tolist())
-        missing = [n for n in chosen if n not in records]
-        if missing:
-            records.update(self._fetch_records(missing))
-        threshold = self.config.threshold
-        matches = []
-        for n in chosen:
-            rec = records[n]
-            if shingles is not None:
-                # None: below the threshold, which is all best_match needs to know.
-                sim = jaccard_at_least(shingles, np.frombuffer(rec.payload, dtype="<u4"), threshold)
-                if sim is None:
-                    continue
-            else:
-                sim = estimate_jaccard(sig, np.frombuffer(rec.payload, dtype=SIG_DTYPE))
-            matches.append(Match(n, rec.doc_id, rec.cluster_id, sim))
-        return best_match(matches, threshold), n_cand, len(chosen)
+def _payloads(
+    records: dict[int, DocRecord],
+) -> tuple[npt.NDArray[np.uint64], U32, npt.NDArray[np.int64], npt.NDArray[np.int64]]:
+    """The verification payloads of ``records`` as :func:`match_batch` takes them (docnums
+    ascending: ``records`` is filled in that order)."""
+    docnums = np.fromiter(records, dtype=np.uint64, count=len(records))
+    payloads = [r.payload for r in records.values()]
+    flat = np.frombuffer(b"".join(payloads), dtype="<u4")
+    lengths = np.fromiter(map(len, payloads), dtype=np.int64, count=len(payloads)) >> 2
+    return docnums, flat, np.cumsum(lengths) - lengths, lengths
+
+
+def _bucket_puts(
+    bkeys: list[bytes],
+    order: npt.NDArray[np.intp],
+    slot: npt.NDArray[np.intp],
+    found: BatchMatches,
+    bands: int,
+) -> tuple[OrderedPuts, npt.NDArray[np.intp]]:
+    """The bucket writes of the batch's indexed documents, in key order, and the positions
+    in ``bkeys`` of the keys written.
+
+    ``order`` is the keys' ascending order (:func:`stream_dedup.index.keys.bucket_order`).
+    Each bucket is written once: a new bucket of one member is that docnum's eight bytes
+    (one vectorised pass), any other its final contents from the matching pass.
+    """
+    per_key = np.repeat(found.docnum, bands)
+    chosen = order[per_key[order] >= 0]
+    if chosen.size == 0:
+        return NO_ORDERED_PUTS, chosen
+    # Equal keys sit side by side in key order: keep the first of each run.
+    slots = slot[chosen]
+    first = np.ones(chosen.size, dtype=bool)
+    first[1:] = slots[1:] != slots[:-1]
+    chosen, slots = chosen[first], slots[first]
+    values: list[bytes] = per_key[chosen].astype("<u8").view("V8").tolist()
+    longer = np.flatnonzero(found.content_len[slots] > 0)
+    if longer.size:
+        raw = found.contents.astype("<u8", copy=False).tobytes()
+        at = (8 * found.content_at[slots[longer]]).tolist()
+        ends = (8 * found.content_len[slots[longer]]).tolist()
+        for k, a, n in zip(longer.tolist(), at, ends, strict=True):
+            values[k] = raw[a : a + n]
+    return OrderedPuts(in_order(bkeys, chosen), values), chosen
+
+
+def in_order(items: list[bytes], order: npt.NDArray[np.intp]) -> Sequence[bytes]:
+    """``items`` at the positions ``order`` lists (``operator.itemgetter``: no Python loop)."""
+    if order.size < 2:
+        return [items[j] for j in order.tolist()]
+    picked: tuple[bytes, ...] = itemgetter(*order.tolist())(items)
+    return picked

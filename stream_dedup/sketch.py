@@ -40,9 +40,11 @@ class Sketch:
 
     ``size`` is the number of documents sketched and ``live`` the positions of those with
     non-empty normalised content; the other fields hold one entry per live document, in
-    that order (``bucket_keys``: ``bands`` per document). ``sets`` (verification sets) is
-    empty unless verification is exact. ``bucket_order`` lists the positions in
-    ``bucket_keys`` of its keys in ascending byte order (:func:`keys.bucket_order`), and
+    that order (``bucket_keys``: ``bands`` per document). The verification sets are one
+    array, ``set_flat``, live document ``p``'s set at ``set_at[p]`` for ``set_len[p]``
+    values (:attr:`sets` cuts them apart); they are empty unless verification is exact.
+    ``bucket_order`` lists the positions in ``bucket_keys`` of its keys in ascending byte
+    order (:func:`keys.bucket_order`), and
     ``bucket_shared`` the ``(position, first position)`` pairs of keys that occur more than
     once in the batch (:func:`keys.bucket_shared`). ``bucket_fingerprints`` are the bucket
     keys' fingerprints for the index's key filter
@@ -52,13 +54,21 @@ class Sketch:
 
     size: int
     live: list[int]
-    sets: list[U32]
+    set_flat: U32
+    set_at: npt.NDArray[np.int64]
+    set_len: npt.NDArray[np.int64]
     sigs: U32
     bucket_keys: list[bytes]
     exact_keys: list[bytes]
     bucket_order: npt.NDArray[np.intp]
     bucket_shared: npt.NDArray[np.intp]
     bucket_fingerprints: U64
+
+    @property
+    def sets(self) -> list[U32]:
+        """Each live document's verification set (views of ``set_flat``)."""
+        flat, at, length = self.set_flat, self.set_at.tolist(), self.set_len.tolist()
+        return [flat[a : a + n] for a, n in zip(at, length, strict=True)]
 
 
 #: Verification sets when verification is by signature: none.
@@ -127,10 +137,9 @@ def sketch_packed(texts: Sequence[str], config: DedupConfig, plan: BandPlan) -> 
 def unpack(packed: PackedSketch) -> Sketch:
     """The :class:`Sketch` whose plain values :func:`sketch_packed` computed."""
     size, live, flat, sizes, sigs, bucket_keys, exact_keys, order, shared, fps = packed
-    at = (np.cumsum(sizes) - sizes).tolist()
-    sets = [flat[a : a + c] for a, c in zip(at, sizes.tolist(), strict=True)]
+    at = np.cumsum(sizes) - sizes
     keys_list: list[bytes] = bucket_keys.tolist()  # see keys.PACKED_BUCKET_KEY
-    return Sketch(size, live, sets, sigs, keys_list, exact_keys, order, shared, fps)
+    return Sketch(size, live, flat, at, sizes, sigs, keys_list, exact_keys, order, shared, fps)
 
 
 def _sketch_char(

@@ -143,6 +143,21 @@ class DedupIndex:
             raise ValueError("one fingerprint per bucket key is needed")
         return self._read_filtered(bucket_keys, fingerprints)
 
+    def read_buckets_present(
+        self, bucket_keys: Sequence[bytes], fingerprints: U64
+    ) -> tuple[list[int], list[bytes]]:
+        """:meth:`read_buckets` as the positions of the buckets the index holds and their
+        contents: a batch's ~36,000 keys find a few hundred, and a list of every answer
+        would be mostly ``None``s to walk past."""
+        if fingerprints.size != len(bucket_keys):
+            raise ValueError("one fingerprint per bucket key is needed")
+        where = np.flatnonzero(self.load_filter().may_hold(fingerprints)).tolist()
+        if not where:
+            return [], []
+        read = self._backend.get_many([bucket_keys[i] for i in where])
+        found = [(i, v) for i, v in zip(where, read, strict=True) if v is not None]
+        return [i for i, _ in found], [v for _, v in found]
+
     def _read_filtered(self, wanted: Sequence[bytes], fingerprints: U64) -> list[bytes | None]:
         maybe = np.flatnonzero(self.load_filter().may_hold(fingerprints))
         values: list[bytes | None] = [None] * len(wanted)

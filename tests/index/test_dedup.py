@@ -529,20 +529,32 @@ def test_an_index_of_the_old_layout_decides_as_before(
     assert all(v.similarity is not None and v.similarity >= 0.8 for v in across)
 
 
-def test_warm_up_compiles_verification_for_stored_sets() -> None:
-    """In a fresh process, warm_up leaves the merge kernel ready for read-only stored sets.
+def test_warm_up_loads_the_one_matching_kernel_every_batch_uses() -> None:
+    """In a fresh process, warm_up leaves the matching pass compiled for the array types
+    real batches hand it, sketched here or by the worker (read-only shared memory).
 
     The first batch would otherwise load it (up to a second) while documents wait. Run in a
     subprocess: in this one, other tests may have compiled it already.
     """
     code = (
+        "import numpy as np\n"
         "from stream_dedup.config import DedupConfig\n"
         "from stream_dedup.dedup import Deduplicator\n"
         "from stream_dedup.index import open_index\n"
-        "from stream_dedup import kernels\n"
+        "from stream_dedup.models import Document\n"
+        "from stream_dedup import batch_match, kernels, sketch\n"
         "c = DedupConfig()\n"
-        "Deduplicator(open_index(None, c.index_params()), c).warm_up()\n"
-        "print(any(not s[1].mutable for s in kernels.intersection_at_least.signatures))\n"
+        "d = Deduplicator(open_index(None, c.index_params()), c)\n"
+        "d.warm_up()\n"
+        "after_warm_up = len(batch_match._match_batch.signatures)\n"
+        "docs = [Document(str(i), 'the same long text about a harbour ' * 4 + str(i % 2))\n"
+        "        for i in range(6)]\n"
+        "d.process(docs[:3])\n"
+        "packed = sketch.sketch_packed([x.content for x in docs[3:]], c, d.plan)\n"
+        "for a in packed:\n"
+        "    if isinstance(a, np.ndarray): a.flags.writeable = False\n"
+        "d.commit(d.decide(docs[3:], sketch.unpack(packed)))\n"
+        "print(after_warm_up, len(batch_match._match_batch.signatures))\n"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    assert out.stdout.strip() == "True"
+    assert out.stdout.split() == ["1", "1"]
