@@ -27,7 +27,7 @@ from stream_dedup.models import Verdict, VerdictKind
 class DocRecord:
     """An indexed document as a later document's candidate sees it.
 
-    Not frozen, like the other records built once per document (``Match``, ``Source``,
+    Not frozen, like the other records built once per document (``Source``,
     ``OutRecord``): a frozen dataclass sets each field through ``object.__setattr__``, which
     made its construction about five times slower; nothing mutates these records.
     """

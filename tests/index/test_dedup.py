@@ -21,7 +21,7 @@ from stream_dedup.models import Document, Verdict, VerdictKind
 from stream_dedup.normalize import normalize
 from stream_dedup.shingles import ShingleSpec, shingle_batch, shingle_set
 from stream_dedup.signature import signatures
-from stream_dedup.verdict import Match, best_match, exact_jaccard
+from stream_dedup.verdict import exact_jaccard
 
 DUP, UNIQUE = VerdictKind.DUPLICATE, VerdictKind.UNIQUE
 
@@ -222,20 +222,6 @@ def test_same_id_twice_in_one_batch_is_decided_once(make_dedup: DedupFactory) ->
     assert second.replayed and second.to_json() == first.to_json()
     assert b.verdict is UNIQUE  # B was never indexed under "a"
     assert dedup.index.counter("documents") == 2
-
-
-def test_ties_go_to_the_earliest_document() -> None:
-    matches = [
-        Match(5, "late", "late", 0.9),
-        Match(2, "early", "c", 0.9),
-        Match(3, "mid", "mid", 0.9),
-        Match(1, "below", "below", 0.7),
-    ]
-    assert best_match(matches, 0.8) == Match(2, "early", "c", 0.9)
-    assert best_match(matches[::-1], 0.8) == Match(2, "early", "c", 0.9)
-    assert best_match([*matches, Match(9, "best", "best", 0.95)], 0.8).doc_id == "best"
-    assert best_match(matches, 0.95) is None
-    assert best_match([Match(4, "at", "at", 0.8)], 0.8) is not None  # >= threshold
 
 
 @pytest.mark.parametrize("verify", ["exact", "signature"])

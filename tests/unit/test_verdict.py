@@ -4,16 +4,11 @@ from __future__ import annotations
 
 import numpy as np
 
+from stream_dedup.batch_match import similarity_at_least
 from stream_dedup.generate import StreamSpec, generate
 from stream_dedup.normalize import normalize
 from stream_dedup.shingles import ShingleSets, ShingleSpec, shingle_sets
-from stream_dedup.verdict import (
-    Match,
-    best_match,
-    exact_jaccard,
-    jaccard_at_least,
-    verification_sets,
-)
+from stream_dedup.verdict import exact_jaccard, verification_sets
 
 
 def reference_jaccard(a: np.ndarray, b: np.ndarray) -> float:
@@ -49,8 +44,8 @@ def test_exact_jaccard_matches_set_arithmetic() -> None:
     assert exact_jaccard(a, np.zeros(0, dtype=np.uint32)) == 0.0
 
 
-def test_jaccard_at_least_is_exact_jaccard_above_the_threshold_and_none_below() -> None:
-    """Every pair and threshold, including pairs exactly at it: same float, or None."""
+def test_similarity_at_least_is_exact_jaccard_above_the_threshold_and_minus_one_below() -> None:
+    """Every pair and threshold, including pairs exactly at it: same float, or -1."""
     rng = np.random.default_rng(11)
     checked = at_threshold = 0
     for _ in range(400):
@@ -62,25 +57,25 @@ def test_jaccard_at_least_is_exact_jaccard_above_the_threshold_and_none_below() 
         exact = exact_jaccard(a, b)
         # Thresholds on a grid, and the pair's own similarity (a match exactly at it).
         for threshold in (0.0, 0.3, 0.5, 0.8, 0.9, 1.0, exact):
-            got = jaccard_at_least(a, b, threshold)
+            got = similarity_at_least(a, b, threshold)
             if exact >= threshold:
                 assert got == exact
                 at_threshold += exact == threshold and exact > 0
             else:
-                assert got is None
+                assert got == -1.0
             checked += 1
     assert checked == 2800 and at_threshold > 300
 
 
-def test_jaccard_at_least_on_a_stranger_and_a_near_duplicate() -> None:
-    """None for a pair far below the threshold; the exact value for a near-duplicate."""
+def test_similarity_at_least_on_a_stranger_and_a_near_duplicate() -> None:
+    """-1 for a pair far below the threshold; the exact value for a near-duplicate."""
     rng = np.random.default_rng(5)
     pool = rng.choice(1 << 31, size=2000, replace=False).astype(np.uint32)
     a = np.sort(pool[:1000])
     stranger = np.sort(np.concatenate([pool[:100], pool[1000:1900]]))
     near = np.sort(np.concatenate([pool[:950], pool[1000:1050]]))
-    assert jaccard_at_least(a, stranger, 0.8) is None
-    assert jaccard_at_least(a, near, 0.8) == exact_jaccard(a, near) == 950 / 1050
+    assert similarity_at_least(a, stranger, 0.8) == -1.0
+    assert similarity_at_least(a, near, 0.8) == exact_jaccard(a, near) == 950 / 1050
 
 
 def test_32_bit_verification_agrees_with_64_bit_jaccard_on_news_pairs() -> None:
@@ -104,10 +99,3 @@ def test_32_bit_verification_agrees_with_64_bit_jaccard_on_news_pairs() -> None:
             compared += 1
             similar += j64 >= 0.5
     assert compared > 5000 and similar > 30
-
-
-def test_best_match_prefers_similarity_then_the_earliest() -> None:
-    matches = [Match(5, "e", "a", 0.9), Match(2, "b", "a", 0.9), Match(3, "c", "c", 0.85)]
-    best = best_match(matches, 0.8)
-    assert best is not None and best.doc_id == "b"
-    assert best_match(matches, 0.95) is None
