@@ -27,7 +27,7 @@ from operator import itemgetter
 import numpy as np
 import numpy.typing as npt
 
-from stream_dedup.batch_match import BatchMatches, match_batch
+from stream_dedup.batch_match import I64, BatchMatches, match_batch
 from stream_dedup.config import DedupConfig
 from stream_dedup.errors import IndexCorruptError
 from stream_dedup.hashing import U32, U64
@@ -160,29 +160,12 @@ class Deduplicator:
                 at_live = live_pos[i]
                 if at_live is not None and (stored[i] is not None or first_at[vkey] != i):
                     fresh[at_live] = False
-        # Equal normalised texts share a group, keyed by the last position with that text.
-        last_with = dict(zip(xkeys, range(n_live), strict=True))
-        text_group = np.array([last_with[x] for x in xkeys], dtype=np.int64)
-        group_docnum = np.full(n_live, -1, dtype=np.int64)
-        exact_docnums = [
-            (p, int.from_bytes(raw, "little")) for p, raw in enumerate(xread) if raw is not None
-        ]
-        for p, n in exact_docnums:
-            group_docnum[text_group[p]] = n
-
+        text_group, group_docnum = _text_groups(xkeys, xread)
         at, held = self.index.read_buckets_present(bkeys, sk.bucket_fingerprints)
-        com_len = np.zeros(len(bkeys), dtype=np.int64)
-        com_at = np.zeros(len(bkeys), dtype=np.int64)
-        lengths = np.fromiter(map(len, held), dtype=np.int64, count=len(held)) >> 3
-        com_len[at] = lengths
-        com_at[at] = np.cumsum(lengths) - lengths
-        members = np.frombuffer(b"".join(held), dtype="<u8")
-        slot = np.arange(len(bkeys), dtype=np.intp)
-        shared = sk.bucket_shared
-        slot[shared[:, 0]] = shared[:, 1]
+        slot, committed = _bucket_slots(len(bkeys), sk.bucket_shared, at, held)
 
-        wanted = {n for _, n in exact_docnums}
-        wanted.update(np.unique(members).tolist())
+        wanted = set(group_docnum[group_docnum >= 0].tolist())
+        wanted.update(np.unique(committed[2]).tolist())
         records = self._fetch_records(sorted(wanted))
         first_docnum = self.index.counter("indexed")
         if self._exact:
@@ -197,7 +180,7 @@ class Deduplicator:
             text_group=text_group,
             group_docnum=group_docnum,
             slot=slot,
-            committed=(com_at, com_len, members),
+            committed=committed,
             bands=nb,
             max_members=cfg.max_bucket_size,
             max_candidates=cfg.max_candidates,
@@ -272,6 +255,37 @@ class Deduplicator:
                 raise IndexCorruptError(f"bucket names document {n}, which has no record")
             out[n] = decode_doc(value)
         return out
+
+
+def _text_groups(
+    xkeys: list[bytes], committed: list[bytes | None]
+) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]:
+    """Each live document's exact-text group (equal normalised texts share one: the last
+    position with that text) and each group's committed docnum, -1 where the index holds
+    none (``committed``: what the index read for each of ``xkeys``)."""
+    last_with = dict(zip(xkeys, range(len(xkeys)), strict=True))
+    group = np.array([last_with[x] for x in xkeys], dtype=np.int64)
+    docnum = np.full(len(xkeys), -1, dtype=np.int64)
+    for p, raw in enumerate(committed):
+        if raw is not None:
+            docnum[group[p]] = int.from_bytes(raw, "little")
+    return group, docnum
+
+
+def _bucket_slots(
+    n_keys: int, shared: npt.NDArray[np.intp], at: list[int], held: list[bytes]
+) -> tuple[npt.NDArray[np.intp], tuple[I64, I64, npt.NDArray[np.uint64]]]:
+    """The slot of every bucket key (the first position with the same key; ``shared``:
+    :attr:`Sketch.bucket_shared`) and the committed members per key as ``(at, len,
+    members)`` (``at``/``held``: :meth:`DedupIndex.read_buckets_present`)."""
+    slot = np.arange(n_keys, dtype=np.intp)
+    slot[shared[:, 0]] = shared[:, 1]
+    lengths = np.fromiter(map(len, held), dtype=np.int64, count=len(held)) >> 3
+    com_len = np.zeros(n_keys, dtype=np.int64)
+    com_at = np.zeros(n_keys, dtype=np.int64)
+    com_len[at] = lengths
+    com_at[at] = np.cumsum(lengths) - lengths
+    return slot, (com_at, com_len, np.frombuffer(b"".join(held), dtype="<u8"))
 
 
 def _payloads(
