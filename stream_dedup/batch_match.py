@@ -48,9 +48,11 @@ class BatchMatches:
     similarity (1.0 for an exact-text match); ``docnum``: the docnum it was indexed under,
     -1 if it was not indexed (skipped, or a duplicate under ``index_policy = "uniques"``);
     ``new_text``: it is the first indexed document with its normalised text (its exact-text
-    key is written); ``exact``: matched by exact text. ``contents``/``content_at``/
-    ``content_len`` hold the final members of every bucket slot that is not a lone new
-    member (see :meth:`slot_content`).
+    key is written). ``exact_hits``, ``truncated`` and ``evictions`` count the batch's
+    exact-text matches, cut candidate lists and bucket evictions. ``contents`` holds, at
+    ``content_at[slot]`` for ``content_len[slot]`` members, the final contents of every
+    bucket slot the batch appended to that is more than one new member (``content_len``
+    is 0 for the others, whose contents are the one docnum appended).
     """
 
     match: I64
@@ -65,11 +67,6 @@ class BatchMatches:
     contents: npt.NDArray[np.uint64]
     content_at: I64
     content_len: I64
-
-    def slot_content(self, slot: int) -> bytes:
-        """The members of bucket ``slot`` after the batch, as the index stores them."""
-        at, n = int(self.content_at[slot]), int(self.content_len[slot])
-        return self.contents[at : at + n].astype("<u8").tobytes()
 
 
 @numba.njit(**_JIT)  # type: ignore[untyped-decorator]
@@ -145,6 +142,12 @@ def _match_batch(
     r_at: Any,
     r_len: Any,
 ) -> tuple[Any, ...]:
+    """The pass over the batch; :func:`match_batch` documents the arguments and results.
+
+    A bucket's contents are read where they are (its committed members, then its appends)
+    rather than copied per append, and each document's members are gathered into one
+    scratch array, sorted and counted; a document without candidates allocates nothing.
+    """
     n = fresh.size
     n_keys = slot.size
     match = np.full(n, -1, dtype=np.int64)
