@@ -64,7 +64,7 @@ class BatchMatches:
     exact_hits: int
     truncated: int
     evictions: int
-    contents: npt.NDArray[np.uint64]
+    contents: I64
     content_at: I64
     content_len: I64
 
@@ -116,6 +116,30 @@ def _similarity(a: Any, b: Any, exact: bool, threshold: float) -> float:
             equal += a[i] == b[i]
         return equal / a.size  # type: ignore[no-any-return]
     return similarity_at_least(a, b, threshold)  # type: ignore[no-any-return]
+
+
+@numba.njit(**_JIT)  # type: ignore[untyped-decorator]
+def _members_into(
+    out: Any, at: int, skip: int, committed: Any, head: int, app_doc: Any, app_next: Any
+) -> int:
+    """Write one bucket's members, oldest first (``committed``, then the batch's appends
+    from ``head`` on), leaving out the first ``skip``, to ``out`` from ``at``; returns the
+    position after the last one written."""
+    for member in committed:
+        if skip > 0:
+            skip -= 1
+        else:
+            out[at] = member
+            at += 1
+    e = head
+    while e >= 0:
+        if skip > 0:
+            skip -= 1
+        else:
+            out[at] = app_doc[e]
+            at += 1
+        e = app_next[e]
+    return at
 
 
 @numba.njit(**_JIT)  # type: ignore[untyped-decorator]
@@ -197,21 +221,10 @@ def _match_batch(
                     s = slot[p * bands + b]
                     total = com_len[s] + app_count[s]
                     skip = max(0, total - max_members) if app_count[s] > 0 else 0
-                    at = com_at[s]
-                    for i in range(com_len[s]):
-                        if skip > 0:
-                            skip -= 1
-                        else:
-                            scratch[k] = com_members[at + i]
-                            k += 1
-                    e = app_head[s]
-                    while e >= 0:
-                        if skip > 0:
-                            skip -= 1
-                        else:
-                            scratch[k] = app_doc[e]
-                            k += 1
-                        e = app_next[e]
+                    k = _members_into(
+                        scratch, k, skip, com_members[com_at[s] : com_at[s] + com_len[s]],
+                        app_head[s], app_doc, app_next,
+                    )  # fmt: skip
                 members = np.sort(scratch[:k])
                 # Distinct members and how many of the document's bands each shares.
                 starts = np.empty(k, dtype=np.int64)
@@ -284,28 +297,17 @@ def _match_batch(
         if app_count[s] > 0 and (com_len[s] > 0 or app_count[s] > 1):
             content_len[s] = min(max_members, com_len[s] + app_count[s])
             total_len += content_len[s]
-    contents = np.empty(total_len, dtype=np.uint64)
+    contents = np.empty(total_len, dtype=np.int64)
     w = 0
     for s in range(n_keys):
         if content_len[s] == 0:
             continue
         content_at[s] = w
         skip = com_len[s] + app_count[s] - content_len[s]
-        at = com_at[s]
-        for i in range(com_len[s]):
-            if skip > 0:
-                skip -= 1
-            else:
-                contents[w] = com_members[at + i]
-                w += 1
-        e = app_head[s]
-        while e >= 0:
-            if skip > 0:
-                skip -= 1
-            else:
-                contents[w] = app_doc[e]
-                w += 1
-            e = app_next[e]
+        w = _members_into(
+            contents, w, skip, com_members[com_at[s] : com_at[s] + com_len[s]],
+            app_head[s], app_doc, app_next,
+        )  # fmt: skip
     return (
         match, similarity, n_cand, n_ver, docnum, new_text,
         exact_hits, truncated, evictions, contents, content_at, content_len,

@@ -326,7 +326,7 @@ def _bucket_puts(
     values: list[bytes] = per_key[chosen].astype("<u8").view("V8").tolist()
     longer = np.flatnonzero(found.content_len[slots] > 0)
     if longer.size:
-        raw = found.contents.astype("<u8", copy=False).tobytes()
+        raw = found.contents.astype("<u8").tobytes()  # docnums are never negative
         at = (8 * found.content_at[slots[longer]]).tolist()
         ends = (8 * found.content_len[slots[longer]]).tolist()
         for k, a, n in zip(longer.tolist(), at, ends, strict=True):
