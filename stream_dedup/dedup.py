@@ -328,13 +328,13 @@ def _bucket_puts(
     if longer.size:
         raw = found.contents.astype("<u8").tobytes()  # docnums are never negative
         at = (8 * found.content_at[slots[longer]]).tolist()
-        ends = (8 * found.content_len[slots[longer]]).tolist()
-        for k, a, n in zip(longer.tolist(), at, ends, strict=True):
+        size = (8 * found.content_len[slots[longer]]).tolist()
+        for k, a, n in zip(longer.tolist(), at, size, strict=True):
             values[k] = raw[a : a + n]
-    return OrderedPuts(in_order(bkeys, chosen), values), chosen
+    return OrderedPuts(_in_order(bkeys, chosen), values), chosen
 
 
-def in_order(items: list[bytes], order: npt.NDArray[np.intp]) -> Sequence[bytes]:
+def _in_order(items: list[bytes], order: npt.NDArray[np.intp]) -> Sequence[bytes]:
     """``items`` at the positions ``order`` lists (``operator.itemgetter``: no Python loop)."""
     if order.size < 2:
         return [items[j] for j in order.tolist()]
