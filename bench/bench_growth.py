@@ -2,7 +2,7 @@
 
 The service benchmark (``bench_service.py``) sees the first 50,000 documents of an index;
 a service runs for months. This script decides one long news-like stream
-(:mod:`stream_dedup.generate`, ~1.3 KB articles, ~45% re-runs) through the offline path
+(:mod:`stream_dedup.tools.generate`, ~1.3 KB articles, ~45% re-runs) through the offline path
 (a :class:`~stream_dedup.dedup.Deduplicator` over a RocksDB index on disk, write-ahead
 log on, batches of ``--batch``) and prints, for every ``--every`` documents:
 
@@ -35,13 +35,14 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from stream_dedup import gc_tuning
-from stream_dedup.allocator import keep_freed_memory
-from stream_dedup.config import DedupConfig
+from stream_dedup.core.config import DedupConfig
 from stream_dedup.dedup import Deduplicator
-from stream_dedup.generate import StreamSpec, generate
 from stream_dedup.index import open_index
+from stream_dedup.index.params import IndexParams
+from stream_dedup.malloc_tuning import keep_freed_memory
 from stream_dedup.models import Document
+from stream_dedup.service import gc_tuning
+from stream_dedup.tools.generate import StreamSpec, generate
 
 _TICK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 
@@ -81,7 +82,7 @@ def main() -> int:
     rows: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="bench-growth-") as tmp:
         path = Path(args.index_dir or tmp) / "index"
-        index = open_index(path, config.index_params())
+        index = open_index(path, IndexParams.of(config))
         dedup = Deduplicator(index, config)
         dedup.warm_up()
         print(

@@ -47,7 +47,7 @@ from confluent_kafka import (
     TopicPartition,
 )
 
-from stream_dedup.embedded import EmbeddedBroker, create_topics
+from stream_dedup.tools.broker import EmbeddedBroker, create_topics
 
 #: Message header: a marker (probe or measured) and the perf_counter_ns() at produce().
 _HEAD = struct.Struct("<?q")

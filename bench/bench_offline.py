@@ -6,10 +6,10 @@ the median:
 1. **signatures**: normalised text -> 128-value MinHash signature. datasketch
    (``MinHash.update_batch`` over the UTF-8 encoded char 5-gram list), rensa
    (``RMinHash.update`` over the list of 5-gram strings: building that Python list is part of
-   rensa's cost) and stream-dedup (:func:`stream_dedup.sketch.sketch` in batches, the
+   rensa's cost) and stream-dedup (:func:`stream_dedup.core.sketch.sketch` in batches, the
    path ``Deduplicator.decide`` takes: normalise, shingle, sign, plus band keys and the
    exact-text digest, which the peers do not compute). The peers pay for
-   :func:`stream_dedup.normalize.normalize`; stream-dedup normalises inside its sketch.
+   :func:`stream_dedup.core.normalize.normalize`; stream-dedup normalises inside its sketch.
 2. **pipeline**: every document decided against those before it. datasketch
    (``MinHashLSH(threshold=0.8)``, query then insert), rensa (``RMinHashLSH(threshold=0.8,
    num_bands=16)`` in memory, query then insert) and stream-dedup's offline path as
@@ -48,15 +48,16 @@ import numpy as np
 from datasketch import MinHash, MinHashLSH
 from rensa import RMinHash, RMinHashLSH
 
-from stream_dedup.allocator import keep_freed_memory
-from stream_dedup.config import DedupConfig
+from stream_dedup.core.config import DedupConfig
+from stream_dedup.core.normalize import normalize
+from stream_dedup.core.shingles import ShingleSpec
+from stream_dedup.core.sketch import sketch
 from stream_dedup.dedup import Deduplicator
-from stream_dedup.generate import StreamSpec, generate
 from stream_dedup.index import open_index
+from stream_dedup.index.params import IndexParams
+from stream_dedup.malloc_tuning import keep_freed_memory
 from stream_dedup.models import Document
-from stream_dedup.normalize import normalize
-from stream_dedup.shingles import ShingleSpec
-from stream_dedup.sketch import sketch
+from stream_dedup.tools.generate import StreamSpec, generate
 
 K = 5
 NUM_PERM = 128
@@ -187,7 +188,7 @@ def ours_pipeline(docs: Sequence[Document], workdir: str, batch_size: int) -> in
     """``stream-dedup dedup --index`` on a fresh RocksDB index in ``workdir``."""
     config = DedupConfig(threshold=THRESHOLD, num_perm=NUM_PERM, seed=SEED, verify="exact")
     dups = 0
-    index = open_index(workdir, config.index_params())
+    index = open_index(workdir, IndexParams.of(config))
     try:
         dedup = Deduplicator(index, config)
         for lo in range(0, len(docs), batch_size):

@@ -4,7 +4,7 @@ Everything runs on this machine: the broker (an embedded Tansu, or the one at
 ``KAFKA_BOOTSTRAP_SERVERS``), the service (``stream-dedup run`` as a subprocess, RocksDB
 index on disk) and this script's producer and consumer.
 
-1. **throughput**: ``-n`` news-like documents (~1.3 KB, from :mod:`stream_dedup.generate`)
+1. **throughput**: ``-n`` news-like documents (~1.3 KB, from :mod:`stream_dedup.tools.generate`)
    are produced to the input topic first; then the service starts. Sustained docs/s is
    measured from the first message consumed (``stream_dedup_messages_consumed_total`` > 0,
    polled every 10 ms on ``/metrics``) to the last batch committed (the service's
@@ -52,13 +52,13 @@ from typing import Any
 from confluent_kafka import OFFSET_BEGINNING, Consumer, Producer, TopicPartition
 from proc_cpu import CpuSample, per_document_us, process_cpu_s, render
 
-from stream_dedup.embedded import (
+from stream_dedup.tools.broker import (
     TANSU_CONSUMER_SETTINGS,
     EmbeddedBroker,
     create_topics,
     free_port,
 )
-from stream_dedup.generate import StreamSpec, write_jsonl
+from stream_dedup.tools.generate import StreamSpec, write_jsonl
 
 
 def documents(n: int, seed: int) -> list[dict[str, Any]]:
@@ -349,7 +349,7 @@ def main() -> int:
         broker = EmbeddedBroker()
         broker.start()
         bootstrap = broker.bootstrap
-    # Client settings the embedded broker needs (see stream_dedup.embedded), for the
+    # Client settings the embedded broker needs (see stream_dedup.tools.broker), for the
     # service's clients and this script's; another broker runs with the service's defaults.
     kafka = dict(TANSU_CONSUMER_SETTINGS) if broker is not None else {}
     results: dict[str, Any] = {

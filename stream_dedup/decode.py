@@ -13,7 +13,7 @@ from typing import Any
 
 import orjson
 
-from stream_dedup.config import DocumentFormat
+from stream_dedup.core.config import DocumentFormat
 from stream_dedup.errors import DecodeError
 from stream_dedup.models import Document
 
@@ -132,7 +132,7 @@ def document_from_record(
 class RecordFormat:
     """How a stream record becomes a document: :func:`document_from_record`'s settings.
 
-    A plain value, so the sketch worker (:mod:`stream_dedup.sketch_worker`) can be given
+    A plain value, so the sketch worker (:mod:`stream_dedup.service.prefetch.worker`) can be given
     it and decode records exactly as the service process would.
     """
 

@@ -4,7 +4,7 @@
 for replayed ids, exact-text digests and band buckets; one for candidate records) and
 decides the documents in order against everything before them *including earlier
 documents of the same batch*: the compiled matching pass
-(:mod:`stream_dedup.batch_match`) keeps the batch's own bucket appends and exact texts
+(:mod:`stream_dedup.core.match`) keeps the batch's own bucket appends and exact texts
 beside what the index holds, so later documents of the batch see them. Nothing is
 written until ``commit(result, offsets)``, which hands all of the batch's records,
 counters and the input offsets to one atomic index write. Deciding the same batch again
@@ -27,10 +27,11 @@ from operator import itemgetter
 import numpy as np
 import numpy.typing as npt
 
-from stream_dedup.batch_match import I64, BatchMatches, match_batch
-from stream_dedup.config import DedupConfig
+from stream_dedup.core.config import DedupConfig
+from stream_dedup.core.hashing import U32, U64
+from stream_dedup.core.match import I64, BatchMatches, match_batch
+from stream_dedup.core.sketch import Sketch, sketch
 from stream_dedup.errors import IndexCorruptError
-from stream_dedup.hashing import U32, U64
 from stream_dedup.index import keys
 from stream_dedup.index.backend import NO_ORDERED_PUTS, OrderedPuts
 from stream_dedup.index.records import (
@@ -42,7 +43,6 @@ from stream_dedup.index.records import (
 )
 from stream_dedup.index.store import DedupIndex, PendingCommit
 from stream_dedup.models import Document, Verdict, VerdictKind
-from stream_dedup.sketch import Sketch, sketch
 
 #: The kinds, read once (a member looked up on the enum costs ~140 ns on Python 3.11).
 _UNIQUE, _DUPLICATE = VerdictKind.UNIQUE, VerdictKind.DUPLICATE
@@ -126,7 +126,7 @@ class Deduplicator:
         )
 
     def sketch(self, docs: Sequence[Document]) -> Sketch:
-        """The index-independent part of deciding ``docs`` (see :mod:`stream_dedup.sketch`)."""
+        """The index-independent part of deciding ``docs`` (see :mod:`stream_dedup.core.sketch`)."""
         return sketch([d.content for d in docs], self.config, self.plan)
 
     def decide(self, docs: Sequence[Document], sketched: Sketch | None = None) -> BatchResult:
@@ -134,7 +134,7 @@ class Deduplicator:
 
         ``sketched`` is ``docs``' sketch when it was computed elsewhere (the service's
         sketch worker computes it one batch ahead); by default it is computed here. The
-        matching itself is one compiled pass (:func:`~stream_dedup.batch_match.match_batch`);
+        matching itself is one compiled pass (:func:`~stream_dedup.core.match.match_batch`);
         this method gathers its inputs from the index and turns its numbers into verdicts
         and records.
         """

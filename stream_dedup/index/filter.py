@@ -41,8 +41,8 @@ import numba
 import numpy as np
 import numpy.typing as npt
 
-from stream_dedup.hashing import U64
-from stream_dedup.index import keys
+from stream_dedup.core.hashing import U64
+from stream_dedup.core.lookup_keys import fingerprints, parse_bucket_keys, splitmix64
 
 #: Bits of filter per key it is sized for (about 1% false positives).
 BITS_PER_KEY = 10
@@ -67,22 +67,6 @@ _SALT = np.array(
 _JIT: dict[str, Any] = {"nogil": True, "cache": True, "boundscheck": False}
 
 Words = npt.NDArray[np.uint32]
-
-
-@numba.njit(**_JIT)  # type: ignore[untyped-decorator]
-def _mix(h: Any) -> Any:
-    """splitmix64's finaliser: a bijection of 64-bit words that spreads every bit."""
-    h = (h ^ (h >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
-    h = (h ^ (h >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
-    return h ^ (h >> np.uint64(31))
-
-
-@numba.njit(**_JIT)  # type: ignore[untyped-decorator]
-def _fingerprints(bands: npt.NDArray[np.uint16], hashes: U64, out: U64) -> None:
-    """Mix each key's band into its band hash (splitmix64's finaliser)."""
-    for i in range(hashes.size):
-        golden = (np.uint64(bands[i]) + np.uint64(1)) * np.uint64(0x9E3779B97F4A7C15)
-        out[i] = _mix(hashes[i] ^ golden)
 
 
 @numba.njit(**_JIT)  # type: ignore[untyped-decorator]
@@ -118,19 +102,11 @@ def _query(words: Words, salt: U64, fps: U64, out: npt.NDArray[np.bool_]) -> Non
         out[i] = hit
 
 
-def fingerprints(bands: npt.NDArray[np.integer[Any]], hashes: U64) -> U64:
-    """The fingerprint of each bucket key given as its band and its band hash."""
-    out = np.empty(hashes.size, dtype=np.uint64)
-    if hashes.size:
-        _fingerprints(bands.astype(np.uint16), hashes.astype(np.uint64), out)
-    return out
-
-
 def bucket_fingerprints(bucket_keys: Sequence[bytes]) -> U64:
     """The 64-bit fingerprint of each bucket key (``b`` + band + band hash, 11 bytes)."""
     if not bucket_keys:
         return np.empty(0, dtype=np.uint64)
-    parsed = keys.parse_bucket_keys(bucket_keys)
+    parsed = parse_bucket_keys(bucket_keys)
     return fingerprints(parsed["band"], parsed["h"])
 
 
@@ -141,13 +117,13 @@ def _hash_keys(data: npt.NDArray[np.uint8], ends: npt.NDArray[np.int64], out: U6
     start = 0
     for i in range(ends.size):
         end = ends[i]
-        h = _mix(np.uint64(end - start) ^ np.uint64(0x9E3779B97F4A7C15))
+        h = splitmix64(np.uint64(end - start) ^ np.uint64(0x9E3779B97F4A7C15))
         j = start
         while j < end:
             word = np.uint64(0)
             for b in range(min(8, end - j)):
                 word |= np.uint64(data[j + b]) << np.uint64(8 * b)
-            h = _mix(h ^ word)
+            h = splitmix64(h ^ word)
             j += 8
         out[i] = h
         start = end

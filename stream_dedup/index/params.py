@@ -4,15 +4,16 @@ from __future__ import annotations
 
 import json
 from dataclasses import asdict, dataclass, fields
-from typing import Any, Literal
+from typing import Any
 
+from stream_dedup.core.config import DedupConfig, IndexPolicy, VerifyMode
+from stream_dedup.core.normalize import NORMALIZER_VERSION
+from stream_dedup.core.shingles import SHINGLER_VERSION, ShingleSpec
+from stream_dedup.core.signature import SIGNATURE_SCHEME
 from stream_dedup.errors import IndexCorruptError
 
 #: Version of the on-disk layout (keys and value encodings in :mod:`.keys`, :mod:`.records`).
 FORMAT_VERSION = 2
-
-VerifyMode = Literal["exact", "signature"]
-IndexPolicy = Literal["all", "uniques"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -36,6 +37,40 @@ class IndexParams:
     verify: VerifyMode
     index_policy: IndexPolicy
     format_version: int = FORMAT_VERSION
+
+    @classmethod
+    def of(cls, config: DedupConfig) -> IndexParams:
+        """The parameters an index built with ``config`` stores (bands and rows resolved)."""
+        plan = config.band_plan()
+        return cls(
+            normalizer_version=NORMALIZER_VERSION,
+            shingler_version=SHINGLER_VERSION,
+            shingle_kind=config.shingle.kind,
+            shingle_k=config.shingle.k,
+            signature_scheme=SIGNATURE_SCHEME,
+            num_perm=config.num_perm,
+            seed=config.seed,
+            bands=plan.bands,
+            rows=plan.rows,
+            threshold=config.threshold,
+            verify=config.verify,
+            index_policy=config.index_policy,
+        )
+
+    def dedup_config(self, **overrides: object) -> DedupConfig:
+        """The configuration this index was built with (for `dedup` on an existing index)."""
+        values: dict[str, object] = {
+            "threshold": self.threshold,
+            "num_perm": self.num_perm,
+            "seed": self.seed,
+            "shingle": ShingleSpec(self.shingle_kind, self.shingle_k),  # type: ignore[arg-type]
+            "bands": self.bands,
+            "rows": self.rows,
+            "verify": self.verify,
+            "index_policy": self.index_policy,
+        }
+        values.update(overrides)
+        return DedupConfig(**values)  # type: ignore[arg-type]
 
     def to_bytes(self) -> bytes:
         return json.dumps(asdict(self), sort_keys=True).encode()

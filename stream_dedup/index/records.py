@@ -6,7 +6,7 @@ Document record (``d`` keys)::
 
 The payload is what verification compares: the document's verification set, the sorted
 distinct high 32 bits of its shingle hashes as uint32 LE (``verify = "exact"``, 4 bytes per
-distinct shingle; see :mod:`stream_dedup.verdict`) or the signature as uint32 LE
+distinct shingle; see :mod:`stream_dedup.core.verify`) or the signature as uint32 LE
 (``verify = "signature"``, 4 x num_perm bytes).
 
 Verdict record (``v`` keys): compact JSON ``{"k": "u"|"d", "of", "s", "c", "e"}`` so a

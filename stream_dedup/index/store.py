@@ -24,8 +24,8 @@ from pathlib import Path
 
 import numpy as np
 
+from stream_dedup.core.hashing import U64
 from stream_dedup.errors import IndexMismatchError, IndexStoreError
-from stream_dedup.hashing import U64
 from stream_dedup.index import keys
 from stream_dedup.index.backend import NO_ORDERED_PUTS, Backend, OrderedPuts, PreparedWrite
 from stream_dedup.index.filter import KeyFilter, bucket_fingerprints, key_fingerprints

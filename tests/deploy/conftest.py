@@ -19,10 +19,10 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from integration.conftest import bootstrap
-from integration.support import Topics
 
-from stream_dedup.embedded import free_port
+from stream_dedup.tools.broker import free_port
+from tests.integration.conftest import bootstrap
+from tests.integration.support import Topics
 
 from .support import (
     ROOT,

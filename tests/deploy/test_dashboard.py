@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 
-from stream_dedup.metrics import Metrics
+from stream_dedup.service.metrics import Metrics
 
 from .conftest import RunningService
 from .support import (

@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from stream_dedup.embedded import free_port
+from stream_dedup.tools.broker import free_port
 
 from .conftest import RunningService
 from .support import (
@@ -94,7 +94,7 @@ def test_build_context_holds_what_the_image_copies_and_nothing_else() -> None:
         for source in args.split()[:-1]:
             assert (ROOT / source).exists(), f"COPY {source}: no such path"
             assert not dockerignore_excludes(source, patterns), f".dockerignore drops {source}"
-    for kept in ("stream_dedup/cli.py", "stream_dedup/schemas/event.schema.json", "README.md"):
+    for kept in ("stream_dedup/cli/app.py", "stream_dedup/schemas/event.schema.json", "README.md"):
         assert not dockerignore_excludes(kept, patterns), kept
     for dropped in (".git/HEAD", ".venv/bin/python", "tests/conftest.py", "data/index/CURRENT"):
         assert dockerignore_excludes(dropped, patterns), dropped

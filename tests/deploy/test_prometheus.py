@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 import yaml
 
-from stream_dedup.embedded import free_port
+from stream_dedup.tools.broker import free_port
 
 from .conftest import RunningService
 from .support import (

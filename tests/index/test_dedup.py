@@ -13,15 +13,16 @@ import numpy as np
 import pytest
 from rocksdict import Options, Rdict
 
-from stream_dedup.config import DedupConfig
+from stream_dedup.core.config import DedupConfig
+from stream_dedup.core.normalize import normalize
+from stream_dedup.core.shingles import ShingleSpec, shingle_batch, shingle_set
+from stream_dedup.core.signature import signatures
+from stream_dedup.core.verify import exact_jaccard
 from stream_dedup.dedup import BatchResult, Deduplicator
 from stream_dedup.index import Backend, DedupIndex, keys, open_index
+from stream_dedup.index.params import IndexParams
 from stream_dedup.index.records import decode_doc
 from stream_dedup.models import Document, Verdict, VerdictKind
-from stream_dedup.normalize import normalize
-from stream_dedup.shingles import ShingleSpec, shingle_batch, shingle_set
-from stream_dedup.signature import signatures
-from stream_dedup.verdict import exact_jaccard
 
 DUP, UNIQUE = VerdictKind.DUPLICATE, VerdictKind.UNIQUE
 
@@ -31,7 +32,7 @@ DedupFactory = Callable[..., Deduplicator]
 def build(backend: Backend, **overrides: object) -> Deduplicator:
     """A deduplicator with ``DedupConfig(**overrides)`` over a new index on ``backend``."""
     config = DedupConfig(**overrides)  # type: ignore[arg-type]
-    return Deduplicator(DedupIndex(backend, config.index_params()), config)
+    return Deduplicator(DedupIndex(backend, IndexParams.of(config)), config)
 
 
 @pytest.fixture
@@ -457,10 +458,10 @@ def test_decide_without_commit_is_replay_stable_and_commit_persists(
 def test_rocks_index_continues_after_reopen(tmp_path: Path) -> None:
     config = DedupConfig()
     path = tmp_path / "idx"
-    dedup = Deduplicator(open_index(path, config.index_params()), config)
+    dedup = Deduplicator(open_index(path, IndexParams.of(config)), config)
     dedup.process(docs(("a", A), ("a1", A1)), {("in", 0): 2})
     dedup.index.close()
-    dedup = Deduplicator(open_index(path, config.index_params()), config)
+    dedup = Deduplicator(open_index(path, IndexParams.of(config)), config)
     try:
         result = dedup.process(docs(("a1", "x"), ("a2", A2), ("ok", "ok")))
         assert summary(result.verdicts) == [
@@ -494,12 +495,12 @@ def test_an_index_of_the_old_layout_decides_as_before(
     """Moved over at open, an old index gives the verdicts the index never moved gives."""
     first, second = kijiji_docs[:1300], kijiji_docs[1300:]
     config = DedupConfig()
-    reference = Deduplicator(open_index(tmp_path / "ref", config.index_params()), config)
+    reference = Deduplicator(open_index(tmp_path / "ref", IndexParams.of(config)), config)
     reference.process(first)
     expected = reference.process(second).verdicts
     reference.index.close()
 
-    old = Deduplicator(open_index(tmp_path / "old", config.index_params()), config)
+    old = Deduplicator(open_index(tmp_path / "old", IndexParams.of(config)), config)
     old.process(first)
     old.index.close()
     _to_old_layout(tmp_path / "old")
@@ -524,13 +525,13 @@ def test_warm_up_loads_the_one_matching_kernel_every_batch_uses() -> None:
     """
     code = (
         "import numpy as np\n"
-        "from stream_dedup.config import DedupConfig\n"
+        "from stream_dedup.core.config import DedupConfig\n"
         "from stream_dedup.dedup import Deduplicator\n"
-        "from stream_dedup.index import open_index\n"
+        "from stream_dedup.index import IndexParams, open_index\n"
         "from stream_dedup.models import Document\n"
-        "from stream_dedup import batch_match, kernels, sketch\n"
+        "from stream_dedup.core import match as batch_match, sketch\n"
         "c = DedupConfig()\n"
-        "d = Deduplicator(open_index(None, c.index_params()), c)\n"
+        "d = Deduplicator(open_index(None, IndexParams.of(c)), c)\n"
         "d.warm_up()\n"
         "after_warm_up = len(batch_match._match_batch.signatures)\n"
         "docs = [Document(str(i), 'the same long text about a harbour ' * 4 + str(i % 2))\n"

@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from stream_dedup.config import DedupConfig
+from stream_dedup.core.config import DedupConfig
 from stream_dedup.dedup import Deduplicator
 from stream_dedup.index import Backend, DedupIndex, RocksBackend, keys
 from stream_dedup.index.backend import OrderedPuts
@@ -24,6 +24,7 @@ from stream_dedup.index.filter import (
     bucket_fingerprints,
     key_fingerprints,
 )
+from stream_dedup.index.params import IndexParams
 from stream_dedup.index.store import FILTER_FILE
 from stream_dedup.models import Document
 
@@ -79,7 +80,7 @@ def test_fingerprints_separate_bands_and_refuse_other_keys() -> None:
 
 def kijiji_index(path: Path, docs: list[Document], batch: int) -> Deduplicator:
     config = DedupConfig()
-    dedup = Deduplicator(DedupIndex(RocksBackend(path), config.index_params()), config)
+    dedup = Deduplicator(DedupIndex(RocksBackend(path), IndexParams.of(config)), config)
     for lo in range(0, len(docs), batch):
         dedup.process(docs[lo : lo + batch])
     return dedup
@@ -131,7 +132,7 @@ def test_every_committed_bucket_key_reaches_the_filter(
     """Buckets committed before the filter is built are found by its scan; buckets
     committed after, whether as ordered bucket puts or among plain puts, by the write;
     verdict and exact-text keys likewise."""
-    index = DedupIndex(backend_factory(), DedupConfig().index_params())
+    index = DedupIndex(backend_factory(), IndexParams.of(DedupConfig()))
     before, plain, ordered, never = (random_keys(50, seed=20 + i) for i in range(4))
     index.commit(dict.fromkeys(before, b"\x01" * 8), {})
     assert index.read_buckets(before) == [b"\x01" * 8] * len(before)  # built here, by scan
@@ -155,7 +156,7 @@ def test_every_committed_bucket_key_reaches_the_filter(
 def test_fingerprints_handed_in_must_match_the_keys(
     backend_factory: Callable[[], Backend],
 ) -> None:
-    index = DedupIndex(backend_factory(), DedupConfig().index_params())
+    index = DedupIndex(backend_factory(), IndexParams.of(DedupConfig()))
     some = random_keys(3, seed=30)
     fps = bucket_fingerprints(some)
     assert index.read_buckets(some, fps) == [None] * len(some)
@@ -214,7 +215,7 @@ def test_a_closed_index_reopens_with_its_saved_filter_and_a_stale_one_is_rebuilt
 
 
 def test_a_damaged_saved_filter_is_rebuilt(tmp_path: Path) -> None:
-    index = DedupIndex(RocksBackend(tmp_path / "index"), DedupConfig().index_params())
+    index = DedupIndex(RocksBackend(tmp_path / "index"), IndexParams.of(DedupConfig()))
     index.commit(dict.fromkeys(random_keys(20, seed=30), b"\x01" * 8), {"documents": 20})
     held = index.load_filter().count
     index.close()

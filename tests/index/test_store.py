@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from stream_dedup.config import DedupConfig
+from stream_dedup.core.config import DedupConfig
 from stream_dedup.errors import (
     IndexCorruptError,
     IndexLockedError,
@@ -30,7 +30,7 @@ from stream_dedup.index.store import COUNTERS
 
 from .child import run_child
 
-PARAMS = DedupConfig().index_params()
+PARAMS = IndexParams.of(DedupConfig())
 
 IndexFactory = Callable[[IndexParams | None], DedupIndex]
 
@@ -86,7 +86,7 @@ def test_corrupt_metadata_is_reported(backend_factory: Callable[[], Backend]) ->
 def test_mismatch_names_every_differing_key(backend_factory: Callable[[], Backend]) -> None:
     backend = backend_factory()
     DedupIndex(backend, PARAMS)
-    other = DedupConfig(threshold=0.9, seed=7).index_params()
+    other = IndexParams.of(DedupConfig(threshold=0.9, seed=7))
     with pytest.raises(IndexMismatchError) as info:
         DedupIndex(backend, other)
     err = info.value
@@ -238,7 +238,7 @@ def test_rocks_mismatch_releases_the_lock(tmp_path: Path) -> None:
     path = tmp_path / "idx"
     open_index(path, PARAMS).close()
     with pytest.raises(IndexMismatchError):
-        open_index(path, DedupConfig(seed=9).index_params())
+        open_index(path, IndexParams.of(DedupConfig(seed=9)))
     open_index(path, PARAMS).close()
 
 
@@ -250,7 +250,7 @@ def test_rocks_open_from_a_second_process_is_locked(tmp_path: Path) -> None:
             f"""
             import sys
             from stream_dedup.errors import IndexLockedError
-            from stream_dedup.index import open_index
+            from stream_dedup.index import IndexParams, open_index
             try:
                 open_index({str(path)!r}, None)
             except IndexLockedError as exc:
@@ -271,9 +271,9 @@ def test_rocks_commit_survives_a_killed_process(tmp_path: Path) -> None:
     child = run_child(
         f"""
         import os, signal
-        from stream_dedup.config import DedupConfig
-        from stream_dedup.index import open_index
-        index = open_index({str(path)!r}, DedupConfig().index_params())
+        from stream_dedup.core.config import DedupConfig
+        from stream_dedup.index import IndexParams, open_index
+        index = open_index({str(path)!r}, IndexParams.of(DedupConfig()))
         index.commit({{b"v\\x07": b"kept"}}, {{"documents": 1}}, {{("t", 0): 8}})
         os.kill(os.getpid(), signal.SIGKILL)
         """
@@ -345,9 +345,9 @@ def test_rocks_batch_intent_survives_a_killed_process_and_reopen(tmp_path: Path)
     child = run_child(
         f"""
         import os, signal
-        from stream_dedup.config import DedupConfig
-        from stream_dedup.index import open_index
-        index = open_index({str(path)!r}, DedupConfig().index_params())
+        from stream_dedup.core.config import DedupConfig
+        from stream_dedup.index import IndexParams, open_index
+        index = open_index({str(path)!r}, IndexParams.of(DedupConfig()))
         index.commit({{b"v\\x07": b"kept"}}, {{"documents": 1}}, {{("t", 0): 8}})
         index.write_intent({{("t", 0): (8, 20), ("t", 1): (0, 5)}})
         os.kill(os.getpid(), signal.SIGKILL)

@@ -12,7 +12,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from stream_dedup.embedded import EmbeddedBroker, wait_for_broker
+from stream_dedup.tools.broker import EmbeddedBroker, wait_for_broker
 
 from .support import Topics
 

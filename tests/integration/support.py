@@ -17,12 +17,12 @@ from typing import Any
 from confluent_kafka import OFFSET_BEGINNING, Consumer, Message, Producer, TopicPartition
 from prometheus_client import CollectorRegistry
 
-from stream_dedup.cli import main as cli_main
-from stream_dedup.embedded import create_topics
+from stream_dedup.cli.app import main as cli_main
 from stream_dedup.index import keys, open_index
 from stream_dedup.index.records import decode_doc
-from stream_dedup.service import DeduplicatorFactory, Service, default_deduplicator
-from stream_dedup.service_config import ServiceConfig, build_config
+from stream_dedup.service.config import ServiceConfig, build_config
+from stream_dedup.service.loop import DeduplicatorFactory, Service, default_deduplicator
+from stream_dedup.tools.broker import create_topics
 
 #: The real rental ads every checkout has beside the project.
 KIJIJI_TSV = Path(__file__).resolve().parents[3] / "shared" / "data" / "kijiji_rent_rome.tsv"

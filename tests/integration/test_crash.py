@@ -13,8 +13,8 @@ from typing import Any
 
 import pytest
 
-from stream_dedup.embedded import free_port
-from stream_dedup.generate import StreamSpec, write_jsonl
+from stream_dedup.tools.broker import free_port
+from stream_dedup.tools.generate import StreamSpec, write_jsonl
 
 from .support import (
     Topics,

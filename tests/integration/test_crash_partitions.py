@@ -22,8 +22,8 @@ from typing import Any
 
 import pytest
 
-from stream_dedup.embedded import free_port
-from stream_dedup.generate import StreamSpec, write_jsonl
+from stream_dedup.tools.broker import free_port
+from stream_dedup.tools.generate import StreamSpec, write_jsonl
 
 from .support import (
     Topics,
@@ -49,13 +49,14 @@ KILLS = 5
 #: hit for a replay to happen. Everything else is the real service.
 SLOW_CONFIRM = """
 import sys, time
-from stream_dedup import cli, kafka
+from stream_dedup.cli import main
+from stream_dedup.service import kafka
 confirm = kafka.EventProducer.confirm
 def slow(self, *args, **kwargs):
     confirm(self, *args, **kwargs)
     time.sleep(0.2)
 kafka.EventProducer.confirm = slow
-sys.exit(cli.main(sys.argv[1:]))
+sys.exit(main(sys.argv[1:]))
 """
 
 

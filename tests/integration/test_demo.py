@@ -7,7 +7,7 @@ from io import StringIO
 
 import pytest
 
-from stream_dedup.cli import main
+from stream_dedup.cli.app import main
 
 pytestmark = pytest.mark.broker
 

@@ -27,10 +27,10 @@ from typing import Any
 import pytest
 from confluent_kafka import Producer
 
-from stream_dedup.embedded import EmbeddedBroker, free_port
-from stream_dedup.events import OutRecord
-from stream_dedup.generate import StreamSpec, write_jsonl
-from stream_dedup.kafka import BrokerWatch, EventProducer
+from stream_dedup.service.events import OutRecord
+from stream_dedup.service.kafka import BrokerWatch, EventProducer
+from stream_dedup.tools.broker import EmbeddedBroker, free_port
+from stream_dedup.tools.generate import StreamSpec, write_jsonl
 
 from .support import (
     Topics,
@@ -242,7 +242,7 @@ def test_deliveries_that_fail_are_produced_again_with_their_headers(
     ]
     os.kill(broker.pid, signal.SIGSTOP)
     threading.Timer(4.0, os.kill, (broker.pid, signal.SIGCONT)).start()
-    with caplog.at_level(logging.WARNING, logger="stream_dedup.kafka"):
+    with caplog.at_level(logging.WARNING, logger="stream_dedup.service.kafka"):
         for rec in sent:
             producer.produce(rec)
         producer.confirm(step_s=0.5, backoff=(0.5, 1.0))

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from stream_dedup.embedded import free_port
 from stream_dedup.index.filter import BITS_PER_KEY, MIN_CAPACITY
+from stream_dedup.tools.broker import free_port
 
 from .support import (
     ServiceThread,

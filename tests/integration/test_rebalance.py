@@ -25,7 +25,7 @@ from typing import Any
 import pytest
 from confluent_kafka import Consumer, TopicPartition
 
-from stream_dedup.generate import StreamSpec, write_jsonl
+from stream_dedup.tools.generate import StreamSpec, write_jsonl
 
 from .support import (
     ServiceThread,

@@ -12,12 +12,12 @@ import jsonschema
 import pytest
 from confluent_kafka import Consumer, TopicPartition
 
-from stream_dedup import gc_tuning
+from stream_dedup.core.sketch import Sketch
 from stream_dedup.dedup import BatchResult, Deduplicator
 from stream_dedup.index import DedupIndex
 from stream_dedup.models import Document
-from stream_dedup.service_config import ServiceConfig
-from stream_dedup.sketch import Sketch
+from stream_dedup.service import gc_tuning
+from stream_dedup.service.config import ServiceConfig
 
 from .support import (
     ServiceThread,

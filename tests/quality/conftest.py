@@ -1,14 +1,14 @@
 """Detection quality against exact ground truth, computed by brute force.
 
 The ground truth is deliberately independent of the package's hashing: shingles are the
-plain strings (character 5-grams of :func:`stream_dedup.normalize.normalize`'s output; a
+plain strings (character 5-grams of :func:`stream_dedup.core.normalize.normalize`'s output; a
 non-empty text shorter than 5 is one shingle, the whole text), every distinct string is a
 column of a sparse document x shingle incidence matrix ``X``, and ``X @ X.T`` gives the
 intersection of every pair at once (union = |A| + |B| - intersection). A document is a
 true duplicate iff some *earlier* document has Jaccard >= T; an empty document never is.
 
 Two corpora: the real Kijiji ads in the sibling ``shared/data`` directory (skipped with a
-message when absent) and a synthetic news stream from :mod:`stream_dedup.generate`.
+message when absent) and a synthetic news stream from :mod:`stream_dedup.tools.generate`.
 The offline command runs as a user would run it, through ``cli.main`` on JSON Lines with
 a persisted RocksDB index, and the tests compare its verdict lines with the truth.
 """
@@ -26,13 +26,13 @@ import numpy.typing as npt
 import pytest
 import scipy.sparse as sp
 
-from stream_dedup.bands import band_hashes
-from stream_dedup.cli import main
-from stream_dedup.config import DedupConfig
-from stream_dedup.generate import StreamSpec, generate
-from stream_dedup.normalize import normalize
-from stream_dedup.shingles import shingle_batch
-from stream_dedup.signature import signatures
+from stream_dedup.cli.app import main
+from stream_dedup.core.bands import band_hashes
+from stream_dedup.core.config import DedupConfig
+from stream_dedup.core.normalize import normalize
+from stream_dedup.core.shingles import shingle_batch
+from stream_dedup.core.signature import signatures
+from stream_dedup.tools.generate import StreamSpec, generate
 
 THRESHOLD = 0.8
 SHINGLE_K = 5

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 
 import pytest
 
-from stream_dedup.config import DedupConfig
+from stream_dedup.core.config import DedupConfig
 
 pytestmark = pytest.mark.slow
 

@@ -10,8 +10,8 @@ from pathlib import Path
 
 from confluent_kafka import Consumer, Message
 
-from stream_dedup.service import Service
-from stream_dedup.service_config import BatchConfig, IndexConfig, ServiceConfig
+from stream_dedup.service.config import BatchConfig, IndexConfig, ServiceConfig
+from stream_dedup.service.loop import Service
 
 
 class FetchedQueue:

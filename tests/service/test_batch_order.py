@@ -6,7 +6,7 @@ import random
 
 from confluent_kafka import Message
 
-from stream_dedup.checkpoint import (
+from stream_dedup.service.checkpoint import (
     batch_ranges,
     canonical_order,
     intent_reached,

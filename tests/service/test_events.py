@@ -8,11 +8,11 @@ from importlib import resources
 import jsonschema
 import pytest
 
-from stream_dedup.config import DocumentFormat
+from stream_dedup.core.config import DocumentFormat
 from stream_dedup.decode import document_from_record
 from stream_dedup.errors import DecodeError
-from stream_dedup.events import Source, dead_letter, document_json, event
 from stream_dedup.models import Verdict, VerdictKind
+from stream_dedup.service.events import Source, dead_letter, document_json, event
 
 SOURCE = Source("news", 3, 42, 1_700_000_000_000, b"k", b'{"id": "a"}', [("h", b"v")])
 SCHEMA = json.loads(

@@ -7,14 +7,14 @@ from pathlib import Path
 import pytest
 
 from stream_dedup.errors import ConfigError
-from stream_dedup.kafka import client_config
-from stream_dedup.service_config import (
+from stream_dedup.service.config import (
     ServiceConfig,
     build_config,
     load_config,
     parse_assignments,
     read_env,
 )
+from stream_dedup.service.kafka import client_config
 
 DOCUMENTED = Path(__file__).resolve().parents[2] / "config" / "stream-dedup.toml"
 

@@ -10,11 +10,11 @@ from pathlib import Path
 
 import pytest
 
-from stream_dedup import service as service_module
 from stream_dedup.index import store
 from stream_dedup.models import Document
-from stream_dedup.service import Service
-from stream_dedup.service_config import IndexConfig, ServiceConfig
+from stream_dedup.service import loop as service_module
+from stream_dedup.service.config import IndexConfig, ServiceConfig
+from stream_dedup.service.loop import Service
 
 
 def test_the_key_filter_is_built_with_progress_and_heartbeats(

@@ -1,0 +1,297 @@
+"""The ``stream-dedup`` command line. ``main(argv)`` returns the exit code (tests call it).
+
+Exit codes: 0 success, 1 a run failed on its input (e.g. a malformed line with
+``--on-error fail``), 2 usage or configuration error, 3 index error.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+from contextlib import ExitStack
+from pathlib import Path
+from typing import IO, Any
+
+from stream_dedup.cli import kafka as cli_kafka
+from stream_dedup.cli import ops as cli_ops
+from stream_dedup.cli.run import add_run_command
+from stream_dedup.cli.tune_report import plot_s_curve, render_report
+from stream_dedup.core.bands import datasketch_choice
+from stream_dedup.core.config import DedupConfig, DocumentFormat
+from stream_dedup.core.shingles import ShingleSpec
+from stream_dedup.dedup import Deduplicator
+from stream_dedup.errors import ConfigError, IndexStoreError, StreamDedupError
+from stream_dedup.index import open_index
+from stream_dedup.index.params import IndexParams
+from stream_dedup.index.rocks import RocksBackend
+from stream_dedup.index.store import DedupIndex
+from stream_dedup.malloc_tuning import keep_freed_memory
+from stream_dedup.offline import MalformedLineError, open_input, run_offline
+from stream_dedup.tools.generate import StreamSpec, write_jsonl
+
+#: Core options whose absence means "the index's value, or the default".
+_CORE_FLAGS = ("threshold", "num_perm", "seed", "bands", "rows", "verify", "index_policy")
+
+
+def _add_core_options(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("detection (stored in the index; default: the index's, else shown)")
+    g.add_argument("--threshold", type=float, help="Jaccard similarity for 'duplicate' (0.8)")
+    g.add_argument("--num-perm", type=int, help="signature length K (128)")
+    g.add_argument("--seed", type=int, help="hash seed (1)")
+    g.add_argument("--bands", type=int, help="explicit number of LSH bands (with --rows)")
+    g.add_argument("--rows", type=int, help="explicit rows per band (with --bands)")
+    g.add_argument(
+        "--recall-at-threshold",
+        type=float,
+        default=0.95,
+        help="tuning target: P(candidate) for a pair at exactly the threshold (0.95)",
+    )
+    g.add_argument("--shingle", choices=["char", "word"], help="shingle kind (char)")
+    g.add_argument("-k", "--shingle-size", type=int, help="shingle size: chars or words (5)")
+    g.add_argument(
+        "--verify",
+        choices=["exact", "signature"],
+        help="verify candidates by exact Jaccard of stored shingle sets, or by the "
+        "signature estimate (smaller index) (exact)",
+    )
+    g.add_argument(
+        "--index-policy",
+        choices=["all", "uniques"],
+        help="which documents enter the index: all (catches chains of edits) or uniques (all)",
+    )
+    g.add_argument("--max-bucket-size", type=int, default=256, help="members kept per bucket")
+    g.add_argument("--max-candidates", type=int, default=100, help="candidates verified per doc")
+
+
+def _core_config(args: argparse.Namespace, stored: DedupConfig | None) -> DedupConfig:
+    base = stored or DedupConfig()
+    values: dict[str, Any] = {
+        "threshold": base.threshold,
+        "num_perm": base.num_perm,
+        "seed": base.seed,
+        "bands": base.bands,
+        "rows": base.rows,
+        "verify": base.verify,
+        "index_policy": base.index_policy,
+        "shingle": base.shingle,
+        "recall_at_threshold": args.recall_at_threshold,
+        "max_bucket_size": args.max_bucket_size,
+        "max_candidates": args.max_candidates,
+    }
+    for name in _CORE_FLAGS:
+        given = getattr(args, name)
+        if given is not None:
+            values[name] = given
+    if (args.threshold is not None or args.num_perm is not None) and args.bands is None:
+        values["bands"] = values["rows"] = None
+    if args.shingle is not None or args.shingle_size is not None:
+        kind = args.shingle or base.shingle.kind
+        values["shingle"] = ShingleSpec(kind, args.shingle_size or (5 if kind == "char" else 3))
+    return DedupConfig(**values)
+
+
+def _open_for_dedup(args: argparse.Namespace) -> tuple[DedupIndex, DedupConfig]:
+    stored: DedupConfig | None = None
+    if args.index is not None and (Path(args.index) / "CURRENT").exists():
+        probe = DedupIndex(RocksBackend(args.index), None)
+        stored = probe.params.dedup_config()
+        probe.close()
+    config = _core_config(args, stored)
+    return open_index(args.index, IndexParams.of(config)), config
+
+
+def cmd_dedup(args: argparse.Namespace, out: IO[str], err: IO[str]) -> int:
+    fmt = DocumentFormat(args.id_field, tuple(args.content_fields.split(",")))
+    index, config = _open_for_dedup(args)
+    try:
+        dedup = Deduplicator(index, config)
+        show = err if (args.progress or (args.progress is None and err.isatty())) else None
+        with ExitStack() as stack:
+            source = open_input(args.input, stack)
+            target: IO[str] = (
+                out  # main's output stream: stdout unless a caller passes its own
+                if args.output == "-"
+                else stack.enter_context(Path(args.output).open("w", encoding="utf-8"))
+            )
+            summary = run_offline(
+                dedup,
+                source,
+                target,
+                fmt=fmt,
+                batch_size=args.batch_size,
+                on_error=args.on_error,
+                progress=show,
+                report=err,
+            )
+    except MalformedLineError as exc:
+        print(f"error: {exc}. Fix the line or rerun with --on-error skip.", file=err)
+        return 1
+    finally:
+        index.close()
+    if not args.quiet:
+        print(summary.render(), file=err)
+    return 0
+
+
+def cmd_tune(args: argparse.Namespace, out: IO[str], err: IO[str]) -> int:
+    config = DedupConfig(
+        threshold=args.threshold,
+        num_perm=args.num_perm,
+        bands=args.bands,
+        rows=args.rows,
+        recall_at_threshold=args.recall_at_threshold,
+    )
+    plan = config.band_plan()
+    print(render_report(plan, args.recall_at_threshold, args.bands is not None), file=out)
+    ds = datasketch_choice(args.threshold, args.num_perm)
+    print(
+        f"\nfor comparison, datasketch's optimisation picks b={ds.bands}, r={ds.rows}: "
+        f"P(candidate | T) = {ds.probability(args.threshold):.4f}",
+        file=out,
+    )
+    if args.plot:
+        plot_s_curve(plan, args.plot, compare=ds)
+        print(f"S-curve written to {args.plot}", file=out)
+    return 0
+
+
+def cmd_stats(args: argparse.Namespace, out: IO[str], err: IO[str]) -> int:
+    if not (Path(args.index) / "CURRENT").exists():
+        print(f"error: {args.index} holds no index (create one with `dedup --index`)", file=err)
+        return 3
+    index = open_index(args.index, None)
+    try:
+        s = index.stats()
+    finally:
+        index.close()
+    p = s.params
+    rows = [
+        ("index", s.location),
+        ("format version", p.format_version),
+        ("normalizer version", p.normalizer_version),
+        ("shingles", f"{p.shingle_kind} {p.shingle_k}-grams (shingler v{p.shingler_version})"),
+        ("signature", f"{p.signature_scheme}, K={p.num_perm}, seed={p.seed}"),
+        ("bands x rows", f"{p.bands} x {p.rows}"),
+        ("threshold", p.threshold),
+        ("verification", p.verify),
+        ("index policy", p.index_policy),
+        ("documents", s.documents),
+        ("indexed", s.indexed),
+        ("duplicates", s.duplicates),
+        ("empty", s.empty),
+        ("size on disk", f"{s.size_bytes:,} bytes ({s.size_bytes / 2**20:.1f} MiB)"),
+    ]
+    for name, value in rows:
+        print(f"{name:<20}{value}", file=out)
+    return 0
+
+
+def cmd_generate(args: argparse.Namespace, out: IO[str], err: IO[str]) -> int:
+    spec = StreamSpec(documents=args.documents, rerun_rate=args.rerun_rate, seed=args.seed)
+    if args.output == "-":
+        count = write_jsonl(spec, out)
+    else:
+        with Path(args.output).open("w", encoding="utf-8") as target:
+            count = write_jsonl(spec, target)
+    print(f"wrote {count} records", file=err)
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="stream-dedup",
+        description="Online near-duplicate detection for document streams.",
+    )
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    p = sub.add_parser(
+        "dedup",
+        help="decide every document of a JSON Lines file against those before it",
+        description="Read JSON Lines (one object with an id and content fields per line) in "
+        "stream order and write one verdict line per document.",
+    )
+    p.add_argument("input", help="JSON Lines file, or - for standard input")
+    p.add_argument("-o", "--output", required=True, help="verdicts file (JSON Lines), or -")
+    p.add_argument("--index", help="RocksDB index directory (persists; reruns continue from it)")
+    p.add_argument("--id-field", default="id", help="field holding the document id (id)")
+    p.add_argument(
+        "--content-fields", default="title,text", help="comma-separated text fields (title,text)"
+    )
+    p.add_argument("--batch-size", type=int, default=1000, help="documents per batch (1000)")
+    p.add_argument(
+        "--on-error",
+        choices=["skip", "fail"],
+        default="skip",
+        help="malformed line: report it with its line number and skip it, or stop (skip)",
+    )
+    p.add_argument(
+        "--progress", action=argparse.BooleanOptionalAction, help="progress (default: on a tty)"
+    )
+    p.add_argument("-q", "--quiet", action="store_true", help="no summary")
+    _add_core_options(p)
+    p.set_defaults(func=cmd_dedup)
+
+    p = sub.add_parser(
+        "tune",
+        help="choose LSH bands and rows for a threshold and show the S-curve",
+        description="Choose b and r (b*r <= K): the largest r, with b = floor(K/r), whose "
+        "P(candidate) at the threshold reaches --recall-at-threshold.",
+    )
+    p.add_argument("--threshold", type=float, default=0.8, help="Jaccard threshold (0.8)")
+    p.add_argument("--num-perm", type=int, default=128, help="signature length K (128)")
+    p.add_argument("--bands", type=int, help="explicit bands (with --rows)")
+    p.add_argument("--rows", type=int, help="explicit rows (with --bands)")
+    p.add_argument("--recall-at-threshold", type=float, default=0.95, help="target P(T) (0.95)")
+    p.add_argument("--plot", metavar="FILE.png", help="draw the S-curve (needs the plot extra)")
+    p.set_defaults(func=cmd_tune)
+
+    p = sub.add_parser(
+        "stats",
+        help="print an index's parameters, counts and size",
+        description="Print an index's parameters, document counts and size on disk.",
+    )
+    p.add_argument("--index", required=True, help="RocksDB index directory")
+    p.set_defaults(func=cmd_stats)
+
+    p = sub.add_parser(
+        "generate",
+        help="write a synthetic wire-story stream (originals and re-runs) as JSON Lines",
+        description="Write a deterministic synthetic news stream: original stories and "
+        "publisher re-runs with mastheads, footers, updates, trims, re-wrapping, HTML "
+        "entities and typos. Fields: id, title, text, publisher, story, kind.",
+    )
+    p.add_argument("-o", "--output", default="-", help="output file, or - (default)")
+    p.add_argument("-n", "--documents", type=int, default=3000, help="records (3000)")
+    p.add_argument("--rerun-rate", type=float, default=0.45, help="share of re-runs (0.45)")
+    p.add_argument("--seed", type=int, default=7, help="random seed (7)")
+    p.set_defaults(func=cmd_generate)
+
+    cli_ops.register(sub)
+    cli_kafka.register(sub)
+    add_run_command(sub)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None, out: IO[str] | None = None) -> int:
+    """Run one command; errors print a message that says what to do, and set the code."""
+    out = out or sys.stdout
+    err = sys.stderr
+    args = build_parser().parse_args(argv)
+    keep_freed_memory()
+    try:
+        code: int = args.func(args, out, err)
+    except ConfigError as exc:
+        print(f"error: {exc}", file=err)
+        return 2
+    except IndexStoreError as exc:
+        print(f"error: {exc}", file=err)
+        return 3
+    except (StreamDedupError, OSError, ValueError) as exc:
+        print(f"error: {exc}", file=err)
+        return 2
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

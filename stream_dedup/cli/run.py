@@ -1,0 +1,84 @@
+"""The ``stream-dedup run`` subcommand: configuration layers -> :class:`Service`.
+
+Kept out of :mod:`stream_dedup.cli` so the command line module stays a thin dispatcher.
+Exit codes follow the CLI's: 0 clean stop, 1 stopped with an unconfirmed last batch,
+2 configuration error, 3 index error (locked by another instance, other parameters).
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+from typing import IO, Any
+
+from stream_dedup.errors import IndexLockedError
+from stream_dedup.logs import setup_logging
+from stream_dedup.service.config import load_config, parse_assignments
+
+log = logging.getLogger("stream_dedup.service")
+
+
+def add_set_option(p: argparse.ArgumentParser) -> None:
+    """The repeatable ``--set section.key=value`` override shared by commands that read config."""
+    p.add_argument(
+        "--set",
+        dest="assignments",
+        action="append",
+        default=[],
+        metavar="SECTION.KEY=VALUE",
+        help="override one setting, e.g. --set batch.max_wait_ms=50 or "
+        "--set kafka.security.protocol=SASL_SSL (repeatable)",
+    )
+
+
+def add_run_command(sub: Any) -> None:
+    """Register ``run`` on the CLI's subparsers."""
+    p = sub.add_parser(
+        "run",
+        help="run the Kafka service: consume documents, emit unique/duplicate events",
+        description="Consume documents from Kafka, decide each against the index, produce one "
+        "event per document, and checkpoint (events confirmed, then index and offsets in one "
+        "write, then Kafka offsets). Settings: --config FILE < STREAM_DEDUP_<SECTION>__<KEY> "
+        "environment variables < flags. See config/stream-dedup.toml for every setting.",
+    )
+    p.add_argument("--config", metavar="FILE", help="TOML configuration file")
+    add_set_option(p)
+    p.add_argument("--bootstrap-servers", help="shortcut for kafka.bootstrap.servers")
+    p.add_argument("--topics", help="shortcut for input.topics (comma-separated)")
+    p.add_argument("--index", dest="index_path", help="shortcut for index.path")
+    p.add_argument("--http-port", type=int, help="shortcut for http.port")
+    p.add_argument("--log-level", help="shortcut for log.level")
+    p.set_defaults(func=cmd_run)
+
+
+def _flag_overrides(args: argparse.Namespace) -> dict[str, dict[str, Any]]:
+    out = parse_assignments(args.assignments)
+    shortcuts = [
+        ("kafka", "bootstrap.servers", args.bootstrap_servers),
+        ("input", "topics", args.topics),
+        ("index", "path", args.index_path),
+        ("http", "port", args.http_port),
+        ("log", "level", args.log_level),
+    ]
+    for section, key, value in shortcuts:
+        if value is not None:
+            out.setdefault(section, {})[key] = value
+    return out
+
+
+def cmd_run(args: argparse.Namespace, out: IO[str], err: IO[str]) -> int:
+    """Load the configuration, start the service, run until SIGTERM/SIGINT."""
+    from stream_dedup.service.loop import Service  # the Kafka client loads only for `run`
+
+    config = load_config(args.config, overrides=_flag_overrides(args))
+    setup_logging(config.log.level, config.log.format)
+    try:
+        service = Service(config)
+    except IndexLockedError as exc:
+        log.error(
+            "another instance holds the index; refusing to start",
+            extra={"fields": {"index": config.index.path, "error": str(exc)}},
+        )
+        raise
+    service.install_signal_handlers()
+    return service.run()

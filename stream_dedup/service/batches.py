@@ -1,0 +1,151 @@
+"""Taking batches from the consumer: what has arrived, or the batch announced before a crash.
+
+A batch takes the messages already fetched without waiting for more: it closes when none is
+left, at ``batch.max_messages``, or ``batch.max_wait_ms`` after its first message. After a
+crash the first batch is instead the one the index's batch intent announces, collected
+until complete (see :mod:`stream_dedup.service.checkpoint`); normal batching resumes once it is
+committed (the service then clears :attr:`BatchCollector.intent` and resumes what was
+paused). The service's rebalance callbacks keep :attr:`BatchCollector.assigned` and drop
+the messages of partitions that go.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+
+from confluent_kafka import Consumer, KafkaError, Message, TopicPartition
+
+from stream_dedup.index.store import Ranges
+from stream_dedup.logs import fields
+from stream_dedup.service.checkpoint import intent_reached, position, split_intent
+from stream_dedup.service.config import BatchConfig
+from stream_dedup.service.kafka import raise_if_fatal
+
+log = logging.getLogger("stream_dedup.service")
+
+TpKey = tuple[str, int]
+
+
+class BatchCollector:
+    """The messages consumed but not yet processed, and how the next batch is cut from them."""
+
+    def __init__(self, batch: BatchConfig, intent: Ranges | None, stop: threading.Event) -> None:
+        self._batch = batch
+        self._stop = stop
+        #: Ranges of a batch announced but not committed before the last stop: replay it.
+        self.intent = intent
+        self.consumer: Consumer | None = None
+        self.pending: list[Message] = []
+        self.paused: set[TpKey] = set()
+        self.assigned: set[TpKey] = set()
+        #: When each pending message (by ``id``) was taken from the consumer.
+        self.received_at: dict[int, float] = {}
+        self._intent_warned_at = time.monotonic() - 15.0  # first warning after ~15 s
+
+    def drop(self, partitions: set[TpKey]) -> None:
+        """Forget the pending messages of ``partitions`` (read again when they come back)."""
+        self.pending = [m for m in self.pending if (m.topic(), m.partition()) not in partitions]
+
+    def collect(self, consumer: Consumer, *, wait: bool = True) -> list[Message]:
+        """Up to ``max_messages``: what has arrived, taken without waiting for more.
+
+        The first message is awaited with ``poll`` (returns as soon as one is there);
+        the rest are taken with ``consume(n, 0)``, which returns what librdkafka has
+        already fetched. The batch closes when nothing more is there, at ``max_messages``,
+        or ``max_wait_ms`` after the first message while messages keep coming. A
+        ``consume(n, timeout)`` would instead wait out its whole timeout whenever fewer
+        than n messages come, adding the window to every document's latency at low load;
+        under load the batch still grows, from what arrives while the last one is decided.
+        With ``wait=False`` (a batch is being sketched ahead) the first message is not
+        awaited either. While a batch intent is pending, the batch is the intent's
+        (:meth:`_collect_intent`).
+        """
+        if self.intent is not None:
+            return self._collect_intent(consumer, self.intent)
+        limit = self._batch.max_messages
+        wait_s = self._batch.max_wait_ms / 1000.0
+        if not self.pending:
+            first = consumer.poll(0.2 if wait else 0.0)
+            if first is None:
+                return []
+            self.take([first])
+        deadline = time.monotonic() + wait_s
+        while len(self.pending) < limit and not self._stop.is_set():
+            more = consumer.consume(limit - len(self.pending), 0)
+            self.take(more)
+            if not more or time.monotonic() >= deadline:
+                break
+        batch, self.pending = self.pending[:limit], self.pending[limit:]
+        return batch
+
+    def _collect_intent(self, consumer: Consumer, intent: Ranges) -> list[Message]:
+        """The announced batch once every intent partition reached its end, else ``[]``.
+
+        Messages beyond a range, or from other partitions, are held (in arrival order) for
+        the next batch. Partitions with nothing more to give this batch are paused so the
+        held messages stay few; they resume when the batch is complete.
+        """
+        missing = sorted(set(intent) - self.assigned)
+        if missing:
+            self.pause([tp for tp in self.assigned if tp not in self.paused])
+            now = time.monotonic()
+            if now - self._intent_warned_at > 30.0:
+                self._intent_warned_at = now
+                log.warning(
+                    "waiting for the partitions of the batch to replay",
+                    extra=fields(
+                        missing=[f"{t}:{p}" for t, p in missing],
+                        action="run one instance for all partitions of the input topics; "
+                        "stop any other member of this consumer group",
+                    ),
+                )
+            msg = consumer.poll(0.2)  # serves the rebalance callbacks
+            if msg is not None:
+                self.take([msg])
+            return []
+        if not intent_reached(self.pending, intent):
+            self.take(consumer.consume(self._batch.max_messages, 0.2))
+            self.pause(self._done_for_intent(intent))
+            if not intent_reached(self.pending, intent):
+                return []
+        batch, self.pending = split_intent(self.pending, intent)
+        return batch
+
+    def _done_for_intent(self, intent: Ranges) -> list[TpKey]:
+        """Assigned, unpaused partitions that cannot add to the announced batch."""
+        last: dict[TpKey, int] = {}
+        for msg in self.pending:
+            topic, partition, offset = position(msg)
+            last[(topic, partition)] = max(last.get((topic, partition), -1), offset)
+        return [
+            tp
+            for tp in self.assigned
+            if tp not in self.paused and (tp not in intent or last.get(tp, -1) >= intent[tp][1] - 1)
+        ]
+
+    def pause(self, partitions: list[TpKey]) -> None:
+        if partitions and self.consumer is not None:
+            self.consumer.pause([TopicPartition(t, p) for t, p in partitions])
+            self.paused.update(partitions)
+
+    def resume_all(self) -> None:
+        """Resume what :meth:`pause` paused (fetching restarts after the last message seen)."""
+        if self.paused and self.consumer is not None:
+            live = [TopicPartition(t, p) for t, p in self.paused if (t, p) in self.assigned]
+            if live:
+                self.consumer.resume(live)
+        self.paused.clear()
+
+    def take(self, msgs: list[Message]) -> None:
+        """Keep consumed messages for the batch; log (or raise, if fatal) consumer errors."""
+        received = time.perf_counter()
+        for msg in msgs:
+            err = raise_if_fatal(msg)
+            if err is not None:
+                if err.code() != KafkaError._PARTITION_EOF:
+                    log.warning("consume error", extra=fields(error=err.str()))
+                continue
+            self.pending.append(msg)
+            self.received_at[id(msg)] = received

@@ -1,0 +1,207 @@
+"""The commit protocol: how a batch becomes durable. Implemented here and nowhere else.
+
+A batch is a set of input ranges, ``(topic, partition) -> (first offset, last offset + 1)``,
+and it is always decided in the *canonical order*: by (topic, partition, offset), partition
+by partition. The order therefore depends only on the ranges, never on how the consumer
+happened to interleave partitions. For every batch, in this order:
+
+1. **Record the batch intent**: the batch's ranges, in one small atomic index write
+   (:meth:`DedupIndex.write_intent`; fsynced only with ``index.sync``).
+2. **Produce** the batch's records (one event per decided document, one dead letter per
+   rejected message) asynchronously.
+3. **Flush and confirm**: wait until the broker has acknowledged every record
+   (``acks=all``). Failed deliveries are produced again; a broker outage is waited out
+   with backoff. Nothing below happens until every record is confirmed.
+4. **One RocksDB WriteBatch** (:meth:`Deduplicator.prepare`, then
+   :meth:`DedupIndex.apply`): the batch's index updates, per-document verdict records,
+   counters, the next input offset of every (topic, partition) the batch consumed
+   (dead-lettered messages included) *and* the cleared intent. Applying it is the commit
+   point. It is built (keys ordered and copied into the ``WriteBatch``: most of its cost)
+   while step 3 waits for the broker, and applied only after step 3 confirmed every record.
+5. **Commit the offsets to Kafka** so that standard lag tools see progress, without
+   waiting for the broker's answer (the consumer's commit callback,
+   :func:`kafka_commit_reporter`, reports it while the loop goes on). Kafka's offsets are
+   informational: a failure here is logged and counted, not fatal.
+
+On partition assignment the service seeks to the offsets stored in the index (step 4),
+not to Kafka's; a partition named by a pending intent is sought to the intent's start.
+So a crash anywhere, ``kill -9`` included:
+
+* before step 1 completes: nothing of the batch left the process; it is consumed again
+  as an ordinary batch.
+* between steps 1 and 4: the index holds the intent but neither the batch's records nor
+  its offsets. At start-up the first batch is exactly the intent's ranges (the service
+  collects until every intent partition reaches its end offset and holds anything beyond
+  for the next batch), decided in the canonical order over the same committed index.
+  Deciding is deterministic, so the replayed events equal the first emission (same
+  verdict, ``duplicate_of``, similarity, cluster), however many partitions there are.
+  Consumers see at most one batch twice, with identical content, keyed by document id.
+* after step 4: the index resumes after the batch; nothing is replayed.
+
+Nothing is lost (an offset is never stored before its events are confirmed) and nothing
+is decided twice differently (the replayed batch is the announced batch, and verdicts,
+offsets and the cleared intent are stored atomically).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Mapping
+
+from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
+
+from stream_dedup.dedup import BatchResult, BatchStats, Deduplicator
+from stream_dedup.index.backend import NO_ORDERED_PUTS
+from stream_dedup.index.store import Ranges
+from stream_dedup.service.config import ServiceSection
+from stream_dedup.service.events import OutRecord
+from stream_dedup.service.kafka import EventProducer
+from stream_dedup.service.metrics import Metrics
+
+log = logging.getLogger("stream_dedup.service.checkpoint")
+
+Offsets = Mapping[tuple[str, int], int]
+#: Called when the client rejects a record outright: returns a replacement (a dead letter).
+Rejected = Callable[[int, Exception], OutRecord | None]
+
+
+def position(msg: Message) -> tuple[str, int, int]:
+    """(topic, partition, offset) of a consumed, error-free message."""
+    topic, partition, offset = msg.topic(), msg.partition(), msg.offset()
+    assert topic is not None and partition is not None and offset is not None
+    return topic, partition, offset
+
+
+def canonical_order(msgs: list[Message]) -> list[Message]:
+    """The batch sorted by (topic, partition, offset): the order it is decided in.
+
+    It depends only on which messages the batch holds, not on how the consumer
+    interleaved partitions, so a replayed batch is decided exactly like the first time.
+    """
+    return sorted(msgs, key=position)
+
+
+def batch_ranges(msgs: list[Message]) -> dict[tuple[str, int], tuple[int, int]]:
+    """(topic, partition) -> (first offset, last offset + 1) of a non-empty batch."""
+    ranges: dict[tuple[str, int], tuple[int, int]] = {}
+    for msg in msgs:
+        topic, partition, offset = position(msg)
+        start, end = ranges.get((topic, partition), (offset, offset + 1))
+        ranges[(topic, partition)] = (min(start, offset), max(end, offset + 1))
+    return ranges
+
+
+def intent_reached(msgs: list[Message], intent: Ranges) -> bool:
+    """Whether ``msgs`` reach the end of every range of ``intent`` (the batch is complete)."""
+    last: dict[tuple[str, int], int] = {}
+    for msg in msgs:
+        topic, partition, offset = position(msg)
+        if (topic, partition) in intent:
+            last[(topic, partition)] = max(last.get((topic, partition), -1), offset)
+    return all(last.get(tp, -1) >= end - 1 for tp, (_start, end) in intent.items())
+
+
+def split_intent(msgs: list[Message], intent: Ranges) -> tuple[list[Message], list[Message]]:
+    """The messages inside ``intent``'s ranges, and the rest (held, in arrival order)."""
+    inside: list[Message] = []
+    held: list[Message] = []
+    for msg in msgs:
+        topic, partition, offset = position(msg)
+        span = intent.get((topic, partition))
+        in_range = span is not None and span[0] <= offset < span[1]
+        (inside if in_range else held).append(msg)
+    return inside, held
+
+
+def empty_result() -> BatchResult:
+    """A batch with nothing to decide (every message was dead-lettered)."""
+    return BatchResult([], {}, NO_ORDERED_PUTS, {}, BatchStats())
+
+
+class Checkpoint:
+    """Runs the commit protocol (see the module docstring) for one batch at a time."""
+
+    def __init__(
+        self,
+        producer: EventProducer,
+        dedup: Deduplicator,
+        consumer: Consumer,
+        metrics: Metrics,
+        settings: ServiceSection,
+        keep_waiting: Callable[[], bool],
+    ) -> None:
+        self._producer = producer
+        self._dedup = dedup
+        self._consumer = consumer
+        self._metrics = metrics
+        self._settings = settings
+        self._keep_waiting = keep_waiting
+
+    def commit(
+        self, records: list[OutRecord], result: BatchResult, ranges: Ranges, rejected: Rejected
+    ) -> None:
+        """Record the intent, produce, confirm, write the index, commit to Kafka: in order.
+
+        ``ranges`` are the batch's input ranges; ``result`` must come from deciding the
+        batch's documents in the canonical order (see the module docstring).
+        """
+        started = time.perf_counter()
+        offsets = {tp: end for tp, (_start, end) in ranges.items()}
+        self._dedup.index.write_intent(ranges)  # 1. the batch intent
+        for i, rec in enumerate(records):  # 2. produce
+            try:
+                self._producer.produce(rec)
+            except KafkaException as exc:
+                replacement = rejected(i, exc)
+                if replacement is not None:
+                    self._producer.produce(replacement)
+        pending = self._dedup.prepare(result, offsets)  # 4. built while the broker acks
+        self._producer.confirm(  # 3. flush and confirm every delivery
+            self._settings.flush_timeout_s,
+            (self._settings.backoff_initial_s, self._settings.backoff_max_s),
+            give_up=lambda: not self._keep_waiting(),
+        )
+        self._dedup.index.apply(pending)  # 4. the commit point; clears the intent
+        self._commit_kafka(offsets)  # 5. offsets to Kafka, for lag tools
+        self._metrics.commits.inc()
+        self._metrics.last_commit.set_to_current_time()
+        self._metrics.commit_duration.observe(time.perf_counter() - started)
+
+    def _commit_kafka(self, offsets: Offsets) -> None:
+        """Step 5, asynchronous: a synchronous commit is a broker round trip per batch
+        (~2 ms at 1,000 docs/s, a fifth of a small batch's time in the loop)."""
+        if not offsets:
+            return
+        tps = [TopicPartition(t, p, o) for (t, p), o in offsets.items()]
+        try:
+            self._consumer.commit(offsets=tps, asynchronous=True)
+        except KafkaException as exc:
+            _kafka_commit_failed(self._metrics, str(exc))
+
+
+def kafka_commit_reporter(
+    metrics: Metrics,
+) -> Callable[[KafkaError | None, list[TopicPartition]], None]:
+    """The consumer's ``on_commit`` callback: how step 5 ended, served while consuming."""
+
+    def report(err: KafkaError | None, partitions: list[TopicPartition]) -> None:
+        errors = [str(err)] if err is not None else []
+        errors += [f"{tp.topic}[{tp.partition}]: {tp.error}" for tp in partitions if tp.error]
+        if errors:
+            _kafka_commit_failed(metrics, "; ".join(errors))
+
+    return report
+
+
+def _kafka_commit_failed(metrics: Metrics, error: str) -> None:
+    metrics.kafka_commit_failures.inc()
+    log.warning(
+        "Kafka refused the offset commit; the index holds the true offsets",
+        extra={
+            "fields": {
+                "error": error,
+                "action": "none needed; lag tools catch up at the next commit",
+            }
+        },
+    )

@@ -1,0 +1,126 @@
+"""A decoded batch -> the records to produce: events and dead letters.
+
+The service's step between decoding (:mod:`stream_dedup.service.inputs`) and checkpointing,
+:meth:`BatchOutputs.build`: decide the documents in the batch's canonical order
+(:class:`~stream_dedup.dedup.Deduplicator`; their sketch may have been computed ahead, by
+:mod:`stream_dedup.service.prefetch.worker`), and turn each verdict into an event
+(:mod:`stream_dedup.service.events`). Nothing here touches Kafka or writes the index; the result
+goes to :meth:`stream_dedup.service.checkpoint.Checkpoint.commit`.
+
+Bad input never stops a batch: a message that cannot be decoded, a document whose
+deciding raises, and a record the Kafka client rejects outright each become a dead letter
+with the reason, counted in ``stream_dedup_dead_letters_total`` and logged.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+from stream_dedup.core.sketch import Sketch
+from stream_dedup.dedup import BatchResult, Deduplicator
+from stream_dedup.models import Document
+from stream_dedup.service.checkpoint import Rejected, empty_result
+from stream_dedup.service.config import ServiceConfig
+from stream_dedup.service.events import OutRecord, Source, dead_letter, document_json, event
+from stream_dedup.service.inputs import Decoded
+from stream_dedup.service.metrics import Metrics
+
+log = logging.getLogger("stream_dedup.service")
+
+
+@dataclass(frozen=True, slots=True)
+class Outputs:
+    """What one batch produces: its records (events first, then dead letters), the
+    decided batch for the index write, and the replacement for a rejected record."""
+
+    records: list[OutRecord]
+    result: BatchResult
+    rejected: Rejected
+
+
+class BatchOutputs:
+    """Builds the :class:`Outputs` of batches, for one service configuration."""
+
+    def __init__(self, config: ServiceConfig, dedup: Deduplicator, metrics: Metrics) -> None:
+        self.config = config
+        self.dedup = dedup
+        self.metrics = metrics
+        self._text = config.input.format == "text"
+
+    def build(self, decoded: Decoded, sketched: Sketch | None = None) -> Outputs:
+        """Decide the decoded batch and build its records.
+
+        ``sketched`` is the sketch of ``decoded.docs`` when it was computed ahead (by the
+        sketch worker); without it the documents are sketched here.
+        """
+        cfg = self.config
+        dead = [
+            self.dead_letter(src, exc.reason, exc, "decode") for src, exc in decoded.undecodable
+        ]
+        result, failed = self._decide(decoded.docs, sketched)
+        for i, error in failed:
+            dead.append(self.dead_letter(decoded.sources[i], "processing_error", error, "process"))
+        failed_idx = {i for i, _ in failed}
+        kept = [s for i, s in enumerate(decoded.sources) if i not in failed_idx]
+        records: list[OutRecord] = []
+        for source, verdict in zip(kept, result.verdicts, strict=True):
+            topic = cfg.duplicate_topic if verdict.is_duplicate else cfg.unique_topic
+            document = (
+                document_json(source.value, text=self._text)
+                if cfg.output.include_document and source.value is not None
+                else None
+            )
+            records.append(event(verdict, source, document, topic))
+        records.extend(dead)
+
+        def rejected(i: int, exc: Exception) -> OutRecord | None:
+            if i >= len(kept):
+                raise exc  # a dead letter itself was rejected: nothing safer to send
+            return self.dead_letter(kept[i], "processing_error", exc, "produce")
+
+        return Outputs(records, result, rejected)
+
+    def _decide(
+        self, docs: list[Document], sketched: Sketch | None
+    ) -> tuple[BatchResult, list[tuple[int, Exception]]]:
+        """Decide the batch; if that raises, find the documents that fail on their own.
+
+        The failing documents are dead-lettered (``processing_error``) and the rest decided
+        together. Deciding is deterministic, so a replay isolates the same documents.
+        """
+        if not docs:
+            return empty_result(), []
+        try:
+            return self.dedup.decide(docs, sketched), []
+        except Exception as batch_exc:
+            failed: list[tuple[int, Exception]] = []
+            for i, doc in enumerate(docs):
+                try:
+                    self.dedup.decide([doc])
+                except Exception as exc:
+                    failed.append((i, exc))
+            if not failed:
+                raise batch_exc
+            bad = {i for i, _ in failed}
+            rest = [d for i, d in enumerate(docs) if i not in bad]
+            return (self.dedup.decide(rest) if rest else empty_result()), failed
+
+    def dead_letter(self, source: Source, reason: str, exc: BaseException, stage: str) -> OutRecord:
+        """The dead letter for ``source``, counted and logged."""
+        self.metrics.dead_letters.labels(reason).inc()
+        log.warning(
+            "message dead-lettered",
+            extra={
+                "fields": {
+                    "reason": reason,
+                    "error": str(exc)[:500],
+                    "topic": source.topic,
+                    "partition": source.partition,
+                    "offset": source.offset,
+                    "dlq_topic": self.config.dlq_topic,
+                    "action": "inspect the record in the dead-letter topic; fix the producer",
+                }
+            },
+        )
+        return dead_letter(source, self.config.dlq_topic, reason, exc, stage)

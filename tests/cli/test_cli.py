@@ -1,0 +1,325 @@
+"""The command line, called as ``main(argv, out)``: exit codes, output lines, messages."""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import random
+import string
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from rocksdict import Rdict
+
+from stream_dedup.cli.app import build_parser, main
+
+Capsys = pytest.CaptureFixture[str]
+
+
+def article(seed: int, words: int = 120) -> str:
+    rng = random.Random(seed)
+    return " ".join(
+        "".join(rng.choices(string.ascii_lowercase, k=rng.randint(3, 9))) for _ in range(words)
+    )
+
+
+def near(text: str, seed: int) -> str:
+    """``text`` with three words replaced (Jaccard about 0.9)."""
+    rng = random.Random(seed)
+    words = text.split(" ")
+    for i in rng.sample(range(len(words)), 3):
+        words[i] = "X" * (4 + i % 3)
+    return " ".join(words)
+
+
+STORY, OTHER, THIRD = article(1), article(2), article(3)
+
+RECORDS: list[dict[str, Any]] = [
+    {"id": "a", "title": "Budget approved", "text": STORY},
+    {"id": "b", "title": "Storm warning", "text": OTHER},
+    {"id": "a-copy", "title": "Budget approved", "text": near(STORY, 1)},
+    {"id": "hi", "text": "Hi!"},
+    {"id": "hi-again", "title": "HI!"},
+    {"id": "blank", "title": "   "},
+]
+
+
+def jsonl(records: list[dict[str, Any]]) -> str:
+    return "".join(json.dumps(r) + "\n" for r in records)
+
+
+def write(path: Path, text: str) -> Path:
+    path.write_text(text, encoding="utf-8")
+    return path
+
+
+def read_verdicts(path: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines()]
+
+
+def run(*argv: str) -> tuple[int, str]:
+    out = io.StringIO()
+    code = main(list(argv), out=out)
+    return code, out.getvalue()
+
+
+FIELDS = ["id", "verdict", "duplicate_of", "similarity", "cluster_id"]
+
+
+def test_dedup_writes_one_verdict_line_per_document(tmp_path: Path, capsys: Capsys) -> None:
+    src = write(tmp_path / "in.jsonl", jsonl(RECORDS))
+    dst = tmp_path / "verdicts.jsonl"
+    code, _ = run("dedup", str(src), "-o", str(dst))
+    assert code == 0
+    lines = read_verdicts(dst)
+    assert [list(v) for v in lines] == [FIELDS] * 5 + [[*FIELDS, "empty"]]
+    assert [(v["id"], v["verdict"], v["duplicate_of"], v["cluster_id"]) for v in lines] == [
+        ("a", "unique", None, "a"),
+        ("b", "unique", None, "b"),
+        ("a-copy", "duplicate", "a", "a"),
+        ("hi", "unique", None, "hi"),
+        ("hi-again", "duplicate", "hi", "hi"),
+        ("blank", "unique", None, "blank"),
+    ]
+    assert 0.8 <= lines[2]["similarity"] < 1.0
+    assert lines[4]["similarity"] == 1.0
+    assert lines[5]["empty"] is True
+    err = capsys.readouterr().err
+    assert "documents   6" in err
+    assert "duplicates  2 (33.3%)" in err
+    assert "empty       1" in err
+    assert "docs/s" in err
+
+
+def test_dedup_quiet_and_progress(tmp_path: Path, capsys: Capsys) -> None:
+    src = write(tmp_path / "in.jsonl", jsonl(RECORDS))
+    assert run("dedup", str(src), "-o", str(tmp_path / "o1"), "-q")[0] == 0
+    assert capsys.readouterr().err == ""
+    assert run("dedup", str(src), "-o", str(tmp_path / "o2"), "-q", "--progress")[0] == 0
+    assert "6 documents, 2 duplicates" in capsys.readouterr().err
+
+
+def test_dedup_index_persists_and_a_second_run_continues(tmp_path: Path, capsys: Capsys) -> None:
+    index = tmp_path / "index"
+    first = write(tmp_path / "one.jsonl", jsonl(RECORDS[:2]))
+    code, _ = run("dedup", str(first), "-o", str(tmp_path / "v1"), "--index", str(index))
+    assert code == 0
+    v1 = read_verdicts(tmp_path / "v1")
+    capsys.readouterr()
+
+    second = write(
+        tmp_path / "two.jsonl",
+        jsonl(
+            [
+                {"id": "a", "text": "edited content under a known id"},  # replayed
+                {"id": "c", "text": near(OTHER, 2)},  # decided against run one's b
+                {"id": "d", "text": THIRD},
+            ]
+        ),
+    )
+    code, _ = run("dedup", str(second), "-o", str(tmp_path / "v2"), "--index", str(index))
+    assert code == 0
+    v2 = read_verdicts(tmp_path / "v2")
+    assert v2[0] == v1[0]  # replayed id: the recorded verdict, unchanged
+    assert (v2[1]["verdict"], v2[1]["duplicate_of"], v2[1]["cluster_id"]) == ("duplicate", "b", "b")
+    assert v2[2]["verdict"] == "unique"
+    err = capsys.readouterr().err
+    assert "replayed    1" in err
+    assert "documents   3" in err
+
+    code, out = run("stats", "--index", str(index))
+    assert code == 0
+    assert "documents           4\n" in out  # two + two new; the replay adds nothing
+    assert "duplicates          1\n" in out
+
+
+def test_malformed_lines_are_reported_and_skipped(tmp_path: Path, capsys: Capsys) -> None:
+    lines = [
+        json.dumps(RECORDS[0]),
+        '{"id": "broken", "text": ',
+        json.dumps(RECORDS[1]),
+        json.dumps({"text": "no id"}),
+        "",
+        json.dumps({"id": "n", "text": 5}),
+        json.dumps(RECORDS[3]),
+    ]
+    src = write(tmp_path / "in.jsonl", "\n".join(lines) + "\n")
+    dst = tmp_path / "out.jsonl"
+    code, _ = run("dedup", str(src), "-o", str(dst))
+    assert code == 0
+    assert [v["id"] for v in read_verdicts(dst)] == ["a", "b", "hi"]
+    err = capsys.readouterr().err
+    assert "line 2: skipped, invalid_json" in err
+    assert "line 4: skipped, missing_id" in err
+    assert "line 6: skipped, invalid_content" in err
+    assert "line 5" not in err  # a blank line is not a record
+    assert "malformed   3" in err
+
+
+def test_malformed_line_fails_the_run_on_request(tmp_path: Path, capsys: Capsys) -> None:
+    lines = [json.dumps(RECORDS[0]), json.dumps(RECORDS[1]), "[1, 2]", json.dumps(RECORDS[3])]
+    src = write(tmp_path / "in.jsonl", "\n".join(lines) + "\n")
+    code, _ = run("dedup", str(src), "-o", str(tmp_path / "out"), "--on-error", "fail")
+    assert code == 1
+    err = capsys.readouterr().err
+    assert "error: line 3: not_an_object" in err
+    assert "--on-error skip" in err
+
+
+def test_invalid_utf8_line_is_reported_with_its_number(tmp_path: Path, capsys: Capsys) -> None:
+    src = tmp_path / "in.jsonl"
+    src.write_bytes(b'{"id": "x", "text": "ok"}\n{"id": "y", "text": "\xff"}\n')
+    code, _ = run("dedup", str(src), "-o", str(tmp_path / "out"))
+    assert code == 0
+    assert "line 2: skipped, invalid_utf8" in capsys.readouterr().err
+
+
+def test_dedup_reads_stdin_and_writes_stdout(
+    monkeypatch: pytest.MonkeyPatch, capsys: Capsys
+) -> None:
+    data = jsonl(RECORDS[:3]).replace("\n", "\r\n").encode()  # CRLF input too
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(data)))
+    code, out = run("dedup", "-", "-o", "-", "-q")
+    assert code == 0
+    verdicts = [json.loads(line) for line in out.splitlines()]
+    assert [v["verdict"] for v in verdicts] == ["unique", "unique", "duplicate"]
+    assert capsys.readouterr().out == ""  # everything went to main's out stream
+
+
+def test_custom_id_and_content_fields(tmp_path: Path) -> None:
+    records = [{"key": 1, "body": STORY}, {"key": 2, "body": near(STORY, 5), "title": "x"}]
+    src = write(tmp_path / "in.jsonl", jsonl(records))
+    dst = tmp_path / "out.jsonl"
+    args = ["dedup", str(src), "-o", str(dst), "-q", "--id-field", "key"]
+    assert run(*args, "--content-fields", "body")[0] == 0
+    assert [(v["id"], v["verdict"]) for v in read_verdicts(dst)] == [
+        ("1", "unique"),
+        ("2", "duplicate"),
+    ]
+
+
+def test_index_mismatch_exits_3_naming_the_key(tmp_path: Path, capsys: Capsys) -> None:
+    src = write(tmp_path / "in.jsonl", jsonl(RECORDS[:2]))
+    index = str(tmp_path / "index")
+    assert run("dedup", str(src), "-o", str(tmp_path / "o"), "--index", index, "-q")[0] == 0
+    capsys.readouterr()
+    code, _ = run("dedup", str(src), "-o", str(tmp_path / "o"), "--index", index, "--seed", "2")
+    assert code == 3
+    err = capsys.readouterr().err
+    assert "seed: index has 1, asked for 2" in err
+    assert "stream-dedup stats --index" in err
+    code, _ = run("dedup", str(src), "-o", str(tmp_path / "o"), "--index", index, "-k", "4")
+    assert code == 3
+    assert "shingle_k: index has 5, asked for 4" in capsys.readouterr().err
+
+
+def test_rerun_without_flags_uses_the_index_parameters(tmp_path: Path, capsys: Capsys) -> None:
+    src = write(tmp_path / "in.jsonl", jsonl(RECORDS[:3]))
+    index = str(tmp_path / "index")
+    first = [
+        *("dedup", str(src), "-o", str(tmp_path / "o"), "--index", index, "-q"),
+        *("--threshold", "0.7", "--verify", "signature", "--index-policy", "uniques"),
+    ]
+    assert run(*first)[0] == 0
+    more = write(tmp_path / "more.jsonl", jsonl([{"id": "z", "text": near(STORY, 9)}]))
+    assert run("dedup", str(more), "-o", str(tmp_path / "o2"), "--index", index, "-q")[0] == 0
+    assert read_verdicts(tmp_path / "o2")[0]["duplicate_of"] == "a"
+    code, out = run("stats", "--index", index)
+    assert code == 0
+    assert "threshold           0.7\n" in out
+    assert "verification        signature\n" in out
+    assert "index policy        uniques\n" in out
+    assert "indexed             2\n" in out  # a and b; the two duplicates were not indexed
+
+
+def test_tune_prints_plan_table_knee_and_unused() -> None:
+    code, out = run("tune", "--threshold", "0.8", "--num-perm", "128")
+    assert code == 0
+    assert "bands b            18\n" in out
+    assert "rows r             7\n" in out
+    assert "P(candidate | T)   0.9855\n" in out
+    assert "S-curve knee       0.662" in out
+    assert "unused hashes      2\n" in out
+    assert "      0.80        0.9855  <- threshold" in out
+    assert "      0.50        0.1317" in out
+    assert "      1.00        1.0000" in out
+    assert "datasketch's optimisation picks b=9, r=13: P(candidate | T) = 0.3988\n" in out
+
+
+def test_tune_explicit_bands_and_errors(capsys: Capsys) -> None:
+    code, out = run("tune", "--bands", "20", "--rows", "6")
+    assert code == 0
+    assert "bands b            20\n" in out
+    assert "explicit --bands/--rows" in out
+    assert "unused hashes      8\n" in out
+    assert run("tune", "--bands", "20", "--rows", "7")[0] == 2
+    assert "exceeds num_perm" in capsys.readouterr().err
+    assert run("tune", "--threshold", "0.05", "--num-perm", "16")[0] == 2
+    assert "raise --num-perm" in capsys.readouterr().err
+    assert run("tune", "--bands", "20")[0] == 2
+    assert "both bands and rows" in capsys.readouterr().err
+
+
+def test_tune_plot_writes_a_png(tmp_path: Path) -> None:
+    png = tmp_path / "curve.png"
+    code, out = run("tune", "--plot", str(png))
+    assert code == 0
+    assert f"S-curve written to {png}" in out
+    data = png.read_bytes()
+    assert data.startswith(b"\x89PNG\r\n\x1a\n")
+    assert len(data) > 10_000
+
+
+def test_stats_prints_parameters_counts_and_size(tmp_path: Path) -> None:
+    src = write(tmp_path / "in.jsonl", jsonl(RECORDS))
+    index = tmp_path / "index"
+    assert run("dedup", str(src), "-o", str(tmp_path / "o"), "--index", str(index), "-q")[0] == 0
+    code, out = run("stats", "--index", str(index))
+    assert code == 0
+    assert f"index               {index}\n" in out
+    assert "bands x rows        18 x 7\n" in out
+    assert "shingles            char 5-grams (shingler v1)\n" in out
+    assert "signature           oph-optimal-densification-v1, K=128, seed=1\n" in out
+    assert "documents           6\n" in out
+    assert "indexed             5\n" in out
+    assert "duplicates          2\n" in out
+    assert "empty               1\n" in out
+    size_line = next(line for line in out.splitlines() if line.startswith("size on disk"))
+    size = int(size_line.split()[3].replace(",", ""))
+    assert size > 1000
+
+
+def test_stats_on_a_directory_without_an_index(tmp_path: Path, capsys: Capsys) -> None:
+    assert run("stats", "--index", str(tmp_path))[0] == 3
+    assert "holds no index" in capsys.readouterr().err
+    plain = tmp_path / "plain-rocksdb"
+    Rdict(str(plain)).close()
+    assert run("stats", "--index", str(plain))[0] == 3
+    assert "not a stream-dedup index" in capsys.readouterr().err
+
+
+def subcommands() -> list[str]:
+    parser = build_parser()
+    (sub,) = (a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    return sorted(sub.choices)
+
+
+def test_core_subcommands_exist() -> None:
+    assert {"dedup", "tune", "stats"} <= set(subcommands())
+
+
+@pytest.mark.parametrize("argv", [["--help"]] + [[c, "--help"] for c in subcommands()])
+def test_every_help_exits_0(argv: list[str], capsys: Capsys) -> None:
+    with pytest.raises(SystemExit) as info:
+        main(argv, out=io.StringIO())
+    assert info.value.code == 0
+    assert "usage: stream-dedup" in capsys.readouterr().out
+
+
+def test_missing_input_file_is_a_clear_error(tmp_path: Path, capsys: Capsys) -> None:
+    code, _ = run("dedup", str(tmp_path / "nope.jsonl"), "-o", str(tmp_path / "out"))
+    assert code == 2
+    assert "nope.jsonl" in capsys.readouterr().err

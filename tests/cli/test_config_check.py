@@ -1,0 +1,68 @@
+"""`stream-dedup config check`: validation naming the key, effective values, masked secrets."""
+
+from __future__ import annotations
+
+import tomllib
+from io import StringIO
+from pathlib import Path
+
+import pytest
+
+from stream_dedup.cli.app import main
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _check(path: Path) -> tuple[int, str]:
+    out = StringIO()
+    return main(["config", "check", str(path)], out=out), out.getvalue()
+
+
+def test_secrets_are_masked_and_other_values_shown(tmp_path: Path) -> None:
+    cfg = tmp_path / "c.toml"
+    cfg.write_text(
+        '[kafka]\n"bootstrap.servers" = "broker-1:9093"\n"security.protocol" = "SASL_SSL"\n'
+        '"sasl.username" = "svc"\n"sasl.password" = "hunter2"\n"ssl.key.password" = "pw"\n'
+        "[batch]\nmax_messages = 123\n"
+    )
+    code, text = _check(cfg)
+    assert code == 0
+    assert "hunter2" not in text and '"pw"' not in text
+    assert '"sasl.password" = "***"' in text and '"ssl.key.password" = "***"' in text
+    assert '"bootstrap.servers" = "broker-1:9093"' in text
+    assert '"sasl.username" = "svc"' in text
+    assert "max_messages = 123" in text
+    effective = tomllib.loads(text)
+    assert effective["batch"]["max_messages"] == 123
+
+
+def test_environment_overrides_the_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    cfg = tmp_path / "c.toml"
+    cfg.write_text("[batch]\nmax_messages = 123\n")
+    monkeypatch.setenv("STREAM_DEDUP_BATCH__MAX_MESSAGES", "77")
+    code, text = _check(cfg)
+    assert code == 0 and tomllib.loads(text)["batch"]["max_messages"] == 77
+
+
+@pytest.mark.parametrize(
+    ("body", "named"),
+    [
+        ("[batch]\nmax_mesages = 1\n", "batch.max_mesages"),
+        ('[batch]\nmax_messages = "many"\n', "batch.max_messages"),
+        ("[nosuch]\nx = 1\n", "nosuch"),
+    ],
+)
+def test_unknown_keys_and_wrong_types_name_the_key(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], body: str, named: str
+) -> None:
+    cfg = tmp_path / "bad.toml"
+    cfg.write_text(body)
+    code, _ = _check(cfg)
+    assert code == 2
+    assert named in capsys.readouterr().err
+
+
+def test_the_shipped_configuration_file_is_valid_and_matches_the_defaults() -> None:
+    code, text = _check(REPO / "config" / "stream-dedup.toml")
+    assert code == 0
+    assert tomllib.loads(text)["dedup"]["threshold"] == 0.8

@@ -1,0 +1,115 @@
+"""Snapshots of stopped and running indexes, and restoring them."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+import time
+from io import StringIO
+from pathlib import Path
+
+import pytest
+
+from stream_dedup.cli.app import main
+from stream_dedup.core.config import DedupConfig
+from stream_dedup.dedup import Deduplicator
+from stream_dedup.errors import IndexLockedError, IndexStoreError
+from stream_dedup.index import open_index
+from stream_dedup.index.params import IndexParams
+from stream_dedup.index.snapshot import restore, snapshot
+from stream_dedup.models import Document
+
+
+def _build(path: Path, n: int = 50) -> list[str]:
+    cfg = DedupConfig()
+    index = open_index(path, IndexParams.of(cfg))
+    try:
+        docs = [
+            Document(f"d{i}", f"story number {i % 10} about the harbour and the river")
+            for i in range(n)
+        ]
+        verdicts = Deduplicator(index, cfg).process(docs, offsets={("news", 0): n}).verdicts
+        return [v.verdict.value for v in verdicts]
+    finally:
+        index.close()
+
+
+def test_snapshot_of_stopped_index_is_a_checkpoint_with_everything(tmp_path: Path) -> None:
+    _build(tmp_path / "idx")
+    info = snapshot(tmp_path / "idx", tmp_path / "bak")
+    assert info.method == "checkpoint"
+    copy = open_index(tmp_path / "bak", None)
+    try:
+        assert copy.counter("documents") == 50
+        assert copy.offsets() == {("news", 0): 50}
+    finally:
+        copy.close()
+
+
+def test_snapshot_of_running_index_copies_a_consistent_state(tmp_path: Path) -> None:
+    _build(tmp_path / "idx")
+    holder = textwrap.dedent(
+        f"""
+        import sys, time
+        from stream_dedup.index import open_index
+        idx = open_index({str(tmp_path / "idx")!r}, None)
+        print("open", flush=True)
+        time.sleep(30)
+        """
+    )
+    proc = subprocess.Popen([sys.executable, "-c", holder], stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None and proc.stdout.readline().strip() == "open"
+        with pytest.raises(IndexLockedError):
+            open_index(tmp_path / "idx", None)
+        info = snapshot(tmp_path / "idx", tmp_path / "bak")
+        assert info.method.startswith("live copy")
+    finally:
+        proc.kill()
+        proc.communicate()
+    copy = open_index(tmp_path / "bak", None)
+    try:
+        assert copy.counter("documents") == 50
+        assert copy.offsets() == {("news", 0): 50}
+    finally:
+        copy.close()
+
+
+def test_restore_refuses_to_overwrite_without_force_and_keeps_old(tmp_path: Path) -> None:
+    _build(tmp_path / "idx", n=20)
+    snapshot(tmp_path / "idx", tmp_path / "bak")
+    _build(tmp_path / "other", n=5)
+    with pytest.raises(IndexStoreError, match="--force"):
+        restore(tmp_path / "bak", tmp_path / "other")
+    restore(tmp_path / "bak", tmp_path / "other", force=True)
+    assert (tmp_path / "other.replaced" / "CURRENT").exists()
+    index = open_index(tmp_path / "other", None)
+    try:
+        assert index.counter("documents") == 20
+    finally:
+        index.close()
+
+
+def test_snapshot_refuses_a_non_empty_target(tmp_path: Path) -> None:
+    _build(tmp_path / "idx", n=3)
+    (tmp_path / "bak").mkdir()
+    (tmp_path / "bak" / "x").write_text("x")
+    with pytest.raises(IndexStoreError, match="not empty"):
+        snapshot(tmp_path / "idx", tmp_path / "bak")
+
+
+def test_cli_snapshot_and_restore(tmp_path: Path) -> None:
+    _build(tmp_path / "idx", n=10)
+    out = StringIO()
+    assert (
+        main(["snapshot", "--index", str(tmp_path / "idx"), "--to", str(tmp_path / "b")], out=out)
+        == 0
+    )
+    assert "10" not in out.getvalue() or "keys" in out.getvalue()
+    assert main(["restore", str(tmp_path / "b"), "--index", str(tmp_path / "r")], out=out) == 0
+    assert main(["restore", str(tmp_path / "b"), "--index", str(tmp_path / "r")], out=out) == 3
+    start = time.perf_counter()
+    assert main(["stats", "--index", str(tmp_path / "r")], out=(stats := StringIO())) == 0
+    assert time.perf_counter() - start < 10
+    assert "documents           10" in stats.getvalue()

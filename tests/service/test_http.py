@@ -1,0 +1,62 @@
+"""The HTTP endpoints answer, and a failing metrics collector gives a 500 that says why."""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Iterator
+
+import pytest
+from prometheus_client import CollectorRegistry, Counter
+from prometheus_client.registry import Collector
+
+from stream_dedup.service.http import HttpEndpoints
+from tests.integration.support import http_get as get
+
+
+class Broken(Collector):
+    def collect(self) -> Iterator[object]:
+        raise FileNotFoundError("index directory is gone")
+
+
+@pytest.fixture
+def registry() -> CollectorRegistry:
+    reg = CollectorRegistry()
+    Counter("stream_dedup_things", "Things.", registry=reg).inc(3)
+    return reg
+
+
+def serve(registry: CollectorRegistry) -> HttpEndpoints:
+    endpoints = HttpEndpoints(
+        "127.0.0.1", 0, registry, lambda: (True, {"loop": "alive"}), lambda: (False, {})
+    )
+    endpoints.start()
+    return endpoints
+
+
+def test_metrics_health_and_readiness_answer(registry: CollectorRegistry) -> None:
+    endpoints = serve(registry)
+    try:
+        code, body = get(endpoints.port, "/metrics")
+        assert code == 200 and "stream_dedup_things_total 3.0" in body
+        code, body = get(endpoints.port, "/healthz")
+        assert code == 200 and json.loads(body) == {"status": "ok", "loop": "alive"}
+        assert get(endpoints.port, "/readyz")[0] == 503
+        assert get(endpoints.port, "/nowhere")[0] == 404
+    finally:
+        endpoints.stop()
+
+
+def test_a_failing_collector_gives_a_500_that_says_why(
+    registry: CollectorRegistry, package_logs: list[logging.LogRecord]
+) -> None:
+    registry.register(Broken())
+    endpoints = serve(registry)
+    try:
+        code, body = get(endpoints.port, "/metrics")
+        assert code == 500
+        assert "FileNotFoundError: index directory is gone" in body
+        assert get(endpoints.port, "/healthz")[0] == 200  # the server still answers
+    finally:
+        endpoints.stop()
+    assert any("collecting metrics failed" in r.getMessage() for r in package_logs)

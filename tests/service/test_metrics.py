@@ -1,0 +1,71 @@
+"""The batch-observed histogram exports exactly what the client library's histogram would;
+failed Kafka offset commits are counted."""
+
+from __future__ import annotations
+
+import logging
+
+import numpy as np
+import pytest
+from confluent_kafka import KafkaError, TopicPartition
+from prometheus_client import CollectorRegistry, Histogram, generate_latest
+
+from stream_dedup.service.checkpoint import kafka_commit_reporter
+from stream_dedup.service.metrics import BatchHistogram, Metrics
+
+BUCKETS = (0, 1, 2, 5, 10, 0.25)
+
+
+def test_batch_histogram_matches_prometheus_histogram_sample_for_sample() -> None:
+    bounds = tuple(sorted(BUCKETS))
+    ours, theirs = CollectorRegistry(), CollectorRegistry()
+    batch = BatchHistogram("x_per_doc", "help", bounds, ours)
+    reference = Histogram("x_per_doc", "help", buckets=bounds, registry=theirs)
+    rng = np.random.default_rng(7)
+    for size in (0, 1, 17, 500):
+        # bounds themselves, negatives, values past the last bound
+        values = np.concatenate([rng.integers(-1, 14, size), np.asarray(bounds)[: size % 7]])
+        batch.observe_many(values.tolist())
+        for v in values.tolist():
+            reference.observe(v)
+    ours_text = generate_latest(ours).decode()
+    theirs_text = generate_latest(theirs).decode()
+    assert [ln for ln in ours_text.splitlines() if not ln.endswith("_created")] == [
+        ln for ln in theirs_text.splitlines() if "_created" not in ln
+    ]
+    assert ours.get_sample_value("x_per_doc_bucket", {"le": "1.0"}) == theirs.get_sample_value(
+        "x_per_doc_bucket", {"le": "1.0"}
+    )
+    assert (ours.get_sample_value("x_per_doc_count") or 0) > 500
+
+
+def test_service_metrics_have_no_created_series() -> None:
+    registry = CollectorRegistry()
+    metrics = Metrics(registry)
+    metrics.consumed.inc(3)
+    metrics.observe_work([0, 4, 40], [0, 1, 3])
+    text = generate_latest(registry).decode()
+    assert "_created" not in text
+    assert registry.get_sample_value("stream_dedup_messages_consumed_total") == 3
+    assert registry.get_sample_value("stream_dedup_candidates_per_document_count") == 3
+    assert registry.get_sample_value("stream_dedup_candidates_per_document_sum") == 44
+    assert (
+        registry.get_sample_value("stream_dedup_candidates_per_document_bucket", {"le": "5.0"}) == 2
+    )
+
+
+def test_kafka_commit_reporter_counts_and_logs_only_failed_commits(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    registry = CollectorRegistry()
+    metrics = Metrics(registry)
+    report = kafka_commit_reporter(metrics)
+    with caplog.at_level(logging.WARNING, logger="stream_dedup.service.checkpoint"):
+        report(None, [TopicPartition("news", 0, 42)])
+        assert registry.get_sample_value("stream_dedup_kafka_commit_failures_total") == 0
+        assert not caplog.records
+        report(KafkaError(KafkaError.REQUEST_TIMED_OUT), [TopicPartition("news", 0, 42)])
+    assert registry.get_sample_value("stream_dedup_kafka_commit_failures_total") == 1
+    assert [r.getMessage() for r in caplog.records] == [
+        "Kafka refused the offset commit; the index holds the true offsets"
+    ]
