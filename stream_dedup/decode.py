@@ -129,7 +129,7 @@ def document_from_record(
 
 
 @dataclass(frozen=True, slots=True)
-class RecordFormat:
+class MessageFormat:
     """How a stream record becomes a document: :func:`document_from_record`'s settings.
 
     A plain value, so the sketch worker (:mod:`stream_dedup.service.prefetch.worker`) can be given
@@ -143,17 +143,17 @@ class RecordFormat:
 
 #: A batch of records decoded: the documents' ids and contents, in order, and
 #: ``(position in the batch, reason, detail)`` of each record that did not decode.
-DecodedRecords = tuple[list[str], list[str], list[tuple[int, str, str]]]
+DecodeOutcome = tuple[list[str], list[str], list[tuple[int, str, str]]]
 
 _NO_POSITION = ("", 0, 0)
 
 
-def decode_records(
+def decode_messages(
     values: Sequence[bytes | None],
     keys: Sequence[bytes | None] | None,
     positions: Sequence[tuple[str, int, int]] | None,
-    fmt: RecordFormat,
-) -> DecodedRecords:
+    fmt: MessageFormat,
+) -> DecodeOutcome:
     """Decode a batch of records; ``keys`` and ``positions`` matter only for text records.
 
     Plain lists in, plain lists out: what crosses to and from the sketch worker.

@@ -29,7 +29,7 @@ import numpy.typing as npt
 
 from stream_dedup.core.config import DedupConfig
 from stream_dedup.core.hashing import U32, U64
-from stream_dedup.core.match import I64, BatchMatches, match_batch
+from stream_dedup.core.match import I64, Matches, match_batch
 from stream_dedup.core.sketch import Sketch, sketch
 from stream_dedup.errors import IndexCorruptError
 from stream_dedup.index import keys
@@ -304,7 +304,7 @@ def _bucket_puts(
     bkeys: list[bytes],
     order: npt.NDArray[np.intp],
     slot: npt.NDArray[np.intp],
-    found: BatchMatches,
+    found: Matches,
     bands: int,
 ) -> tuple[OrderedPuts, npt.NDArray[np.intp]]:
     """The bucket writes of the batch's indexed documents, in key order, and the positions

@@ -6,8 +6,8 @@ import pytest
 
 from stream_dedup.core.config import DocumentFormat
 from stream_dedup.decode import (
-    RecordFormat,
-    decode_records,
+    MessageFormat,
+    decode_messages,
     document_from_json,
     document_from_object,
     document_from_record,
@@ -124,7 +124,7 @@ def test_lone_surrogate_escape_decodes() -> None:
 
 def test_a_batch_decodes_record_by_record_as_document_from_record_decides() -> None:
     """The batch decoder's one-pass reading of common records changes no outcome."""
-    fmt = RecordFormat(max_bytes=200)
+    fmt = MessageFormat(max_bytes=200)
     values: list[bytes | None] = [
         b'{"id": "a", "title": "T", "text": "body"}',
         b'{"id": 7, "title": "T", "text": "int id"}',
@@ -143,7 +143,7 @@ def test_a_batch_decodes_record_by_record_as_document_from_record_decides() -> N
         b'{"id": "i", "text": "' + b"x" * 300 + b'"}',
         None,
     ]
-    ids, contents, errors = decode_records(values, None, None, fmt)
+    ids, contents, errors = decode_messages(values, None, None, fmt)
     expected_docs, expected_errors = [], []
     for i, value in enumerate(values):
         try:

@@ -41,7 +41,7 @@ I64 = npt.NDArray[np.int64]
 
 
 @dataclass(frozen=True, slots=True)
-class BatchMatches:
+class Matches:
     """What :func:`match_batch` decided, one entry per live document of the batch.
 
     ``match``: the docnum of the document's match, -1 if none; ``similarity`` its
@@ -343,7 +343,7 @@ def match_batch(
     first_docnum: int,
     payloads: tuple[npt.NDArray[np.uint32], I64, I64],
     records: tuple[npt.NDArray[np.uint64], npt.NDArray[np.uint32], I64, I64],
-) -> BatchMatches:
+) -> Matches:
     """Decide a batch's live documents in order (see the module docstring).
 
     Per live document ``p``: ``fresh[p]`` (False: a replay, left alone) and ``text_group[p]``
@@ -371,7 +371,7 @@ def match_batch(
         _read_only(r_len, i64),
     )  # fmt: skip
     m, sim, cand, ver, docnum, new_text, hits, truncated, evictions, contents, at, length = out
-    return BatchMatches(
+    return Matches(
         m, sim, cand, ver, docnum, new_text, int(hits), int(truncated), int(evictions),
         contents, at, length,
     )  # fmt: skip

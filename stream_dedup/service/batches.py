@@ -4,8 +4,8 @@ A batch takes the messages already fetched without waiting for more: it closes w
 left, at ``batch.max_messages``, or ``batch.max_wait_ms`` after its first message. After a
 crash the first batch is instead the one the index's batch intent announces, collected
 until complete (see :mod:`stream_dedup.service.checkpoint`); normal batching resumes once it is
-committed (the service then clears :attr:`BatchCollector.intent` and resumes what was
-paused). The service's rebalance callbacks keep :attr:`BatchCollector.assigned` and drop
+committed (the service then clears :attr:`Batcher.intent` and resumes what was
+paused). The service's rebalance callbacks keep :attr:`Batcher.assigned` and drop
 the messages of partitions that go.
 """
 
@@ -28,7 +28,7 @@ log = logging.getLogger("stream_dedup.service")
 TpKey = tuple[str, int]
 
 
-class BatchCollector:
+class Batcher:
     """The messages consumed but not yet processed, and how the next batch is cut from them."""
 
     def __init__(self, batch: BatchConfig, intent: Ranges | None, stop: threading.Event) -> None:

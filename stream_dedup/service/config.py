@@ -30,7 +30,7 @@ from typing import Any
 
 from stream_dedup.core.config import DedupConfig, DocumentFormat
 from stream_dedup.core.shingles import ShingleSpec
-from stream_dedup.decode import RecordFormat
+from stream_dedup.decode import MessageFormat
 from stream_dedup.errors import ConfigError
 
 ENV_PREFIX = "STREAM_DEDUP_"
@@ -58,9 +58,9 @@ class InputConfig:
     def document_format(self) -> DocumentFormat:
         return DocumentFormat(self.id_field, self.content_fields, self.joiner)
 
-    def record_format(self) -> RecordFormat:
-        """How a message becomes a document (see :func:`stream_dedup.decode.decode_records`)."""
-        return RecordFormat(self.document_format(), self.format == "text", self.max_message_bytes)
+    def message_format(self) -> MessageFormat:
+        """How a message becomes a document (see :func:`stream_dedup.decode.decode_messages`)."""
+        return MessageFormat(self.document_format(), self.format == "text", self.max_message_bytes)
 
 
 @dataclass(frozen=True, slots=True)

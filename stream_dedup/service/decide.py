@@ -1,7 +1,7 @@
 """A decoded batch -> the records to produce: events and dead letters.
 
 The service's step between decoding (:mod:`stream_dedup.service.inputs`) and checkpointing,
-:meth:`BatchOutputs.build`: decide the documents in the batch's canonical order
+:meth:`Decider.build`: decide the documents in the batch's canonical order
 (:class:`~stream_dedup.dedup.Deduplicator`; their sketch may have been computed ahead, by
 :mod:`stream_dedup.service.prefetch.worker`), and turn each verdict into an event
 (:mod:`stream_dedup.service.events`). Nothing here touches Kafka or writes the index; the result
@@ -30,7 +30,7 @@ log = logging.getLogger("stream_dedup.service")
 
 
 @dataclass(frozen=True, slots=True)
-class Outputs:
+class DecidedBatch:
     """What one batch produces: its records (events first, then dead letters), the
     decided batch for the index write, and the replacement for a rejected record."""
 
@@ -39,8 +39,8 @@ class Outputs:
     rejected: Rejected
 
 
-class BatchOutputs:
-    """Builds the :class:`Outputs` of batches, for one service configuration."""
+class Decider:
+    """Builds the :class:`DecidedBatch` of batches, for one service configuration."""
 
     def __init__(self, config: ServiceConfig, dedup: Deduplicator, metrics: Metrics) -> None:
         self.config = config
@@ -48,7 +48,7 @@ class BatchOutputs:
         self.metrics = metrics
         self._text = config.input.format == "text"
 
-    def build(self, decoded: Decoded, sketched: Sketch | None = None) -> Outputs:
+    def build(self, decoded: Decoded, sketched: Sketch | None = None) -> DecidedBatch:
         """Decide the decoded batch and build its records.
 
         ``sketched`` is the sketch of ``decoded.docs`` when it was computed ahead (by the
@@ -79,7 +79,7 @@ class BatchOutputs:
                 raise exc  # a dead letter itself was rejected: nothing safer to send
             return self.dead_letter(kept[i], "processing_error", exc, "produce")
 
-        return Outputs(records, result, rejected)
+        return DecidedBatch(records, result, rejected)
 
     def _decide(
         self, docs: list[Document], sketched: Sketch | None

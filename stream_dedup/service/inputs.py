@@ -3,11 +3,11 @@
 The service's first step of a batch, in two halves so that the costly one can run in the
 sketch worker (:mod:`stream_dedup.service.prefetch.worker`), next to the sketching it feeds:
 
-* :meth:`BatchDecoder.read` (service process): each message's position and contents, a
+* :meth:`InputDecoder.read` (service process): each message's position and contents, a
   :class:`~stream_dedup.service.events.Source` (events and dead letters are built from it), and
-  :meth:`BatchDecoder.request`, the plain lists the worker decodes;
-* :func:`~stream_dedup.decode.decode_records` (worker, or this process when there is no
-  worker or it failed): JSON parsing and validation, :meth:`BatchDecoder.assemble` then
+  :meth:`InputDecoder.request`, the plain lists the worker decodes;
+* :func:`~stream_dedup.decode.decode_messages` (worker, or this process when there is no
+  worker or it failed): JSON parsing and validation, :meth:`InputDecoder.assemble` then
   pairs its outcome with the sources.
 
 Either way the same function decodes the same bytes, so a batch decodes identically
@@ -21,13 +21,13 @@ from dataclasses import dataclass
 
 from confluent_kafka import Message
 
-from stream_dedup.decode import DecodedRecords, RecordFormat, decode_records
+from stream_dedup.decode import DecodeOutcome, MessageFormat, decode_messages
 from stream_dedup.errors import DecodeError
 from stream_dedup.models import Document
 from stream_dedup.service.events import Source
 
 #: What the worker is given for a batch: values, and keys and positions (text records).
-RecordRequest = tuple[
+DecodeRequest = tuple[
     list[bytes | None], list[bytes | None] | None, list[tuple[str, int, int]] | None
 ]
 
@@ -50,22 +50,22 @@ def source_of(msg: Message) -> Source:
 
 
 @dataclass(frozen=True, slots=True)
-class Records:
+class MessageBatch:
     """A batch in the canonical order, with each message's :class:`Source`."""
 
     batch: list[Message]
     sources: list[Source]
 
-    def split(self, at: int) -> tuple[Records, Records]:
+    def split(self, at: int) -> tuple[MessageBatch, MessageBatch]:
         """The first ``at`` messages and the rest, each still in the canonical order (so
         each holds one run of offsets per partition: a batch of its own)."""
         if at <= 0:
-            return Records([], []), self
+            return MessageBatch([], []), self
         if at >= len(self.sources):
-            return self, Records([], [])
+            return self, MessageBatch([], [])
         return (
-            Records(self.batch[:at], self.sources[:at]),
-            Records(self.batch[at:], self.sources[at:]),
+            MessageBatch(self.batch[:at], self.sources[:at]),
+            MessageBatch(self.batch[at:], self.sources[at:]),
         )
 
 
@@ -80,30 +80,30 @@ class Decoded:
     undecodable: list[tuple[Source, DecodeError]]
 
 
-class BatchDecoder:
+class InputDecoder:
     """Decodes batches of messages for one input format."""
 
-    def __init__(self, record_format: RecordFormat) -> None:
-        self.record_format = record_format
+    def __init__(self, message_format: MessageFormat) -> None:
+        self.message_format = message_format
 
-    def read(self, batch: Sequence[Message]) -> Records:
+    def read(self, batch: Sequence[Message]) -> MessageBatch:
         """``batch`` (already in the canonical order) with its messages' sources."""
-        return Records(list(batch), [source_of(msg) for msg in batch])
+        return MessageBatch(list(batch), [source_of(msg) for msg in batch])
 
-    def request(self, records: Records) -> RecordRequest:
-        """The plain lists :func:`decode_records` decodes ``records`` from."""
+    def request(self, records: MessageBatch) -> DecodeRequest:
+        """The plain lists :func:`decode_messages` decodes ``records`` from."""
         values = [s.value for s in records.sources]
-        if not self.record_format.text:
+        if not self.message_format.text:
             return values, None, None
         keys = [s.key for s in records.sources]
         positions = [(s.topic, s.partition, s.offset) for s in records.sources]
         return values, keys, positions
 
-    def decode(self, records: Records) -> Decoded:
+    def decode(self, records: MessageBatch) -> Decoded:
         """Decode ``records`` here; bad messages become dead letters once built."""
-        return self.assemble(records, decode_records(*self.request(records), self.record_format))
+        return self.assemble(records, decode_messages(*self.request(records), self.message_format))
 
-    def assemble(self, records: Records, decoded: DecodedRecords) -> Decoded:
+    def assemble(self, records: MessageBatch, decoded: DecodeOutcome) -> Decoded:
         """The :class:`Decoded` batch from ``records`` and what decoding them gave."""
         ids, contents, errors = decoded
         docs = list(map(Document, ids, contents))

@@ -37,7 +37,7 @@ from stream_dedup.index import DedupIndex, open_index
 from stream_dedup.index.params import IndexParams
 from stream_dedup.logs import fields
 from stream_dedup.service import gc_tuning
-from stream_dedup.service.batches import BatchCollector
+from stream_dedup.service.batches import Batcher
 from stream_dedup.service.checkpoint import (
     Checkpoint,
     batch_ranges,
@@ -45,9 +45,9 @@ from stream_dedup.service.checkpoint import (
     kafka_commit_reporter,
 )
 from stream_dedup.service.config import ServiceConfig
-from stream_dedup.service.decide import BatchOutputs
+from stream_dedup.service.decide import Decider
 from stream_dedup.service.http import HttpEndpoints
-from stream_dedup.service.inputs import BatchDecoder, Decoded, Records
+from stream_dedup.service.inputs import Decoded, InputDecoder, MessageBatch
 from stream_dedup.service.kafka import (
     BrokerWatch,
     DeliveryAbandonedError,
@@ -97,14 +97,14 @@ class Service:
             self.index.size_bytes(),
             self.index.filter_bytes(),
         )
-        self._inputs = BatchDecoder(config.input.record_format())
-        self._outputs = BatchOutputs(config, self.dedup, self.metrics)
+        self._inputs = InputDecoder(config.input.message_format())
+        self._outputs = Decider(config, self.dedup, self.metrics)
         self._stop = threading.Event()
         self._stop_requested_at: float | None = None
         self._last_beat = time.monotonic()
         self._filter_logged = 0
         self._index_open = True
-        self._batches = BatchCollector(config.batch, self.index.intent(), self._stop)
+        self._batches = Batcher(config.batch, self.index.intent(), self._stop)
         strategy = config.kafka.get("partition.assignment.strategy", "")
         self._rebalance = Rebalance(
             self.index,
@@ -298,7 +298,7 @@ class Service:
 
     # -- one batch -----------------------------------------------------------------------
 
-    def _read(self, batch: list[Message]) -> Records:
+    def _read(self, batch: list[Message]) -> MessageBatch:
         """The batch in the canonical order, with its sources (decoding starts from this)."""
         return self._inputs.read(canonical_order(batch))
 

@@ -6,7 +6,7 @@ Prometheus practice: prefix ``stream_dedup_``, counters end in ``_total``, base 
 (seconds, bytes). Labels are bounded and created up front at zero so that dashboards and
 alerts see a series before the first event. Values that are only known at scrape time
 (index size, consumer lag) come from a custom collector instead of being pushed from the
-hot loop. The per-document histograms are :class:`BatchHistogram`: one numpy pass per batch
+hot loop. The per-document histograms are :class:`BulkHistogram`: one numpy pass per batch
 instead of a locked ``observe`` per document. The ``*_created`` series of the client
 library are not exported (:func:`prometheus_client.disable_created_metrics`): they double the
 series count and no query here uses them.
@@ -66,7 +66,7 @@ _COUNT_BUCKETS = (0, 1, 2, 5, 10, 20, 50, 100, 200, 500, 1000)
 _BATCH_BUCKETS = (1, 10, 50, 100, 500, 1000, 2000, 5000, 10000)
 
 
-class BatchHistogram(Collector):
+class BulkHistogram(Collector):
     """A Prometheus histogram observed a batch of values at a time.
 
     Same exposition as :class:`prometheus_client.Histogram` (cumulative ``_bucket`` series
@@ -179,7 +179,7 @@ class Metrics:
             buckets=_LATENCY_BUCKETS,
             registry=r,
         )
-        self.document_latency = BatchHistogram(
+        self.document_latency = BulkHistogram(
             f"{p}_document_latency_seconds",
             "From a message being consumed to its batch being checkpointed.",
             _LATENCY_BUCKETS,
@@ -188,10 +188,10 @@ class Metrics:
         self.batch_size = Histogram(
             f"{p}_batch_size_messages", "Messages per batch.", buckets=_BATCH_BUCKETS, registry=r
         )
-        self.candidates = BatchHistogram(
+        self.candidates = BulkHistogram(
             f"{p}_candidates_per_document", "Band candidates found per document.", _COUNT_BUCKETS, r
         )
-        self.verifications = BatchHistogram(
+        self.verifications = BulkHistogram(
             f"{p}_verifications_per_document",
             "Candidates verified per document.",
             _COUNT_BUCKETS,

@@ -24,7 +24,7 @@ from confluent_kafka import Consumer, Message, TopicPartition
 from stream_dedup.core.sketch import Sketch
 from stream_dedup.index import DedupIndex
 from stream_dedup.logs import fields
-from stream_dedup.service.batches import BatchCollector, TpKey
+from stream_dedup.service.batches import Batcher, TpKey
 from stream_dedup.service.checkpoint import intent_reached, split_intent
 from stream_dedup.service.inputs import Decoded
 from stream_dedup.service.metrics import Metrics
@@ -42,7 +42,7 @@ class Rebalance:
     def __init__(
         self,
         index: DedupIndex,
-        batches: BatchCollector,
+        batches: Batcher,
         metrics: Metrics,
         *,
         cooperative: bool,

@@ -15,7 +15,7 @@ from stream_dedup.service.loop import Service
 
 
 class FetchedQueue:
-    """The part of a Consumer that ``BatchCollector.collect`` uses: messages already fetched."""
+    """The part of a Consumer that ``Batcher.collect`` uses: messages already fetched."""
 
     def __init__(self, arrivals: list[list[Message]]) -> None:
         self.arrivals = arrivals  # each consume() or poll() sees the next group arrive

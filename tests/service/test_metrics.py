@@ -11,7 +11,7 @@ from confluent_kafka import KafkaError, TopicPartition
 from prometheus_client import CollectorRegistry, Histogram, generate_latest
 
 from stream_dedup.service.checkpoint import kafka_commit_reporter
-from stream_dedup.service.metrics import BatchHistogram, Metrics
+from stream_dedup.service.metrics import BulkHistogram, Metrics
 
 BUCKETS = (0, 1, 2, 5, 10, 0.25)
 
@@ -19,7 +19,7 @@ BUCKETS = (0, 1, 2, 5, 10, 0.25)
 def test_batch_histogram_matches_prometheus_histogram_sample_for_sample() -> None:
     bounds = tuple(sorted(BUCKETS))
     ours, theirs = CollectorRegistry(), CollectorRegistry()
-    batch = BatchHistogram("x_per_doc", "help", bounds, ours)
+    batch = BulkHistogram("x_per_doc", "help", bounds, ours)
     reference = Histogram("x_per_doc", "help", buckets=bounds, registry=theirs)
     rng = np.random.default_rng(7)
     for size in (0, 1, 17, 500):

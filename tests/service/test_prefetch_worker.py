@@ -18,10 +18,10 @@ import pytest
 from stream_dedup.core.bands import band_hashes
 from stream_dedup.core.config import DedupConfig
 from stream_dedup.core.sketch import Sketch, sketch, sketch_packed, unpack
-from stream_dedup.decode import RecordFormat, decode_records
+from stream_dedup.decode import MessageFormat, decode_messages
 from stream_dedup.index.keys import bucket_keys
 from stream_dedup.service.events import Source
-from stream_dedup.service.inputs import BatchDecoder, Decoded, Records
+from stream_dedup.service.inputs import Decoded, InputDecoder, MessageBatch
 from stream_dedup.service.prefetch.ahead import SketchAhead
 from stream_dedup.service.prefetch.worker import NICENESS, SketchWorker, SketchWorkerError
 from tests.core.test_sketch import EDGE_CASES
@@ -80,7 +80,7 @@ def test_worker_decodes_and_sketches_as_in_process(
         worker.submit(batch)
         assert worker.busy
         decoded, sketched = worker.result()
-        assert decoded == decode_records(batch, None, None, RecordFormat())
+        assert decoded == decode_messages(batch, None, None, MessageFormat())
         assert sketched is not None
         assert_same(sketched, sketch(decoded[1], CONFIG, plan))
     assert not worker.busy
@@ -113,7 +113,7 @@ def test_a_batch_with_no_document_has_no_sketch(worker: SketchWorker) -> None:
 
 
 def test_text_records_take_their_ids_from_keys_or_positions() -> None:
-    fmt = RecordFormat(text=True, max_bytes=20)
+    fmt = MessageFormat(text=True, max_bytes=20)
     w = SketchWorker(CONFIG, fmt)
     try:
         values: list[bytes | None] = [b"keyed text", b"unkeyed text", b"x" * 21, b"\xff"]
@@ -205,14 +205,14 @@ def _alive(pid: int) -> bool:
     return state != "Z"
 
 
-DECODER = BatchDecoder(RecordFormat())
+DECODER = InputDecoder(MessageFormat())
 
 
-def _records(name: str, texts: list[str]) -> Records:
+def _records(name: str, texts: list[str]) -> MessageBatch:
     sources = [
         Source("in", 0, i, None, None, record(f"{name}-{i}", t), []) for i, t in enumerate(texts)
     ]
-    return Records([], sources)
+    return MessageBatch([], sources)
 
 
 @pytest.mark.parametrize("with_worker", [True, False])
@@ -223,7 +223,7 @@ def test_sketch_ahead_processes_in_order_with_the_right_sketch(with_worker: bool
 
     def process(decoded: Decoded, sketched: Sketch | None) -> None:
         name = decoded.docs[0].id.split("-")[0] if decoded.docs else "empty"
-        assert decoded == DECODER.decode(Records(decoded.batch, all_sources(decoded)))
+        assert decoded == DECODER.decode(MessageBatch(decoded.batch, all_sources(decoded)))
         if sketched is not None:
             want = sketch([d.content for d in decoded.docs], CONFIG, CONFIG.band_plan())
             assert_same(sketched, want)
@@ -233,7 +233,7 @@ def test_sketch_ahead_processes_in_order_with_the_right_sketch(with_worker: bool
         ahead.advance(_records("a", ["one text", "two texts"]), process)
         assert ahead.holding == with_worker
         ahead.advance(_records("b", ["three"]), process)
-        ahead.advance(Records([], []), process)
+        ahead.advance(MessageBatch([], []), process)
         ahead.advance(None, process)
         ahead.drain(process)
         assert not ahead.holding
@@ -300,7 +300,7 @@ def test_sketch_ahead_with_inline_max_0_hands_every_batch_to_the_worker_whole() 
 
 def test_records_split_into_a_run_per_partition_each() -> None:
     sources = [Source("in", p, o, None, None, b"{}", []) for p in (0, 1) for o in (5, 6, 7)]
-    head, rest = Records([], sources).split(4)
+    head, rest = MessageBatch([], sources).split(4)
     assert [(s.partition, s.offset) for s in head.sources] == [(0, 5), (0, 6), (0, 7), (1, 5)]
     assert [(s.partition, s.offset) for s in rest.sources] == [(1, 6), (1, 7)]
 
@@ -316,7 +316,7 @@ def test_sketch_ahead_dead_letters_what_the_worker_could_not_decode() -> None:
     try:
         good = _records("g", ["a text", "another text"]).sources
         bad = Source("in", 0, 9, None, b"k", b"{broken", [("h", b"v")])
-        ahead.advance(Records([], [good[0], bad, good[1]]), lambda d, s: None)
+        ahead.advance(MessageBatch([], [good[0], bad, good[1]]), lambda d, s: None)
         ahead.drain(lambda d, s: seen.append(d))
     finally:
         ahead.close()

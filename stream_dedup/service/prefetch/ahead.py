@@ -1,7 +1,7 @@
 """One batch ahead of the loop, decoded and sketched by the worker while the loop decides.
 
 The service loop hands each batch it collected (in the canonical order, with its sources:
-:class:`~stream_dedup.service.inputs.Records`) to :meth:`SketchAhead.advance`, which takes the
+:class:`~stream_dedup.service.inputs.MessageBatch`) to :meth:`SketchAhead.advance`, which takes the
 worker's result for the batch handed in before it, gives the worker the new batch, and
 only then processes the earlier one: the worker (:mod:`stream_dedup.service.prefetch.worker`)
 decodes and sketches batch N+1 on one core while the loop decides and commits batch N on
@@ -32,7 +32,7 @@ from confluent_kafka import Message
 
 from stream_dedup.core.config import DedupConfig
 from stream_dedup.core.sketch import Sketch
-from stream_dedup.service.inputs import BatchDecoder, Decoded, Records
+from stream_dedup.service.inputs import Decoded, InputDecoder, MessageBatch
 from stream_dedup.service.prefetch.worker import SketchWorker, SketchWorkerError
 
 log = logging.getLogger("stream_dedup.service")
@@ -47,7 +47,7 @@ class SketchAhead:
     def __init__(
         self,
         config: DedupConfig | None,
-        decoder: BatchDecoder,
+        decoder: InputDecoder,
         on_failure: Callable[[SketchWorkerError], None],
         inline_max: int = 0,
     ) -> None:
@@ -64,17 +64,17 @@ class SketchAhead:
         self._worker: SketchWorker | None = None
         if config is not None:
             try:
-                self._worker = SketchWorker(config, decoder.record_format)
+                self._worker = SketchWorker(config, decoder.message_format)
             except OSError as exc:  # no process could be started: sketch in process
                 on_failure(SketchWorkerError(f"cannot start the sketch worker: {exc}"))
-        self._ahead: Records | None = None
+        self._ahead: MessageBatch | None = None
 
     @property
     def holding(self) -> bool:
         """Whether a batch is waiting to be processed (then the loop should not block)."""
         return self._ahead is not None
 
-    def advance(self, records: Records | None, process: Process) -> None:
+    def advance(self, records: MessageBatch | None, process: Process) -> None:
         """Process the batch held, after handing the worker ``records`` (if any).
 
         Without a worker, or when handing it over fails, ``records`` is decoded and
@@ -123,7 +123,7 @@ class SketchAhead:
         if self._worker is not None:
             self._worker.close()
 
-    def _submit(self, records: Records) -> bool:
+    def _submit(self, records: MessageBatch) -> bool:
         """Give the worker ``records``; False when they are decoded and sketched here."""
         if self._worker is None:
             return False
@@ -134,7 +134,7 @@ class SketchAhead:
             return False
         return True
 
-    def _result(self, records: Records) -> tuple[Decoded, Sketch | None]:
+    def _result(self, records: MessageBatch) -> tuple[Decoded, Sketch | None]:
         """``records`` decoded, with their sketch: the worker's, or (after it failed) None
         and decoded here, to be sketched in process."""
         assert self._worker is not None

@@ -1,6 +1,6 @@
 """Decoding and sketching in a helper process, one batch ahead of the service loop.
 
-Why a process: decoding a batch's records (:func:`stream_dedup.decode.decode_records`) and
+Why a process: decoding a batch's records (:func:`stream_dedup.decode.decode_messages`) and
 sketching its documents (normalise, shingle, sign, band; :mod:`stream_dedup.core.sketch`)
 depend on the records alone, not on the index, and they are about a third of the
 service's CPU. The rest of the loop (index reads, deciding, the RocksDB write, producing)
@@ -41,7 +41,7 @@ from multiprocessing.connection import Connection
 
 from stream_dedup.core.config import DedupConfig
 from stream_dedup.core.sketch import PackedSketch, Sketch, sketch, sketch_packed, unpack
-from stream_dedup.decode import DecodedRecords, RecordFormat, decode_records
+from stream_dedup.decode import DecodeOutcome, MessageFormat, decode_messages
 from stream_dedup.malloc_tuning import keep_freed_memory
 from stream_dedup.service.prefetch.shared_memory import Envelope, SharedRegion, create_region_fd
 
@@ -67,7 +67,7 @@ def _serve(conn: Connection, region: SharedRegion, requests: SharedRegion) -> No
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     try:
         config: DedupConfig
-        records: RecordFormat
+        records: MessageFormat
         config, records = conn.recv()
     except (EOFError, OSError):
         return
@@ -83,7 +83,7 @@ def _serve(conn: Connection, region: SharedRegion, requests: SharedRegion) -> No
         except (EOFError, OSError):
             return
         try:
-            decoded = decode_records(values, keys, positions, records)
+            decoded = decode_messages(values, keys, positions, records)
             contents = decoded[1]
             packed = sketch_packed(contents, config, plan) if contents else None
             reply: tuple[str, object] = ("ok", region.put((decoded, packed)))
@@ -103,9 +103,9 @@ class SketchWorker:
     other start-up work; the first :meth:`submit` waits until it is ready.
     """
 
-    def __init__(self, config: DedupConfig, records: RecordFormat | None = None) -> None:
+    def __init__(self, config: DedupConfig, records: MessageFormat | None = None) -> None:
         self._config = config
-        self._records = records if records is not None else RecordFormat()
+        self._records = records if records is not None else MessageFormat()
         self._conn: Connection | None = None
         self._region: SharedRegion | None = None
         self._requests: SharedRegion | None = None
@@ -156,7 +156,7 @@ class SketchWorker:
         keys: Sequence[bytes | None] | None = None,
         positions: Sequence[tuple[str, int, int]] | None = None,
     ) -> None:
-        """Start decoding and sketching records (see :func:`decode_records`); take the
+        """Start decoding and sketching records (see :func:`decode_messages`); take the
         result with :meth:`result` before submitting the next batch."""
         if self._busy:
             raise RuntimeError("take the previous batch's result before submitting another")
@@ -179,7 +179,7 @@ class SketchWorker:
             raise SketchWorkerError(f"sketch worker failed to start: {exc}") from exc
         self._busy = True
 
-    def result(self) -> tuple[DecodedRecords, Sketch | None]:
+    def result(self) -> tuple[DecodeOutcome, Sketch | None]:
         """The submitted records decoded, and the sketch of their documents (None when
         none decoded); raises :class:`SketchWorkerError` on failure."""
         if not self._busy:
@@ -194,7 +194,7 @@ class SketchWorker:
             raise SketchWorkerError(f"sketch worker failed on the batch: {value}")
         assert self._region is not None
         envelope: Envelope = value  # type: ignore[assignment]
-        reply: tuple[DecodedRecords, PackedSketch | None] = self._region.take(envelope)
+        reply: tuple[DecodeOutcome, PackedSketch | None] = self._region.take(envelope)
         decoded, packed = reply
         return decoded, (unpack(packed) if packed is not None else None)
 
