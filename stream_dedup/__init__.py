@@ -6,7 +6,8 @@ The package's folders are its layers, each using only those below it:
 - :mod:`stream_dedup.index`: the persistent state (the contract, RocksDB and in-memory);
 - :mod:`stream_dedup.dedup`: where the core meets the index: a batch in, verdicts and one
   commit out; :mod:`stream_dedup.offline` and :mod:`stream_dedup.service` feed it;
-- :mod:`stream_dedup.cli` and :mod:`stream_dedup.tools` on top.
+- :mod:`stream_dedup.api` (:class:`Detector`), :mod:`stream_dedup.cli` and
+  :mod:`stream_dedup.tools` on top.
 
 The names below are loaded on first use, so that ``import stream_dedup.core`` loads
 neither RocksDB nor the Kafka client.
@@ -18,6 +19,7 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from stream_dedup.api import Detector, DetectorStats, QueryResult
     from stream_dedup.core.config import DedupConfig, DocumentFormat
     from stream_dedup.dedup import BatchResult, Deduplicator
     from stream_dedup.index import DedupIndex, open_index
@@ -31,8 +33,11 @@ _EXPORTS = {
     "DedupConfig": "stream_dedup.core.config",
     "DedupIndex": "stream_dedup.index",
     "Deduplicator": "stream_dedup.dedup",
+    "Detector": "stream_dedup.api",
+    "DetectorStats": "stream_dedup.api",
     "Document": "stream_dedup.models",
     "DocumentFormat": "stream_dedup.core.config",
+    "QueryResult": "stream_dedup.api",
     "Verdict": "stream_dedup.models",
     "VerdictKind": "stream_dedup.models",
     "open_index": "stream_dedup.index",
@@ -43,8 +48,11 @@ __all__ = [
     "DedupConfig",
     "DedupIndex",
     "Deduplicator",
+    "Detector",
+    "DetectorStats",
     "Document",
     "DocumentFormat",
+    "QueryResult",
     "Verdict",
     "VerdictKind",
     "__version__",

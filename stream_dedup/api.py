@@ -1,0 +1,404 @@
+"""The Python API: a near-duplicate detector over an in-memory or on-disk index.
+
+:class:`Detector` is the library face of the same detector the ``stream-dedup`` command and
+the Kafka service run: :meth:`~Detector.add` decides a document against everything added
+before it and indexes it, :meth:`~Detector.query` asks the same question without indexing
+anything. With a directory the index is a RocksDB database that persists: opening the
+directory again continues from it, with the parameters it was built with.
+
+>>> from stream_dedup import Detector
+>>> ad = ("Bright two-room flat near Termini station, furnished, balcony, "
+...       "available from September, 650 euro per month including bills")
+>>> detector = Detector(threshold=0.8)
+>>> detector.add("ad-1", ad).verdict
+<VerdictKind.UNIQUE: 'unique'>
+>>> verdict = detector.add("ad-2", ad.replace("650", "680"))
+>>> verdict.duplicate_of, verdict.similarity, verdict.cluster_id
+('ad-1', 0.919355, 'ad-1')
+>>> [v.verdict.value for v in detector.add_many([
+...     ("ad-3", "Room for a student in Trastevere, shared kitchen, 400 euro"),
+...     ("ad-4", "room for a student in trastevere,  shared kitchen, 400 euro!"),
+... ])]
+['unique', 'duplicate']
+>>> match = detector.query(ad.upper())  # case and whitespace are normalised away
+>>> match.is_duplicate, match.duplicate_of, match.similarity
+(True, 'ad-1', 1.0)
+>>> detector.query("Garage to let in Ostia").is_duplicate
+False
+>>> detector.stats
+DetectorStats(documents=4, indexed=4, duplicates=2, empty=0)
+>>> detector.close()
+
+The rules are those of :mod:`stream_dedup.dedup`: similarity is the Jaccard similarity of
+the normalised texts' shingle sets, a document is a duplicate of the most similar earlier
+document at or above the threshold (its ``cluster_id`` is that cluster's first document),
+identical normalised texts match with similarity 1.0, and a text that normalises to nothing
+is ``unique`` with ``empty=True`` and never indexed. An id decided before gets its stored
+verdict back (``replayed=True``), so adding the same documents twice is harmless.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass
+from itertools import count, islice
+from pathlib import Path
+from types import TracebackType
+from typing import Any, Self
+
+from stream_dedup.core.config import DedupConfig
+from stream_dedup.dedup import Deduplicator
+from stream_dedup.errors import ConfigError, DecodeError, IndexMismatchError, IndexStoreError
+from stream_dedup.index import keys
+from stream_dedup.index.params import IndexParams
+from stream_dedup.index.store import DedupIndex, open_index
+from stream_dedup.models import Document, Verdict
+
+#: Documents decided and committed together by :meth:`Detector.add_many`, as the offline
+#: command does: large enough that the per-batch index reads and write are cheap per
+#: document, small enough that a batch's working memory stays a few megabytes.
+DEFAULT_BATCH_SIZE = 1000
+
+#: Parameters that decide the tuned band plan; changing one of them on a reopened index
+#: means "tune again" unless bands are given too (as the command line does).
+_TUNING = frozenset({"threshold", "num_perm", "recall_at_threshold"})
+_BAND_FIELDS = ("bands", "rows")
+
+
+@dataclass(frozen=True, slots=True)
+class QueryResult:
+    """What :meth:`Detector.query` found for one text.
+
+    ``is_duplicate``: an indexed document is at least ``threshold`` similar; then
+    ``duplicate_of`` is the most similar one (the earliest on a tie), ``similarity`` its
+    Jaccard similarity and ``cluster_id`` the first document of its cluster; all three are
+    ``None`` otherwise. ``empty``: the text normalises to nothing, so it matches nothing.
+    """
+
+    is_duplicate: bool
+    duplicate_of: str | None
+    similarity: float | None
+    cluster_id: str | None
+    empty: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class DetectorStats:
+    """The index's counters: ``documents`` decided (replays not counted again), of which
+    ``indexed`` entered the index, ``duplicates`` were near-duplicates and ``empty`` had no
+    text left after normalisation."""
+
+    documents: int
+    indexed: int
+    duplicates: int
+    empty: int
+
+
+class Detector:
+    """Near-duplicate detection over one index, in memory or in a RocksDB directory.
+
+    ``path=None`` keeps the index in memory (gone on :meth:`close`); a directory holds a
+    persistent index, created if absent. Detector parameters are the fields of
+    :class:`~stream_dedup.core.config.DedupConfig` (``threshold``, ``num_perm``, ...) as
+    keyword arguments, or a whole ``config``; a parameter left out takes the index's stored
+    value when the directory holds an index, else the default. The parameters that shape
+    the stored signatures and band keys are stored with the index, so an explicit value
+    that differs from the stored one raises
+    :class:`~stream_dedup.errors.IndexMismatchError` (naming each difference) instead of
+    silently mixing incompatible data.
+
+    ``batch_size`` is how many documents :meth:`add_many` decides and commits at a time;
+    ``sync=True`` fsyncs every commit of an on-disk index (surviving a machine crash, not
+    only a killed process, at the cost of one fsync per commit).
+
+    A detector is not thread-safe, and a directory has one writer at a time (another open
+    of it raises :class:`~stream_dedup.errors.IndexLockedError`). Use it as a context
+    manager, or call :meth:`close`, so that an on-disk index is closed cleanly (its key
+    filter is saved, making the next open fast).
+
+    Raises :class:`~stream_dedup.errors.ConfigError` for an unknown or invalid parameter and
+    :class:`~stream_dedup.errors.IndexStoreError` (or a subclass) when the index cannot be
+    opened as asked.
+    """
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str] | None = None,
+        *,
+        config: DedupConfig | None = None,
+        batch_size: int = DEFAULT_BATCH_SIZE,
+        sync: bool = False,
+        **params: Any,
+    ) -> None:
+        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+            raise ConfigError("batch_size", f"must be a positive integer, got {batch_size!r}")
+        if config is not None and params:
+            raise ConfigError(
+                "config", f"give a config or parameters ({', '.join(sorted(params))}), not both"
+            )
+        _check_names(params)
+        self._batch_size = batch_size
+        self._index, self._config = _open(path, config, params, sync=sync)
+        self._dedup = Deduplicator(self._index, self._config)
+        self._closed = False
+
+    # -- what it is -------------------------------------------------------------------
+
+    @property
+    def config(self) -> DedupConfig:
+        """The detector's parameters (for a reopened index: the ones it was built with)."""
+        return self._config
+
+    @property
+    def index(self) -> DedupIndex:
+        """The underlying index (its parameters, counters, location)."""
+        return self._open_index()
+
+    @property
+    def location(self) -> str:
+        """The index directory, or a description of the in-memory index."""
+        return self._index.location
+
+    @property
+    def stats(self) -> DetectorStats:
+        """The index's counters, as committed."""
+        index = self._open_index()
+        return DetectorStats(
+            documents=index.counter("documents"),
+            indexed=index.counter("indexed"),
+            duplicates=index.counter("duplicates"),
+            empty=index.counter("empty"),
+        )
+
+    def __len__(self) -> int:
+        """Documents decided so far (each id once)."""
+        return self._open_index().counter("documents")
+
+    def __repr__(self) -> str:
+        state = "closed" if self._closed else f"{len(self)} documents"
+        return f"<Detector {self._index.location} threshold={self._config.threshold} {state}>"
+
+    # -- adding -----------------------------------------------------------------------
+
+    def add(self, id: str, text: str) -> Verdict:
+        """Decide one document against everything added before, then index it.
+
+        Returns its :class:`~stream_dedup.models.Verdict`; an ``id`` decided before returns
+        the stored verdict (``replayed=True``) and changes nothing.
+        """
+        return self.add_many([(id, text)])[0]
+
+    def add_many(self, documents: Iterable[Document | tuple[str, str]]) -> list[Verdict]:
+        """Decide documents in order, each against everything before it, and index them.
+
+        ``documents`` are :class:`~stream_dedup.models.Document` objects or ``(id, text)``
+        pairs, any iterable (a generator is read ``batch_size`` at a time). Each batch is
+        decided (later documents see earlier ones of the same batch) and committed in one
+        atomic write, so a call of up to ``batch_size`` documents is all or nothing; for a
+        larger one an error leaves the batches before it committed, and adding the same
+        documents again gives their stored verdicts back. The verdicts are the ones the
+        offline command gives for the same documents in the same order.
+        """
+        self._open_index()
+        verdicts: list[Verdict] = []
+        for batch in _batches(map(_document, documents), self._batch_size):
+            verdicts.extend(self._dedup.process(batch).verdicts)
+        return verdicts
+
+    # -- asking -----------------------------------------------------------------------
+
+    def query(self, text: str) -> QueryResult:
+        """Is ``text`` a near-duplicate of an indexed document? Nothing is written.
+
+        The answer is the verdict :meth:`add` would give ``text`` under a new id now, and
+        the index, its counters included, is left exactly as it was.
+        """
+        return self.query_many([text])[0]
+
+    def query_many(self, texts: Iterable[str]) -> list[QueryResult]:
+        """:meth:`query` for each text, each against the index only (not each other)."""
+        index = self._open_index()
+        batch = list(texts)
+        for text in batch:
+            if not isinstance(text, str):
+                raise DecodeError("invalid_content", f"a text must be a str, got {_kind(text)}")
+        results: list[QueryResult] = []
+        for start in range(0, len(batch), self._batch_size):
+            chunk = batch[start : start + self._batch_size]
+            ids = _unused_ids(index, len(chunk))
+            docs = [Document(i, t) for i, t in zip(ids, chunk, strict=True)]
+            verdicts: list[Verdict | None] = [None] * len(docs)
+            sketched = self._dedup.sketch(docs)
+            groups = _independent_groups(
+                len(docs), sketched.live, sketched.bucket_keys, sketched.exact_keys
+            )
+            for group in groups:
+                whole = len(group) == len(docs)
+                decided = self._dedup.decide(
+                    docs if whole else [docs[i] for i in group], sketched if whole else None
+                )
+                for i, verdict in zip(group, decided.verdicts, strict=True):
+                    verdicts[i] = verdict
+            results.extend(_result(v) for v in verdicts if v is not None)
+        return results
+
+    # -- closing ----------------------------------------------------------------------
+
+    def close(self) -> None:
+        """Close the index (an on-disk one saves its key filter); calling again is a no-op."""
+        if not self._closed:
+            self._closed = True
+            self._index.close()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    def _open_index(self) -> DedupIndex:
+        if self._closed:
+            raise IndexStoreError(f"the detector on {self._index.location} is closed")
+        return self._index
+
+
+def _check_names(params: dict[str, Any]) -> None:
+    """Unknown keyword arguments are a :class:`ConfigError` naming the known ones."""
+    known = {f.name for f in dataclasses.fields(DedupConfig)}
+    for name in sorted(params):
+        if name not in known:
+            raise ConfigError(name, f"not a detector parameter (known: {', '.join(sorted(known))})")
+
+
+def _config(base: DedupConfig | None, params: dict[str, Any]) -> DedupConfig:
+    """``params`` over ``base`` (defaults when ``None``), validated by DedupConfig.
+
+    A stored configuration has its band plan resolved (explicit bands and rows); a new
+    threshold or signature length without bands asks for the plan to be tuned again, as
+    for a new index, rather than keeping bands tuned for other values.
+    """
+    try:
+        if base is None:
+            return DedupConfig(**params)
+        values = dict(params)
+        if values.keys() & _TUNING and not values.keys() & set(_BAND_FIELDS):
+            defaults = {f.name: f.default for f in dataclasses.fields(DedupConfig)}
+            values.update({name: defaults[name] for name in _BAND_FIELDS})
+        return dataclasses.replace(base, **values)
+    except ConfigError:
+        raise
+    except (TypeError, ValueError) as exc:  # e.g. a str where a number belongs
+        raise ConfigError(", ".join(sorted(params)) or "config", str(exc)) from exc
+
+
+def _open(
+    path: str | os.PathLike[str] | None,
+    config: DedupConfig | None,
+    params: dict[str, Any],
+    *,
+    sync: bool,
+) -> tuple[DedupIndex, DedupConfig]:
+    """Open or create the index and settle the configuration (see :class:`Detector`)."""
+    where = None if path is None else Path(path)
+    if where is None or not (where / "CURRENT").exists():  # new: nothing stored
+        chosen = config if config is not None else _config(None, params)
+        return open_index(where, IndexParams.of(chosen), sync=sync), chosen
+    index = open_index(where, None, sync=sync)
+    try:
+        stored = index.params
+        chosen = config if config is not None else _config(stored.dedup_config(), params)
+        wanted = IndexParams.of(chosen)
+        if wanted != stored:
+            raise IndexMismatchError(index.location, stored.differences(wanted))
+    except BaseException:
+        index.close()
+        raise
+    return index, chosen
+
+
+def _document(item: Document | tuple[str, str]) -> Document:
+    """A document from what :meth:`Detector.add_many` accepts, checked like decoded input."""
+    if isinstance(item, Document):
+        doc_id, text = item.id, item.content
+    else:
+        try:
+            doc_id, text = item
+        except (TypeError, ValueError):
+            raise DecodeError(
+                "invalid_id", f"expected a Document or an (id, text) pair, got {_kind(item)}"
+            ) from None
+    if not isinstance(doc_id, str):
+        raise DecodeError("invalid_id", f"a document id must be a str, got {_kind(doc_id)}")
+    if not doc_id:
+        raise DecodeError("invalid_id", "a document id must not be empty")
+    if not isinstance(text, str):
+        raise DecodeError(
+            "invalid_content", f"the text of {doc_id!r} must be a str, got {_kind(text)}"
+        )
+    return item if isinstance(item, Document) else Document(doc_id, text)
+
+
+def _kind(value: object) -> str:
+    return type(value).__name__
+
+
+def _batches(docs: Iterable[Document], size: int) -> Iterator[list[Document]]:
+    it = iter(docs)
+    while batch := list(islice(it, size)):
+        yield batch
+
+
+def _unused_ids(index: DedupIndex, n: int) -> list[str]:
+    """``n`` ids that no document of the index has, for texts that are only asked about.
+
+    A query is decided under an id of its own; one the index had decided would return that
+    document's stored verdict instead. These ids start with a NUL, which no sensible id
+    does, and are checked against the index all the same.
+    """
+    for attempt in count():
+        ids = [f"\x00query {attempt}:{i}" for i in range(n)]
+        if not any(index.read_lookups([keys.verdict_key(i) for i in ids])):
+            return ids
+    raise AssertionError("unreachable")  # pragma: no cover
+
+
+def _independent_groups(
+    n_docs: int, live: Sequence[int], bucket_keys: Sequence[bytes], exact_keys: Sequence[bytes]
+) -> list[list[int]]:
+    """Positions of a batch's documents in groups whose documents share no lookup key.
+
+    Deciding a batch lets each document see the earlier ones (their exact texts and band
+    bucket appends). Documents that share no band bucket and no exact text cannot see each
+    other, so each group decides every query against the index alone, as if asked one at a
+    time. A document goes to the group after the last one holding any of its keys; texts
+    that are not near-duplicates of one another all land in the first group.
+    """
+    n_live = len(live)
+    bands = len(bucket_keys) // n_live if n_live else 0
+    last_group: dict[bytes, int] = {}
+    group_of: dict[int, int] = {}
+    for p, doc_index in enumerate(live):
+        doc_keys = [*bucket_keys[p * bands : (p + 1) * bands], exact_keys[p]]
+        g = 1 + max((last_group.get(k, -1) for k in doc_keys), default=-1)
+        for k in doc_keys:
+            last_group[k] = g
+        group_of[doc_index] = g
+    groups: list[list[int]] = [[] for _ in range(1 + max(group_of.values(), default=0))]
+    for i in range(n_docs):
+        groups[group_of.get(i, 0)].append(i)  # empty texts: nothing to share, group 0
+    return [g for g in groups if g]
+
+
+def _result(verdict: Verdict) -> QueryResult:
+    if verdict.is_duplicate:
+        return QueryResult(
+            True, verdict.duplicate_of, verdict.similarity, verdict.cluster_id, verdict.empty
+        )
+    return QueryResult(False, None, None, None, verdict.empty)
