@@ -5,7 +5,7 @@ lines: equal digests mean equal verdicts, an index holding the same keys and val
 byte-identical Kafka events for the same input. It drives the installed ``stream-dedup``
 command (``generate`` and ``dedup``), so it works across changes of the package's layout.
 
-    python bench/fingerprint_run.py --kijiji tests/data/kijiji_rent_rome.tsv.gz
+    python bench/fingerprint_run.py  # the ads of tests/data; --kijiji FILE for others
 """
 
 from __future__ import annotations
@@ -23,6 +23,9 @@ from pathlib import Path
 from typing import Any
 
 from rocksdict import AccessType, Options, Rdict
+
+#: The ads in this checkout's test data (tests/data/README.md).
+KIJIJI = Path(__file__).resolve().parents[1] / "tests" / "data" / "kijiji_rent_rome.tsv.gz"
 
 
 def _run(*args: str) -> None:
@@ -98,7 +101,9 @@ def _events_digest(source: Path, verdicts: Path) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--kijiji", type=Path, required=True, help="kijiji_rent_rome.tsv[.gz]")
+    parser.add_argument(
+        "--kijiji", type=Path, default=KIJIJI, help="the ads (default: tests/data's copy)"
+    )
     parser.add_argument("-n", "--documents", type=int, default=20_000, help="generated docs")
     args = parser.parse_args()
     work = Path(tempfile.mkdtemp(prefix="fingerprint-"))

@@ -10,9 +10,7 @@ from pathlib import Path
 import pytest
 
 from stream_dedup.index import Backend, DedupIndex, IndexParams, MemoryBackend, RocksBackend
-
-#: The real rental ads every checkout has beside the project (see the shared README).
-KIJIJI_TSV = Path(__file__).resolve().parents[2] / "shared" / "data" / "kijiji_rent_rome.tsv"
+from tests.corpus import kijiji_contents
 
 BackendFactory = Callable[[], Backend]
 IndexFactory = Callable[[IndexParams | None], DedupIndex]
@@ -58,27 +56,13 @@ def index_factory(backend_factory: BackendFactory) -> IndexFactory:
     return make
 
 
-def read_kijiji() -> list[tuple[str, str]]:
-    """``(id, content)`` per ad: id is the 1-based row number, content Title + " " + Short
-    Description. Read literally: split on tabs, no quote handling, mojibake kept."""
-    lines = KIJIJI_TSV.read_bytes().decode("utf-8").split("\n")  # no newline translation
-    header = lines[0].split("\t")
-    title, desc = header.index("Title"), header.index("Short Description")
-    ads = []
-    for row, line in enumerate(lines[1:], start=1):
-        if not line:
-            continue
-        fields = line.split("\t")
-        ads.append((str(row), fields[title] + " " + fields[desc]))
-    return ads
-
-
 @pytest.fixture(scope="session")
 def kijiji_ads() -> list[tuple[str, str]]:
-    """The real Kijiji ads as ``(id, content)``, in file order."""
-    ads = read_kijiji()
-    assert len(ads) == 2627, "the shared data set changed"
-    return ads
+    """The real Kijiji ads (``tests/data``) as ``(id, content)``, in file order.
+
+    id is the 1-based row number, content Title + " " + Short Description.
+    """
+    return [(str(row), content) for row, content in enumerate(kijiji_contents(), start=1)]
 
 
 @pytest.fixture

@@ -23,29 +23,19 @@ from stream_dedup.index.records import decode_doc
 from stream_dedup.service.config import ServiceConfig, build_config
 from stream_dedup.service.loop import DeduplicatorFactory, Service, default_deduplicator
 from stream_dedup.tools.broker import create_topics
-
-#: The real rental ads every checkout has beside the project.
-KIJIJI_TSV = Path(__file__).resolve().parents[3] / "shared" / "data" / "kijiji_rent_rome.tsv"
+from tests.corpus import kijiji_contents
 
 Header = tuple[str, bytes]
 
 
 def kijiji_documents(limit: int | None = None) -> list[dict[str, str]]:
-    """The ads as documents: id = row number, content = Title + " " + Short Description.
+    """The ads (:mod:`tests.corpus`) as documents: id = row number, content = Title + " " +
+    Short Description, the first ``limit`` of them (all without one).
 
-    Read literally: split on tab, no quote handling. Content goes in ``title`` alone so the
-    default joiner does not change it.
+    Content goes in ``title`` alone so the default joiner does not change it.
     """
-    docs = []
-    lines = KIJIJI_TSV.read_text(encoding="utf-8").splitlines()[1:]
-    for row, line in enumerate(lines, start=1):
-        cols = line.split("\t")
-        title = cols[0] if cols else ""
-        short = cols[1] if len(cols) > 1 else ""
-        docs.append({"id": str(row), "title": f"{title} {short}"})
-        if limit is not None and len(docs) >= limit:
-            break
-    return docs
+    ads = kijiji_contents()[:limit]
+    return [{"id": str(row), "title": content} for row, content in enumerate(ads, start=1)]
 
 
 @dataclass(frozen=True)

@@ -7,8 +7,8 @@ column of a sparse document x shingle incidence matrix ``X``, and ``X @ X.T`` gi
 intersection of every pair at once (union = |A| + |B| - intersection). A document is a
 true duplicate iff some *earlier* document has Jaccard >= T; an empty document never is.
 
-Two corpora: the real Kijiji ads in the sibling ``shared/data`` directory (skipped with a
-message when absent) and a synthetic news stream from :mod:`stream_dedup.tools.generate`.
+Two corpora: the real Kijiji ads in ``tests/data`` (:mod:`tests.corpus`) and a synthetic
+news stream from :mod:`stream_dedup.tools.generate`.
 The offline command runs as a user would run it, through ``cli.main`` on JSON Lines with
 a persisted RocksDB index, and the tests compare its verdict lines with the truth.
 """
@@ -18,7 +18,6 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -33,13 +32,13 @@ from stream_dedup.core.normalize import normalize
 from stream_dedup.core.shingles import shingle_batch
 from stream_dedup.core.signature import signatures
 from stream_dedup.tools.generate import StreamSpec, generate
+from tests.corpus import kijiji_contents
 
 THRESHOLD = 0.8
 SHINGLE_K = 5
 #: Pairs kept from the brute-force product: enough for the S-curve check below T.
 PAIR_FLOOR = 0.3
 NEWS_DOCUMENTS = 3000
-KIJIJI = Path(__file__).resolve().parents[2] / ".." / "shared" / "data" / "kijiji_rent_rome.tsv"
 
 
 @dataclass(frozen=True)
@@ -53,23 +52,13 @@ class Corpus:
     content_fields: str
 
 
-def kijiji_corpus() -> Corpus | None:
-    """The Kijiji ads read literally (no quote handling, mojibake kept); None if absent.
+def kijiji_corpus() -> Corpus:
+    """The Kijiji ads read literally (no quote handling, mojibake kept).
 
     id: the 0-based row number among data rows; content: Title + " " + Short Description.
     """
-    if not KIJIJI.is_file():
-        return None
-    lines = KIJIJI.read_bytes().decode("utf-8").split("\n")
-    header, rows = lines[0].split("\t"), lines[1:]
-    if rows and rows[-1] == "":
-        rows.pop()
-    title, desc = header.index("Title"), header.index("Short Description")
-    ids, contents = [], []
-    for n, row in enumerate(rows):
-        fields = row.split("\t")
-        ids.append(str(n))
-        contents.append(fields[title] + " " + fields[desc])
+    contents = list(kijiji_contents())
+    ids = [str(n) for n in range(len(contents))]
     records = [{"id": i, "content": c} for i, c in zip(ids, contents, strict=True)]
     return Corpus("kijiji", ids, contents, records, "content")
 
@@ -209,18 +198,12 @@ def build_truth(corpus: Corpus) -> GroundTruth:
 
 @pytest.fixture(scope="session")
 def truths() -> dict[str, GroundTruth]:
-    """Ground truth of every available corpus, by name (computed once per session)."""
-    corpora = [c for c in (kijiji_corpus(), news_corpus()) if c is not None]
-    return {c.name: build_truth(c) for c in corpora}
+    """Ground truth of every corpus, by name (computed once per session)."""
+    return {c.name: build_truth(c) for c in (kijiji_corpus(), news_corpus())}
 
 
 @pytest.fixture(scope="session", params=["kijiji", "news"])
 def truth(request: pytest.FixtureRequest, truths: dict[str, GroundTruth]) -> GroundTruth:
-    if request.param not in truths:
-        pytest.skip(
-            f"{request.param} corpus absent: put kijiji_rent_rome.tsv in shared/data, "
-            "the directory beside the repository"
-        )
     return truths[request.param]
 
 
