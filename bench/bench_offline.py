@@ -50,7 +50,6 @@ from rensa import RMinHash, RMinHashLSH
 
 from stream_dedup.core.config import DedupConfig
 from stream_dedup.core.normalize import normalize
-from stream_dedup.core.shingles import ShingleSpec
 from stream_dedup.core.sketch import sketch
 from stream_dedup.dedup import Deduplicator
 from stream_dedup.index import open_index
@@ -175,7 +174,7 @@ def ours_signatures(docs: Sequence[Document], batch_size: int) -> int | None:
     exact-text digest (``verify = "signature"``, so no verification sets).
     """
     config = DedupConfig(
-        threshold=THRESHOLD, num_perm=NUM_PERM, seed=SEED, shingle=ShingleSpec("char", K),
+        threshold=THRESHOLD, num_perm=NUM_PERM, seed=SEED, shingle_size=K,
         verify="signature",
     )  # fmt: skip
     plan = config.band_plan()

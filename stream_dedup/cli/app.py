@@ -11,15 +11,15 @@ import sys
 from collections.abc import Sequence
 from contextlib import ExitStack
 from pathlib import Path
-from typing import IO, Any
+from typing import IO
 
 from stream_dedup.cli import kafka as cli_kafka
 from stream_dedup.cli import ops as cli_ops
+from stream_dedup.cli.detector_options import add_detector_options, detector_config
 from stream_dedup.cli.run import add_run_command
 from stream_dedup.cli.tune_report import plot_s_curve, render_report
 from stream_dedup.core.bands import datasketch_choice
 from stream_dedup.core.config import DedupConfig, DocumentFormat
-from stream_dedup.core.shingles import ShingleSpec
 from stream_dedup.dedup import Deduplicator
 from stream_dedup.errors import ConfigError, IndexStoreError, StreamDedupError
 from stream_dedup.index import open_index
@@ -30,66 +30,6 @@ from stream_dedup.malloc_tuning import keep_freed_memory
 from stream_dedup.offline import MalformedLineError, open_input, run_offline
 from stream_dedup.tools.generate import StreamSpec, write_jsonl
 
-#: Core options whose absence means "the index's value, or the default".
-_CORE_FLAGS = ("threshold", "num_perm", "seed", "bands", "rows", "verify", "index_policy")
-
-
-def _add_core_options(p: argparse.ArgumentParser) -> None:
-    g = p.add_argument_group("detection (stored in the index; default: the index's, else shown)")
-    g.add_argument("--threshold", type=float, help="Jaccard similarity for 'duplicate' (0.8)")
-    g.add_argument("--num-perm", type=int, help="signature length K (128)")
-    g.add_argument("--seed", type=int, help="hash seed (1)")
-    g.add_argument("--bands", type=int, help="explicit number of LSH bands (with --rows)")
-    g.add_argument("--rows", type=int, help="explicit rows per band (with --bands)")
-    g.add_argument(
-        "--recall-at-threshold",
-        type=float,
-        default=0.95,
-        help="tuning target: P(candidate) for a pair at exactly the threshold (0.95)",
-    )
-    g.add_argument("--shingle", choices=["char", "word"], help="shingle kind (char)")
-    g.add_argument("-k", "--shingle-size", type=int, help="shingle size: chars or words (5)")
-    g.add_argument(
-        "--verify",
-        choices=["exact", "signature"],
-        help="verify candidates by exact Jaccard of stored shingle sets, or by the "
-        "signature estimate (smaller index) (exact)",
-    )
-    g.add_argument(
-        "--index-policy",
-        choices=["all", "uniques"],
-        help="which documents enter the index: all (catches chains of edits) or uniques (all)",
-    )
-    g.add_argument("--max-bucket-size", type=int, default=256, help="members kept per bucket")
-    g.add_argument("--max-candidates", type=int, default=100, help="candidates verified per doc")
-
-
-def _core_config(args: argparse.Namespace, stored: DedupConfig | None) -> DedupConfig:
-    base = stored or DedupConfig()
-    values: dict[str, Any] = {
-        "threshold": base.threshold,
-        "num_perm": base.num_perm,
-        "seed": base.seed,
-        "bands": base.bands,
-        "rows": base.rows,
-        "verify": base.verify,
-        "index_policy": base.index_policy,
-        "shingle": base.shingle,
-        "recall_at_threshold": args.recall_at_threshold,
-        "max_bucket_size": args.max_bucket_size,
-        "max_candidates": args.max_candidates,
-    }
-    for name in _CORE_FLAGS:
-        given = getattr(args, name)
-        if given is not None:
-            values[name] = given
-    if (args.threshold is not None or args.num_perm is not None) and args.bands is None:
-        values["bands"] = values["rows"] = None
-    if args.shingle is not None or args.shingle_size is not None:
-        kind = args.shingle or base.shingle.kind
-        values["shingle"] = ShingleSpec(kind, args.shingle_size or (5 if kind == "char" else 3))
-    return DedupConfig(**values)
-
 
 def _open_for_dedup(args: argparse.Namespace) -> tuple[DedupIndex, DedupConfig]:
     stored: DedupConfig | None = None
@@ -97,7 +37,7 @@ def _open_for_dedup(args: argparse.Namespace) -> tuple[DedupIndex, DedupConfig]:
         probe = DedupIndex(RocksBackend(args.index), None)
         stored = probe.params.dedup_config()
         probe.close()
-    config = _core_config(args, stored)
+    config = detector_config(args, stored)
     return open_index(args.index, IndexParams.of(config)), config
 
 
@@ -135,19 +75,13 @@ def cmd_dedup(args: argparse.Namespace, out: IO[str], err: IO[str]) -> int:
 
 
 def cmd_tune(args: argparse.Namespace, out: IO[str], err: IO[str]) -> int:
-    config = DedupConfig(
-        threshold=args.threshold,
-        num_perm=args.num_perm,
-        bands=args.bands,
-        rows=args.rows,
-        recall_at_threshold=args.recall_at_threshold,
-    )
+    config = detector_config(args)
     plan = config.band_plan()
-    print(render_report(plan, args.recall_at_threshold, args.bands is not None), file=out)
-    ds = datasketch_choice(args.threshold, args.num_perm)
+    print(render_report(plan, config.recall_at_threshold, config.bands > 0), file=out)
+    ds = datasketch_choice(config.threshold, config.num_perm)
     print(
         f"\nfor comparison, datasketch's optimisation picks b={ds.bands}, r={ds.rows}: "
-        f"P(candidate | T) = {ds.probability(args.threshold):.4f}",
+        f"P(candidate | T) = {ds.probability(config.threshold):.4f}",
         file=out,
     )
     if args.plot:
@@ -229,7 +163,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--progress", action=argparse.BooleanOptionalAction, help="progress (default: on a tty)"
     )
     p.add_argument("-q", "--quiet", action="store_true", help="no summary")
-    _add_core_options(p)
+    add_detector_options(p)
     p.set_defaults(func=cmd_dedup)
 
     p = sub.add_parser(
@@ -238,11 +172,9 @@ def build_parser() -> argparse.ArgumentParser:
         description="Choose b and r (b*r <= K): the largest r, with b = floor(K/r), whose "
         "P(candidate) at the threshold reaches --recall-at-threshold.",
     )
-    p.add_argument("--threshold", type=float, default=0.8, help="Jaccard threshold (0.8)")
-    p.add_argument("--num-perm", type=int, default=128, help="signature length K (128)")
-    p.add_argument("--bands", type=int, help="explicit bands (with --rows)")
-    p.add_argument("--rows", type=int, help="explicit rows (with --bands)")
-    p.add_argument("--recall-at-threshold", type=float, default=0.95, help="target P(T) (0.95)")
+    add_detector_options(
+        p, ("threshold", "num_perm", "bands", "rows", "recall_at_threshold"), "detection"
+    )
     p.add_argument("--plot", metavar="FILE.png", help="draw the S-curve (needs the plot extra)")
     p.set_defaults(func=cmd_tune)
 

@@ -1,13 +1,14 @@
-"""Configuration of the detector core: small frozen dataclasses with readable defaults.
+"""The detector's parameters: one frozen dataclass, each parameter defined once.
 
-The service and the CLI build these from the config file, environment and flags; the core
-only ever sees validated values.
+The service's ``[dedup]`` configuration section, the command line's detector flags and the
+parameters an index stores all derive from :class:`DedupConfig`'s fields; the core only
+ever sees validated values.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal
 
 from stream_dedup.core.bands import (
     DEFAULT_RECALL_AT_THRESHOLD,
@@ -41,34 +42,85 @@ class DocumentFormat:
             raise ConfigError("content_fields", "name at least one field")
 
 
+ShingleKind = Literal["char", "word"]
+
+#: The shingle size a kind gets when none is given: 5 characters, or 3 words.
+DEFAULT_SHINGLE_SIZE: dict[str, int] = {"char": 5, "word": 3}
+
+
+def _param(default: Any, help: str, *, stored: bool, flags: tuple[str, ...] = ()) -> Any:
+    """A detector parameter: its default, its help text, and whether the index stores it.
+
+    This is the one definition of each parameter: the ``[dedup]`` section of the service
+    configuration is :class:`DedupConfig` itself, the command line's detector flags are
+    derived from these fields (``flags`` overrides the derived ``--name``), and
+    :class:`~stream_dedup.index.params.IndexParams` stores the ``stored`` ones (with bands,
+    rows and the shingle size resolved).
+    """
+    return field(default=default, metadata={"help": help, "stored": stored, "flags": flags})
+
+
 @dataclass(frozen=True, slots=True)
 class DedupConfig:
-    """Everything that decides verdicts.
+    """Everything that decides verdicts: the detector's parameters, each defined once.
 
     ``max_bucket_size`` bounds how many (most recent) documents a band bucket remembers and
     ``max_candidates`` how many candidates are verified per document, so that boilerplate
     shared by thousands of documents cannot make lookups slow; both truncations are counted.
+    Zero for ``bands`` and ``rows`` means "tuned for the threshold", and for
+    ``shingle_size`` "the kind's usual size": the values a configuration file can spell.
     """
 
-    threshold: float = 0.8
-    num_perm: int = 128
-    seed: int = 1
-    shingle: ShingleSpec = field(default_factory=ShingleSpec)
-    bands: int | None = None
-    rows: int | None = None
-    recall_at_threshold: float = DEFAULT_RECALL_AT_THRESHOLD
-    verify: VerifyMode = "exact"
-    index_policy: IndexPolicy = "all"
-    max_bucket_size: int = 256
-    max_candidates: int = 100
+    threshold: float = _param(
+        0.8, "Jaccard similarity at or above which a document is a duplicate", stored=True
+    )
+    num_perm: int = _param(128, "signature length K (hash values per document)", stored=True)
+    seed: int = _param(1, "hash seed", stored=True)
+    bands: int = _param(
+        0, "LSH bands, with rows; 0 and 0: tuned for the threshold (see `tune`)", stored=True
+    )
+    rows: int = _param(0, "rows per LSH band, with bands; 0: tuned", stored=True)
+    recall_at_threshold: float = _param(
+        DEFAULT_RECALL_AT_THRESHOLD,
+        "tuning target: P(candidate) for a pair at exactly the threshold",
+        stored=False,
+    )
+    shingle_kind: ShingleKind = _param(
+        "char", "shingles: character k-grams or word n-grams", stored=True, flags=("--shingle",)
+    )
+    shingle_size: int = _param(
+        0,
+        "shingle size in characters or words; 0: 5 for char, 3 for word",
+        stored=True,
+        flags=("-k", "--shingle-size"),
+    )
+    verify: VerifyMode = _param(
+        "exact",
+        "verify candidates by exact Jaccard of stored shingle sets, or by the signature "
+        "estimate (smaller index)",
+        stored=True,
+    )
+    index_policy: IndexPolicy = _param(
+        "all",
+        "which documents enter the index: all (catches chains of edits) or uniques",
+        stored=True,
+    )
+    max_bucket_size: int = _param(256, "documents remembered per band bucket", stored=False)
+    max_candidates: int = _param(100, "candidates verified per document", stored=False)
 
     def __post_init__(self) -> None:
         if not 0.0 < self.threshold <= 1.0:
             raise ConfigError("threshold", f"must be in (0, 1], got {self.threshold}")
         if not 1 <= self.num_perm <= 4096:
             raise ConfigError("num_perm", f"must be between 1 and 4096, got {self.num_perm}")
-        if (self.bands is None) != (self.rows is None):
+        if self.bands < 0 or self.rows < 0 or (self.bands == 0) != (self.rows == 0):
             raise ConfigError("bands", "give both bands and rows, or neither (then they are tuned)")
+        if self.shingle_kind not in DEFAULT_SHINGLE_SIZE:
+            raise ConfigError(
+                "shingle_kind", f"must be 'char' or 'word', got {self.shingle_kind!r}"
+            )
+        if self.shingle_size < 0:
+            raise ConfigError("shingle_size", f"must be >= 0 (0: usual), got {self.shingle_size}")
         if self.verify not in ("exact", "signature"):
             raise ConfigError("verify", f"must be 'exact' or 'signature', got {self.verify!r}")
         if self.index_policy not in ("all", "uniques"):
@@ -83,9 +135,19 @@ class DedupConfig:
             self.band_plan()
         except ValueError as exc:
             raise ConfigError("bands" if self.bands else "threshold", str(exc)) from exc
+        try:
+            ShingleSpec(self.shingle_kind, self.shingle.k)
+        except ValueError as exc:
+            raise ConfigError("shingle_size", str(exc)) from exc
+
+    @property
+    def shingle(self) -> ShingleSpec:
+        """The shingle kind and its size, resolved."""
+        size = self.shingle_size or DEFAULT_SHINGLE_SIZE[self.shingle_kind]
+        return ShingleSpec(self.shingle_kind, size)
 
     def band_plan(self) -> BandPlan:
         """The explicit (bands, rows) if given, else the tuned choice."""
-        if self.bands is not None and self.rows is not None:
+        if self.bands and self.rows:
             return explicit_bands(self.bands, self.rows, self.num_perm, self.threshold)
         return choose_bands(self.threshold, self.num_perm, self.recall_at_threshold)

@@ -8,7 +8,7 @@ from typing import Any
 
 from stream_dedup.core.config import DedupConfig, IndexPolicy, VerifyMode
 from stream_dedup.core.normalize import NORMALIZER_VERSION
-from stream_dedup.core.shingles import SHINGLER_VERSION, ShingleSpec
+from stream_dedup.core.shingles import SHINGLER_VERSION
 from stream_dedup.core.signature import SIGNATURE_SCHEME
 from stream_dedup.errors import IndexCorruptError
 
@@ -63,7 +63,8 @@ class IndexParams:
             "threshold": self.threshold,
             "num_perm": self.num_perm,
             "seed": self.seed,
-            "shingle": ShingleSpec(self.shingle_kind, self.shingle_k),  # type: ignore[arg-type]
+            "shingle_kind": self.shingle_kind,
+            "shingle_size": self.shingle_k,
             "bands": self.bands,
             "rows": self.rows,
             "verify": self.verify,

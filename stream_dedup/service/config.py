@@ -29,7 +29,6 @@ from pathlib import Path
 from typing import Any
 
 from stream_dedup.core.config import DedupConfig, DocumentFormat
-from stream_dedup.core.shingles import ShingleSpec
 from stream_dedup.decode import MessageFormat
 from stream_dedup.errors import ConfigError
 
@@ -71,46 +70,6 @@ class OutputConfig:
     duplicate_topic: str = ""
     dlq_topic: str = ""
     include_document: bool = True
-
-
-@dataclass(frozen=True, slots=True)
-class DetectionConfig:
-    """The core's settings (see :class:`stream_dedup.core.config.DedupConfig`).
-
-    ``bands = rows = 0`` means: tune them for ``threshold`` and ``recall_at_threshold``.
-    """
-
-    threshold: float = 0.8
-    num_perm: int = 128
-    seed: int = 1
-    bands: int = 0
-    rows: int = 0
-    recall_at_threshold: float = 0.95
-    shingle_kind: str = "char"
-    shingle_size: int = 5
-    verify: str = "exact"
-    index_policy: str = "all"
-    max_bucket_size: int = 256
-    max_candidates: int = 100
-
-    def dedup_config(self) -> DedupConfig:
-        if self.shingle_kind not in ("char", "word"):
-            raise ConfigError(
-                "dedup.shingle_kind", f"must be 'char' or 'word': {self.shingle_kind}"
-            )
-        return DedupConfig(
-            threshold=self.threshold,
-            num_perm=self.num_perm,
-            seed=self.seed,
-            shingle=ShingleSpec(self.shingle_kind, self.shingle_size),  # type: ignore[arg-type]
-            bands=self.bands or None,
-            rows=self.rows or None,
-            recall_at_threshold=self.recall_at_threshold,
-            verify=self.verify,  # type: ignore[arg-type]
-            index_policy=self.index_policy,  # type: ignore[arg-type]
-            max_bucket_size=self.max_bucket_size,
-            max_candidates=self.max_candidates,
-        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -194,7 +153,7 @@ class ServiceConfig:
 
     input: InputConfig = field(default_factory=InputConfig)
     output: OutputConfig = field(default_factory=OutputConfig)
-    dedup: DetectionConfig = field(default_factory=DetectionConfig)
+    dedup: DedupConfig = field(default_factory=DedupConfig)
     index: IndexConfig = field(default_factory=IndexConfig)
     batch: BatchConfig = field(default_factory=BatchConfig)
     service: ServiceSection = field(default_factory=ServiceSection)
@@ -218,7 +177,7 @@ class ServiceConfig:
 _SECTIONS: dict[str, type[Any]] = {
     "input": InputConfig,
     "output": OutputConfig,
-    "dedup": DetectionConfig,
+    "dedup": DedupConfig,
     "index": IndexConfig,
     "batch": BatchConfig,
     "service": ServiceSection,
@@ -229,6 +188,8 @@ _SECTIONS: dict[str, type[Any]] = {
 
 def _coerce(key: str, hint: Any, value: Any) -> Any:
     """``value`` as the field's type; strings (env, flags) are parsed, others type-checked."""
+    if typing.get_origin(hint) is typing.Literal:  # a choice: checked by the section itself
+        hint = type(typing.get_args(hint)[0])
     if hint is bool:
         if isinstance(value, bool):
             return value
@@ -346,7 +307,6 @@ def build_config(layers: list[dict[str, dict[str, Any]]]) -> ServiceConfig:
         kafka[key] = str(value)
     sections = {name: _build_section(name, merged.get(name, {})) for name in _SECTIONS}
     config = ServiceConfig(kafka=kafka, **sections)
-    config.dedup.dedup_config()  # validate now, not at the first batch
     return config
 
 

@@ -68,7 +68,7 @@ DeduplicatorFactory = Callable[[DedupIndex, ServiceConfig], Deduplicator]
 
 
 def default_deduplicator(index: DedupIndex, config: ServiceConfig) -> Deduplicator:
-    return Deduplicator(index, config.dedup.dedup_config())
+    return Deduplicator(index, config.dedup)
 
 
 class Service:
@@ -87,7 +87,7 @@ class Service:
         self.config = config
         self.registry = registry if registry is not None else CollectorRegistry()
         self.metrics = Metrics(self.registry)
-        dedup_config = config.dedup.dedup_config()
+        dedup_config = config.dedup
         self.index = open_index(
             config.index.path, IndexParams.of(dedup_config), sync=config.index.sync
         )

@@ -10,7 +10,6 @@ import pytest
 
 from stream_dedup.core._kernels import WHITESPACE, drop_repeats
 from stream_dedup.core.config import DedupConfig
-from stream_dedup.core.shingles import ShingleSpec
 from stream_dedup.core.sketch import _sketch_char, _sketch_numpy, sketch
 from stream_dedup.index.filter import bucket_fingerprints
 from stream_dedup.tools.generate import StreamSpec, generate
@@ -59,7 +58,7 @@ def assert_same(texts: list[str], config: DedupConfig) -> None:
 
 @pytest.mark.parametrize("k", [1, 3, 5, 9])
 def test_edge_cases_match_the_reference(k: int) -> None:
-    assert_same(EDGE_CASES, DedupConfig(shingle=ShingleSpec("char", k)))
+    assert_same(EDGE_CASES, DedupConfig(shingle_size=k))
 
 
 def test_random_unicode_matches_the_reference() -> None:

@@ -38,7 +38,7 @@ class FailingDeduplicator(Deduplicator):
     """The real core, except that deciding a document with id ``boom`` raises."""
 
     def __init__(self, index: DedupIndex, config: ServiceConfig) -> None:
-        super().__init__(index, config.dedup.dedup_config())
+        super().__init__(index, config.dedup)
 
     def decide(self, docs: Sequence[Document], sketched: Sketch | None = None) -> BatchResult:
         if any(d.id == "boom" for d in docs):
