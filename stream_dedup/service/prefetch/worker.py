@@ -123,7 +123,7 @@ class SketchWorker:
                 [
                     sys.executable,
                     "-m",
-                    "stream_dedup.service.prefetch.worker",
+                    "stream_dedup.service.prefetch",
                     str(child.fileno()),
                     str(region.fd),
                     str(requests.fd),
@@ -267,7 +267,3 @@ def main() -> None:
     _serve(
         Connection(int(sys.argv[1])), SharedRegion(int(sys.argv[2])), SharedRegion(int(sys.argv[3]))
     )
-
-
-if __name__ == "__main__":
-    main()
