@@ -11,22 +11,27 @@ counters and the input offsets to one atomic index write. Deciding the same batc
 over the same committed index gives identical verdicts, which is what makes a replay
 after a crash emit identical events.
 
-Per document: a replayed id returns its stored verdict; empty normalised content is
-``unique`` with ``empty=True`` and never indexed; identical normalised text (exact digest)
-is a duplicate with similarity 1.0 of the first document with that text; otherwise the
-band buckets give candidates, ranked by shared bands, the first ``max_candidates`` are
-verified, and the best verified match at or above the threshold decides.
+Per document: a replayed id returns its stored verdict (a repeat whose normalised text
+differs from the first occurrence's is counted in ``BatchStats.mismatched_repeats``);
+empty normalised content is ``unique`` with ``empty=True`` and never indexed; identical
+normalised text (exact digest) is a duplicate with similarity 1.0 of the first document
+with that text; otherwise the band buckets give candidates, ranked by shared bands, the
+first ``max_candidates`` are verified, and the best verified match at or above the
+threshold decides.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from operator import itemgetter
+from pathlib import Path
 
 import numpy as np
 import numpy.typing as npt
 
+from stream_dedup.core import lookup_keys as _lookup_keys
+from stream_dedup.core import match as _match
 from stream_dedup.core.config import DedupConfig
 from stream_dedup.core.hashing import U32, U64
 from stream_dedup.core.match import I64, Matches, match_batch
@@ -37,7 +42,7 @@ from stream_dedup.index.backend import NO_ORDERED_PUTS, OrderedPuts
 from stream_dedup.index.records import (
     DocRecord,
     decode_doc,
-    decode_verdict,
+    decode_replay,
     encode_doc,
     encode_verdict,
 )
@@ -58,6 +63,9 @@ class BatchStats:
     bucket_evictions: int = 0
     exact_hits: int = 0
     replayed: int = 0
+    #: Replayed ids whose normalised text differs from the first occurrence's (they get
+    #: the first occurrence's verdict all the same).
+    mismatched_repeats: int = 0
 
 
 @dataclass(slots=True)
@@ -77,6 +85,34 @@ class BatchResult:
     bucket_fingerprints: U64 = field(default_factory=lambda: np.empty(0, dtype=np.uint64))
 
 
+#: Said before the first batch when the compiled kernels are not in numba's cache yet.
+COMPILING_NOTICE = (
+    "compiling the detector's kernels (first run after install, ~15 s; "
+    "later runs load them from the cache)"
+)
+
+
+def kernels_cached() -> bool:
+    """Whether numba's on-disk cache holds the kernels that every batch runs.
+
+    When it does not (the first run after an install or upgrade, or a cleared cache), the
+    first batch compiles them, ~10-15 s with nothing to show for it, which callers announce
+    with :data:`COMPILING_NOTICE`. The check asks for the cache index (``*.nbi``) of the
+    matching pass and of the key fingerprints, the two kernels every configuration runs,
+    where numba's own locator puts it (``__pycache__`` beside the module, or under
+    ``NUMBA_CACHE_DIR``): one ``stat`` each. Should numba's internals move, it answers
+    True, as a missing notice costs less than a false one on every run.
+    """
+    for kernel in (_match._match_batch, _lookup_keys._fingerprints):
+        try:
+            index = Path(kernel._cache._cache_file._index_path)
+        except (AttributeError, TypeError):
+            return True
+        if not index.exists():
+            return False
+    return True
+
+
 class Deduplicator:
     """Decides batches of documents against one :class:`DedupIndex`."""
 
@@ -87,16 +123,20 @@ class Deduplicator:
         self._exact = config.verify == "exact"
         self._bucket_bytes = 8 * config.max_bucket_size
 
-    def warm_up(self) -> None:
+    def warm_up(self, notice: Callable[[str], None] | None = None) -> None:
         """Load the compiled kernels now, so the first batch does not wait for them.
 
         The first call of a compiled kernel loads it from numba's on-disk cache (or
         compiles it, the first time on a machine): close to a second that would otherwise
         land on the latency of the first documents. Deciding a throw-away pair of texts
         (one near-duplicate of the other) runs every kernel the configuration uses; the
-        index is read, which builds its key filter now, but not written.
+        index is read, which builds its key filter now, but not written. ``notice`` is
+        given :data:`COMPILING_NOTICE` first when the kernels must be compiled (see
+        :func:`kernels_cached`), so a silent pause of ~15 s is explained.
         """
         texts = ["warm-up text for the compiled kernels", "warm-up text for the kernels"]
+        if notice is not None and not kernels_cached():
+            notice(COMPILING_NOTICE)
         self.decide([Document(f"\x00warm-up {i}", t) for i, t in enumerate(texts)])
 
     def process(
@@ -213,11 +253,14 @@ class Deduplicator:
             replay = stored[i]
             if replay is None and first_at[vkey] != i:
                 replay = puts[vkey]  # what its first occurrence was given
-            if replay is not None:
-                verdicts.append(decode_verdict(doc.id, replay))
-                stats.replayed += 1
-                continue
             live_at = live_pos[i]
+            xkey = None if live_at is None else xkeys[live_at]
+            if replay is not None:
+                verdict, differs = decode_replay(doc.id, replay, xkey)
+                verdicts.append(verdict)
+                stats.replayed += 1
+                stats.mismatched_repeats += differs
+                continue
             if live_at is None:
                 verdict = Verdict(doc.id, _UNIQUE, None, None, doc.id, empty=True)
                 deltas["empty"] += 1
@@ -241,7 +284,7 @@ class Deduplicator:
                     if new_text[p]:
                         puts[xkeys[p]] = num.to_bytes(8, "little")
             deltas["documents"] += 1
-            puts[vkey] = encode_verdict(verdict)
+            puts[vkey] = encode_verdict(verdict, xkey)
             verdicts.append(verdict)
         bucket_puts, written = _bucket_puts(bkeys, sk.bucket_order, slot, found, nb)
         fps = sk.bucket_fingerprints[written]

@@ -9,8 +9,11 @@ distinct high 32 bits of its shingle hashes as uint32 LE (``verify = "exact"``, 
 distinct shingle; see :mod:`stream_dedup.core.verify`) or the signature as uint32 LE
 (``verify = "signature"``, 4 x num_perm bytes).
 
-Verdict record (``v`` keys): compact JSON ``{"k": "u"|"d", "of", "s", "c", "e"}`` so a
-replayed id returns exactly what was emitted the first time.
+Verdict record (``v`` keys): compact JSON ``{"k": "u"|"d", "of", "s", "c", "e", "t"}`` so
+a replayed id returns exactly what was emitted the first time. ``"t"``, the text tag (see
+:func:`text_tag`), says which normalised text the id was decided on, so a repeat of the id
+with other text can be told apart; it is absent for empty content and from records
+written before it existed, which still decode.
 """
 
 from __future__ import annotations
@@ -55,27 +58,61 @@ def decode_doc(raw: bytes) -> DocRecord:
         raise IndexCorruptError(f"document record does not parse: {exc}") from exc
 
 
-def encode_verdict(v: Verdict) -> bytes:
+def text_tag(exact_key: bytes) -> str:
+    """The text tag of a document: hex of the first 8 bytes of its exact-text digest.
+
+    ``exact_key`` is the document's exact-text key (``x`` + the 16-byte digest of its
+    normalised text, :func:`stream_dedup.core.lookup_keys.exact_key`), which the sketch
+    computes anyway. Eight bytes tell two texts apart with a chance of a collision
+    around 2**-64 per pair, at 22 bytes per verdict record.
+    """
+    return exact_key[1:9].hex()
+
+
+def encode_verdict(v: Verdict, exact_key: bytes | None = None) -> bytes:
     """The verdict record: the bytes ``json.dumps(body, separators=(",", ":"))`` writes.
 
-    Formatted directly (strings escaped by json's own ASCII escaper, the similarity by
-    ``float.__repr__`` as json does), because building an encoder per call cost more than
-    the rest of a document's bookkeeping.
+    ``exact_key`` is the document's exact-text key, stored as its :func:`text_tag`
+    (``None`` for empty content, which has none). Formatted directly (strings escaped by
+    json's own ASCII escaper, the similarity by ``float.__repr__`` as json does), because
+    building an encoder per call cost more than the rest of a document's bookkeeping.
     """
     of = "null" if v.duplicate_of is None else encode_basestring_ascii(v.duplicate_of)
     sim = "null" if v.similarity is None else float.__repr__(float(v.similarity))
+    tag = "" if exact_key is None else f',"t":"{exact_key[1:9].hex()}"'  # text_tag, inlined
     return (
         f'{{"k":"{"d" if v.is_duplicate else "u"}","of":{of},"s":{sim},'
-        f'"c":{encode_basestring_ascii(v.cluster_id)},"e":{"true" if v.empty else "false"}}}'
+        f'"c":{encode_basestring_ascii(v.cluster_id)},"e":{"true" if v.empty else "false"}'
+        f"{tag}}}"
     ).encode()
 
 
 def decode_verdict(doc_id: str, raw: bytes) -> Verdict:
+    """The stored verdict of ``doc_id``, marked replayed."""
+    return decode_replay(doc_id, raw, None)[0]
+
+
+def decode_replay(doc_id: str, raw: bytes, exact_key: bytes | None) -> tuple[Verdict, bool]:
+    """The stored verdict of a repeated id, and whether the repeat's text differs.
+
+    ``exact_key`` is the repeat's exact-text key (``None``: its content is empty). The
+    texts differ when the record's text tag is not the repeat's, or when exactly one of
+    the two is empty. A record without a tag whose content was not empty was written
+    before tags existed: its text is unknown, and the repeat is not counted as different.
+    The verdict is the first occurrence's either way: an id is decided once.
+    """
     try:
         body = json.loads(raw)
         kind = VerdictKind.DUPLICATE if body["k"] == "d" else VerdictKind.UNIQUE
-        return Verdict(
-            doc_id, kind, body["of"], body["s"], body["c"], empty=bool(body["e"]), replayed=True
+        empty = bool(body["e"])
+        verdict = Verdict(
+            doc_id, kind, body["of"], body["s"], body["c"], empty=empty, replayed=True
         )
-    except (ValueError, KeyError, TypeError) as exc:
+        tag = body.get("t")
+    except (ValueError, KeyError, TypeError, AttributeError) as exc:
         raise IndexCorruptError(f"verdict record of {doc_id!r} does not parse: {exc}") from exc
+    if empty:
+        return verdict, exact_key is not None
+    if exact_key is None:
+        return verdict, True
+    return verdict, tag is not None and tag != text_tag(exact_key)

@@ -206,7 +206,7 @@ class Service:
         )
         ahead = self._ahead
         self.index.load_filter(self._filter_progress)
-        self.dedup.warm_up()
+        self.dedup.warm_up(log.info)  # says so first when the kernels must be compiled
         consumer_watch = BrokerWatch("consumer")
         producer = EventProducer(cfg.kafka, BrokerWatch("producer"))
         consumer = build_consumer(
