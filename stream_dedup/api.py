@@ -61,11 +61,6 @@ from stream_dedup.models import Document, Verdict
 #: document, small enough that a batch's working memory stays a few megabytes.
 DEFAULT_BATCH_SIZE = 1000
 
-#: Parameters that decide the tuned band plan; changing one of them on a reopened index
-#: means "tune again" unless bands are given too (as the command line does).
-_TUNING = frozenset({"threshold", "num_perm", "recall_at_threshold"})
-_BAND_FIELDS = ("bands", "rows")
-
 
 @dataclass(frozen=True, slots=True)
 class QueryResult:
@@ -278,20 +273,24 @@ def _check_names(params: dict[str, Any]) -> None:
 
 
 def _config(base: DedupConfig | None, params: dict[str, Any]) -> DedupConfig:
-    """``params`` over ``base`` (defaults when ``None``), validated by DedupConfig.
+    """``params`` over ``base`` (the defaults when ``None``), validated by DedupConfig.
 
-    A stored configuration has its band plan resolved (explicit bands and rows); a new
-    threshold or signature length without bands asks for the plan to be tuned again, as
-    for a new index, rather than keeping bands tuned for other values.
+    The same rule as the command line's detector flags on an existing index: a stored
+    configuration has its bands, rows and shingle size resolved, so a new threshold or
+    signature length without bands asks for bands and rows to be tuned again, and a new
+    shingle kind without a size for that kind's usual size, rather than keeping values
+    chosen for other parameters.
     """
+    values = dict(params)
+    if base is not None:
+        default = {f.name: f.default for f in dataclasses.fields(DedupConfig)}
+        if values.keys() & {"threshold", "num_perm"} and "bands" not in values:
+            values.setdefault("rows", default["rows"])
+            values["bands"] = default["bands"]
+        if "shingle_kind" in values and "shingle_size" not in values:
+            values["shingle_size"] = default["shingle_size"]
     try:
-        if base is None:
-            return DedupConfig(**params)
-        values = dict(params)
-        if values.keys() & _TUNING and not values.keys() & set(_BAND_FIELDS):
-            defaults = {f.name: f.default for f in dataclasses.fields(DedupConfig)}
-            values.update({name: defaults[name] for name in _BAND_FIELDS})
-        return dataclasses.replace(base, **values)
+        return DedupConfig(**values) if base is None else dataclasses.replace(base, **values)
     except ConfigError:
         raise
     except (TypeError, ValueError) as exc:  # e.g. a str where a number belongs

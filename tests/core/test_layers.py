@@ -1,0 +1,57 @@
+"""The layers hold: the core and the package's top level load no infrastructure.
+
+``stream_dedup.core`` is the pure detector, usable without a database or a message
+broker, and ``import stream_dedup`` only names its exports (they are loaded on first use),
+so neither may bring in the RocksDB binding or the Kafka client. Each import runs in a
+fresh interpreter: in this one, other tests have long loaded both.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+#: Modules the core and the package's top level must not load.
+INFRASTRUCTURE = ("rocksdict", "confluent_kafka")
+
+
+def loaded_after(statement: str) -> list[str]:
+    """The :data:`INFRASTRUCTURE` modules in ``sys.modules`` after ``statement``, run alone."""
+    probe = (
+        f"import sys\n{statement}\n"
+        "import json\n"
+        f"print(json.dumps([m for m in {INFRASTRUCTURE!r} if m in sys.modules]))"
+    )
+    run = subprocess.run(
+        [sys.executable, "-c", probe],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=120,
+        check=True,
+    )
+    loaded: list[str] = json.loads(run.stdout.strip().splitlines()[-1])
+    return loaded
+
+
+@pytest.mark.parametrize(
+    "statement",
+    [
+        "import stream_dedup.core",
+        "import stream_dedup",
+        "import stream_dedup; stream_dedup.DedupConfig; stream_dedup.Document",
+        "from stream_dedup.core import config, normalize, shingles, signature, sketch, match",
+    ],
+)
+def test_the_core_and_the_package_load_neither_rocksdb_nor_kafka(statement: str) -> None:
+    assert loaded_after(statement) == []
+
+
+def test_the_probe_sees_what_an_import_loads() -> None:
+    """The check above would catch a leak: the index layer does load RocksDB."""
+    assert loaded_after("import stream_dedup.index") == ["rocksdict"]
