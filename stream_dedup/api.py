@@ -306,10 +306,13 @@ def _open(
 ) -> tuple[DedupIndex, DedupConfig]:
     """Open or create the index and settle the configuration (see :class:`Detector`)."""
     where = None if path is None else Path(path)
-    if where is None or not (where / "CURRENT").exists():  # new: nothing stored
-        chosen = config if config is not None else _config(None, params)
-        return open_index(where, IndexParams.of(chosen), sync=sync), chosen
-    index = open_index(where, None, sync=sync)
+    try:
+        if where is None or not (where / "CURRENT").exists():  # new: nothing stored
+            chosen = config if config is not None else _config(None, params)
+            return open_index(where, IndexParams.of(chosen), sync=sync), chosen
+        index = open_index(where, None, sync=sync)
+    except OSError as exc:  # e.g. the path is a file, or not writable
+        raise IndexStoreError(f"cannot open an index at {where}: {exc}") from exc
     try:
         stored = index.params
         chosen = config if config is not None else _config(stored.dedup_config(), params)

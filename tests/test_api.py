@@ -33,6 +33,7 @@ from stream_dedup.errors import (
     StreamDedupError,
 )
 from stream_dedup.index.rocks import RocksBackend
+from stream_dedup.offline import verdict_line
 from stream_dedup.tools.generate import StreamSpec, generate
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -69,11 +70,8 @@ def jaccard(a: str, b: str, k: int = 5) -> float:
 
 
 def event(v: Verdict) -> dict[str, Any]:
-    """A verdict as the offline command writes it."""
-    body = v.to_json()
-    if v.empty:
-        body["empty"] = True
-    written: dict[str, Any] = json.loads(json.dumps(body))
+    """A verdict as the offline command writes it (its own line format)."""
+    written: dict[str, Any] = json.loads(verdict_line(v))
     return written
 
 
@@ -174,7 +172,8 @@ def test_an_id_added_again_gets_its_stored_verdict(detector: Detector) -> None:
     stats = detector.stats
     again = detector.add_many(STORIES[:50])
     assert all(v.replayed for v in again)
-    assert [event(v) for v in again] == [event(v) for v in first]
+    assert [v.to_json() for v in again] == [v.to_json() for v in first]
+    assert [v.empty for v in again] == [v.empty for v in first]
     assert detector.stats == stats
     # The id decides, not the text: a new text under a decided id changes nothing.
     assert detector.add(STORIES[0][0], "something else entirely").replayed
@@ -347,6 +346,12 @@ def test_a_closed_detector_refuses_work(where: Path | None) -> None:
 def test_one_writer_per_directory(tmp_path: Path) -> None:
     with Detector(tmp_path / "index"), pytest.raises(IndexLockedError):
         Detector(tmp_path / "index")
+
+
+def test_a_path_that_cannot_hold_an_index_is_an_index_error(tmp_path: Path) -> None:
+    (tmp_path / "a-file").write_text("not a directory")
+    with pytest.raises(IndexStoreError, match="cannot open an index"):
+        Detector(tmp_path / "a-file")
 
 
 def test_the_package_exports_the_api() -> None:
