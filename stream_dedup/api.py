@@ -273,24 +273,10 @@ def _check_names(params: dict[str, Any]) -> None:
 
 
 def _config(base: DedupConfig | None, params: dict[str, Any]) -> DedupConfig:
-    """``params`` over ``base`` (the defaults when ``None``), validated by DedupConfig.
-
-    The same rule as the command line's detector flags on an existing index: a stored
-    configuration has its bands, rows and shingle size resolved, so a new threshold or
-    signature length without bands asks for bands and rows to be tuned again, and a new
-    shingle kind without a size for that kind's usual size, rather than keeping values
-    chosen for other parameters.
-    """
-    values = dict(params)
-    if base is not None:
-        default = {f.name: f.default for f in dataclasses.fields(DedupConfig)}
-        if values.keys() & {"threshold", "num_perm"} and "bands" not in values:
-            values.setdefault("rows", default["rows"])
-            values["bands"] = default["bands"]
-        if "shingle_kind" in values and "shingle_size" not in values:
-            values["shingle_size"] = default["shingle_size"]
+    """``params`` over ``base`` (the defaults when ``None``), by the same rule as the
+    command line's flags over an existing index (:meth:`DedupConfig.updated`)."""
     try:
-        return DedupConfig(**values) if base is None else dataclasses.replace(base, **values)
+        return (base or DedupConfig()).updated(**params)
     except ConfigError:
         raise
     except (TypeError, ValueError) as exc:  # e.g. a str where a number belongs

@@ -49,17 +49,7 @@ def add_detector_options(
 
 
 def detector_config(args: argparse.Namespace, base: DedupConfig | None = None) -> DedupConfig:
-    """``base`` (an index's configuration, or the defaults) with the flags given on top.
-
-    A new threshold or signature length without explicit bands re-tunes bands and rows,
-    and a new shingle kind without a size takes that kind's usual size: values derived
-    from the old ones would no longer fit.
-    """
-    base = base or DedupConfig()
+    """``base`` (an index's configuration, or the defaults) with the flags given on top
+    (see :meth:`DedupConfig.updated`)."""
     given = {n: getattr(args, n) for n in _FIELDS if getattr(args, n, None) is not None}
-    if ("threshold" in given or "num_perm" in given) and "bands" not in given:
-        given.setdefault("rows", 0)
-        given["bands"] = 0
-    if "shingle_kind" in given and "shingle_size" not in given:
-        given["shingle_size"] = 0
-    return dataclasses.replace(base, **given)
+    return (base or DedupConfig()).updated(**given)

@@ -7,6 +7,7 @@ ever sees validated values.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -139,6 +140,23 @@ class DedupConfig:
             ShingleSpec(self.shingle_kind, self.shingle.k)
         except ValueError as exc:
             raise ConfigError("shingle_size", str(exc)) from exc
+
+    def updated(self, **given: Any) -> DedupConfig:
+        """This configuration with the ``given`` parameters changed.
+
+        Values derived from the old parameters are let go rather than kept: a new threshold
+        or signature length without explicit bands has bands and rows tuned again, and a new
+        shingle kind without a size takes that kind's usual size (an index's stored
+        configuration holds them resolved, chosen for its own parameters). The command
+        line's flags and the Python API apply parameters over an existing index this way.
+        """
+        values = dict(given)
+        if values.keys() & {"threshold", "num_perm"} and "bands" not in values:
+            values["bands"] = 0
+            values.setdefault("rows", 0)
+        if "shingle_kind" in values and "shingle_size" not in values:
+            values["shingle_size"] = 0
+        return dataclasses.replace(self, **values)
 
     @property
     def shingle(self) -> ShingleSpec:
