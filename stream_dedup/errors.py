@@ -1,16 +1,36 @@
 """The one exception tree of stream-dedup.
 
-Every error the package raises on purpose derives from :class:`StreamDedupError`, so a
-caller can catch one type. Each carries the context an operator needs to act::
+Every exception class the package defines derives from :class:`StreamDedupError`, so a
+caller can catch one type (``tests/test_errors.py`` checks that no class is left out).
+Each carries the context an operator needs to act. Classes live here unless another
+module is named::
 
-    StreamDedupError
-    ├── ConfigError            a bad setting (names the key)
-    ├── DecodeError            one input record cannot become a Document (keeps the raw input)
-    ├── IndexStoreError        base for problems with the on-disk index
-    │   ├── IndexMismatchError the index on disk was built with other parameters
-    │   ├── IndexLockedError   another process already writes this index
-    │   └── IndexCorruptError  stored bytes do not parse
-    └── InputError             an input file cannot be read
+    StreamDedupError                  root; raised as is where no branch fits (an
+    │                                 optional dependency missing)
+    ├── ConfigError                   a bad setting (names the key)
+    ├── DecodeError                   one input record cannot become a Document (keeps
+    │                                 the raw input); dead-lettered, never stops a run
+    ├── InputError                    an input file or stream cannot be read
+    │   └── MalformedLineError        offline.py: a bad line under ``--on-error fail``
+    ├── IndexStoreError               base for problems with the on-disk index; the
+    │   │                             service and the commands stop (exit code 3)
+    │   ├── IndexMismatchError        the index on disk was built with other parameters
+    │   ├── IndexLockedError          another process already writes this index
+    │   ├── IndexCorruptError         stored bytes do not parse
+    │   └── IndexIOError              the index could not be read or written (disk,
+    │                                 permissions, a closed database): the service
+    │                                 stops without dead-lettering; fix and restart
+    ├── SketchWorkerError             service/prefetch/worker.py: the sketch worker failed
+    │                                 on a batch; the service sketches it in process
+    ├── DeliveryAbandonedError        service/kafka.py: deliveries were unconfirmed when
+    │                                 the service stopped; the batch is replayed
+    ├── BrokerStartError              tools/broker.py: the local broker did not start
+    └── ProduceError                  tools/produce.py: some lines were not delivered
+
+What is *not* in the tree is a bug or the environment: ``ValueError``/``RuntimeError``
+from misuse of an internal API, ``OSError``, ``MemoryError``. The service tells the two
+apart when a batch fails (:mod:`stream_dedup.service.decide`): an index or environment
+error stops it, while any other exception is blamed on the documents that raise it alone.
 """
 
 from __future__ import annotations
@@ -98,3 +118,24 @@ class IndexCorruptError(IndexStoreError):
 
 class InputError(StreamDedupError):
     """An input file or stream cannot be read."""
+
+
+class IndexIOError(IndexStoreError):
+    """The index's database could not be read or written (an I/O error, a full disk, a
+    closed handle).
+
+    Raised instead of the storage library's own exceptions, so callers can tell a broken
+    index apart from a bug triggered by one document's content: the former must stop
+    the service before anything is committed, the latter only costs that document.
+    """
+
+    def __init__(self, path: str, operation: str, detail: str) -> None:
+        super().__init__(
+            f"index at {path}: {operation} failed ({detail}). A failed write stores "
+            "nothing (each write is atomic): check the disk (free space, permissions, I/O "
+            "errors in the system log), then start again: the service replays the batch it "
+            "was processing, and a document already stored is never decided twice."
+        )
+        self.path = path
+        self.operation = operation
+        self.detail = detail

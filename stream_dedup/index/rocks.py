@@ -6,6 +6,12 @@ log, so a killed process (``kill -9``) loses nothing that ``write`` returned fro
 cost of one fsync per batch. RocksDB's LOCK file gives one writer per directory; a second
 opener gets :class:`~stream_dedup.errors.IndexLockedError`.
 
+Errors: rocksdict raises a plain ``Exception`` carrying RocksDB's status text for every
+failed read or write. Each is raised on as :class:`~stream_dedup.errors.IndexIOError`
+(:class:`~stream_dedup.errors.IndexCorruptError` for RocksDB's "Corruption" status), so a
+caller tells a broken index from a bug by type: the service stops on the former instead of
+blaming, and dead-lettering, the documents of the batch it was deciding.
+
 Layout: document records (``d`` keys, ~85% of an index's bytes) live in a column family of
 their own, ``docs``; every other key is in the default one. Docnums grow with arrival, so
 each flush of ``docs`` holds a key range of its own and compaction moves those files down
@@ -34,6 +40,7 @@ from pathlib import Path
 from rocksdict import (
     AccessType,
     BlockBasedOptions,
+    DbClosedError,
     DBCompactionStyle,
     DBCompressionType,
     Options,
@@ -43,7 +50,12 @@ from rocksdict import (
     WriteOptions,
 )
 
-from stream_dedup.errors import IndexLockedError, IndexStoreError
+from stream_dedup.errors import (
+    IndexCorruptError,
+    IndexIOError,
+    IndexLockedError,
+    IndexStoreError,
+)
 from stream_dedup.index.backend import NO_ORDERED_PUTS, OrderedPuts
 from stream_dedup.index.keys import DOC
 
@@ -138,6 +150,15 @@ def _upper_bound(prefix: bytes) -> bytes | None:
     return prefix[:-1] + bytes([prefix[-1] + 1]) if prefix else None
 
 
+def _from_rocksdb(exc: Exception) -> bool:
+    """Whether rocksdict raised ``exc`` for a failed database operation.
+
+    Those are plain ``Exception`` (RocksDB's status text) or ``DbClosedError``; a
+    ``TypeError`` and the like is a bug in the caller and stays what it is.
+    """
+    return type(exc) is Exception or isinstance(exc, DbClosedError)
+
+
 def _wal_bytes(path: str) -> int:
     """Bytes in write-ahead log files; RocksDB may delete one between listing and stat."""
     total = 0
@@ -192,7 +213,23 @@ class RocksBackend:
         self._write_opts = WriteOptions()
         self._write_opts.sync = sync
         if not read_only:
-            self._move_documents()
+            try:
+                self._move_documents()
+            except Exception as exc:
+                if not _from_rocksdb(exc):
+                    raise
+                raise self._failed("moving document records", exc) from exc
+
+    def _failed(self, operation: str, exc: Exception) -> IndexStoreError:
+        """The package's error for rocksdict's ``exc`` raised while doing ``operation``."""
+        text = str(exc)
+        if text.startswith("Corruption"):
+            return IndexCorruptError(
+                f"index at {self._path}: {operation} found corrupt data ({text}). Restore "
+                "the index from a snapshot (`stream-dedup restore`) or rebuild it in an "
+                "empty directory."
+            )
+        return IndexIOError(self._path, operation, text)
 
     def _move_documents(self) -> None:
         """Move document records of the old layout into the ``docs`` family.
@@ -229,6 +266,14 @@ class RocksBackend:
         return self._path
 
     def get_many(self, keys: Sequence[bytes]) -> list[bytes | None]:
+        try:
+            return self._get_many_routed(keys)
+        except Exception as exc:
+            if not _from_rocksdb(exc):
+                raise
+            raise self._failed(f"reading {len(keys)} key(s)", exc) from exc
+
+    def _get_many_routed(self, keys: Sequence[bytes]) -> list[bytes | None]:
         docs = [i for i, key in enumerate(keys) if key[:1] == DOC]
         if not docs:
             return self._get_many(self._db, keys)
@@ -275,7 +320,12 @@ class RocksBackend:
         return batch
 
     def apply(self, prepared: WriteBatch) -> None:
-        self._db.write(prepared, self._write_opts)
+        try:
+            self._db.write(prepared, self._write_opts)
+        except Exception as exc:
+            if not _from_rocksdb(exc):
+                raise
+            raise self._failed("writing a batch", exc) from exc
 
     def scan_prefix(self, prefix: bytes) -> Iterator[tuple[bytes, bytes]]:
         if prefix[:1] == DOC:
@@ -284,16 +334,21 @@ class RocksBackend:
             return heapq.merge(self._scan(self._db, b""), self._scan(self._docs, b""), key=_KEY)
         return self._scan(self._db, prefix)
 
-    @staticmethod
-    def _scan(family: Rdict, prefix: bytes) -> Iterator[tuple[bytes, bytes]]:
-        it = family.iter()
-        it.seek(prefix)
-        while it.valid():
-            key: bytes = it.key()
-            if not key.startswith(prefix):
-                break
-            yield key, it.value()
-            it.next()
+    def _scan(self, family: Rdict, prefix: bytes) -> Iterator[tuple[bytes, bytes]]:
+        try:
+            it = family.iter()
+            it.seek(prefix)
+            while it.valid():
+                key: bytes = it.key()
+                if not key.startswith(prefix):
+                    break
+                yield key, it.value()
+                it.next()
+            it.status()  # valid() is False at the end, and also after a failed read
+        except Exception as exc:
+            if not _from_rocksdb(exc):
+                raise
+            raise self._failed(f"scanning records under prefix {prefix!r}", exc) from exc
 
     def scan_keys(self, prefix: bytes) -> Iterator[bytes]:
         if prefix[:1] == DOC:
@@ -302,8 +357,7 @@ class RocksBackend:
             return heapq.merge(self._scan_keys(self._db, b""), self._scan_keys(self._docs, b""))
         return self._scan_keys(self._db, prefix)
 
-    @staticmethod
-    def _scan_keys(family: Rdict, prefix: bytes) -> Iterator[bytes]:
+    def _scan_keys(self, family: Rdict, prefix: bytes) -> Iterator[bytes]:
         # Keys only, iterated on rocksdict's side up to the prefix's end: ~4x faster than
         # stepping an iterator from Python (0.3 s per million keys).
         opts = ReadOptions()
@@ -311,10 +365,30 @@ class RocksBackend:
         if bound is not None:
             opts.set_iterate_upper_bound(bound)
         key: bytes
-        for key in family.keys(from_key=prefix, read_opt=opts):  # type: ignore[assignment]
-            if not key.startswith(prefix):
-                break
-            yield key
+        last: bytes | None = None
+        try:
+            for key in family.keys(from_key=prefix, read_opt=opts):  # type: ignore[assignment]
+                if not key.startswith(prefix):
+                    return
+                last = key
+                yield key
+            # rocksdict's key iterator ends at a failed read as it ends at the last key,
+            # which would truncate the scan (a key filter missing keys) without a word.
+            # One seek past the last key seen tells the two apart.
+            it = family.iter(opts)
+            it.seek(prefix if last is None else last + b"\0")  # the first key not seen
+            it.status()
+            missed: bytes | None = it.key() if it.valid() else None
+        except Exception as exc:
+            if not _from_rocksdb(exc):
+                raise
+            raise self._failed(f"scanning keys under prefix {prefix!r}", exc) from exc
+        if missed is not None and missed.startswith(prefix):
+            raise IndexIOError(
+                self._path,
+                f"scanning keys under prefix {prefix!r}",
+                f"the key iterator ended before {missed!r}, a key it should have returned",
+            )
 
     def size_bytes(self) -> int:
         total = 0
@@ -339,8 +413,13 @@ class RocksBackend:
 
     def flush(self) -> None:
         """Flush memtables to SST files (for snapshots and size reports)."""
-        for family in self._families():
-            family.flush()
+        try:
+            for family in self._families():
+                family.flush()
+        except Exception as exc:
+            if not _from_rocksdb(exc):
+                raise
+            raise self._failed("flushing memtables", exc) from exc
 
     def close(self) -> None:
         if self._docs is not self._db:

@@ -9,7 +9,11 @@ goes to :meth:`stream_dedup.service.checkpoint.Checkpoint.commit`.
 
 Bad input never stops a batch: a message that cannot be decoded, a document whose
 deciding raises, and a record the Kafka client rejects outright each become a dead letter
-with the reason, counted in ``stream_dedup_dead_letters_total`` and logged.
+with the reason, counted in ``stream_dedup_dead_letters_total`` and logged. A broken
+environment is not bad input: an index error (:class:`~stream_dedup.errors.IndexStoreError`,
+e.g. RocksDB failing to read) or ``OSError``/``MemoryError`` raised while deciding would fail
+every document alike, so it stops the service instead (exit code 3 for the index) before
+anything of the batch is produced or stored; the batch is decided again after a restart.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ from dataclasses import dataclass
 
 from stream_dedup.core.sketch import Sketch
 from stream_dedup.dedup import BatchResult, Deduplicator
+from stream_dedup.errors import IndexStoreError
 from stream_dedup.models import Document
 from stream_dedup.service.checkpoint import Rejected, empty_result
 from stream_dedup.service.config import ServiceConfig
@@ -27,6 +32,10 @@ from stream_dedup.service.inputs import Decoded
 from stream_dedup.service.metrics import Metrics
 
 log = logging.getLogger("stream_dedup.service")
+
+#: Errors of the environment, not of a document: deciding a batch never blames these on
+#: its documents (see the module docstring).
+ENVIRONMENT_ERRORS: tuple[type[BaseException], ...] = (IndexStoreError, OSError, MemoryError)
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,17 +96,24 @@ class Decider:
         """Decide the batch; if that raises, find the documents that fail on their own.
 
         The failing documents are dead-lettered (``processing_error``) and the rest decided
-        together. Deciding is deterministic, so a replay isolates the same documents.
+        together. Deciding is deterministic, so a replay isolates the same documents. An
+        :data:`ENVIRONMENT_ERRORS` exception propagates, from the batch or from any single
+        document: the index or the machine failed, and blaming the documents would
+        dead-letter, and commit, a batch of good ones.
         """
         if not docs:
             return empty_result(), []
         try:
             return self.dedup.decide(docs, sketched), []
+        except ENVIRONMENT_ERRORS:
+            raise
         except Exception as batch_exc:
             failed: list[tuple[int, Exception]] = []
             for i, doc in enumerate(docs):
                 try:
                     self.dedup.decide([doc])
+                except ENVIRONMENT_ERRORS:
+                    raise
                 except Exception as exc:
                     failed.append((i, exc))
             if not failed:

@@ -33,6 +33,7 @@ from confluent_kafka import (
     TopicPartition,
 )
 
+from stream_dedup.errors import StreamDedupError
 from stream_dedup.service.events import OutRecord
 
 log = logging.getLogger("stream_dedup.service.kafka")
@@ -214,7 +215,7 @@ def build_consumer(
     return Consumer(conf)
 
 
-class DeliveryAbandonedError(Exception):
+class DeliveryAbandonedError(StreamDedupError):
     """Deliveries could not be confirmed before the caller gave up (stopping)."""
 
 

@@ -42,6 +42,7 @@ from multiprocessing.connection import Connection
 from stream_dedup.core.config import DedupConfig
 from stream_dedup.core.sketch import PackedSketch, Sketch, sketch, sketch_packed, unpack
 from stream_dedup.decode import DecodeOutcome, MessageFormat, decode_messages
+from stream_dedup.errors import StreamDedupError
 from stream_dedup.malloc_tuning import keep_freed_memory
 from stream_dedup.service.prefetch.shared_memory import Envelope, SharedRegion, create_region_fd
 
@@ -53,7 +54,7 @@ START_TIMEOUT_S = 120.0
 NICENESS = 5
 
 
-class SketchWorkerError(RuntimeError):
+class SketchWorkerError(StreamDedupError):
     """The worker could not sketch a batch; the caller sketches it in process instead."""
 
 

@@ -1,0 +1,157 @@
+"""Deciding a batch: a document that fails alone is dead-lettered, a broken index stops.
+
+Over a real RocksDB index on disk. An unreadable index is a closed database handle: every
+read then fails inside RocksDB as an I/O failure would, through the same code path.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+
+import pytest
+from prometheus_client import CollectorRegistry
+
+from stream_dedup.core.sketch import Sketch
+from stream_dedup.dedup import BatchResult, Deduplicator
+from stream_dedup.errors import IndexIOError
+from stream_dedup.index import DedupIndex, RocksBackend
+from stream_dedup.index.params import IndexParams
+from stream_dedup.models import Document
+from stream_dedup.service.config import ServiceConfig, build_config
+from stream_dedup.service.decide import Decider
+from stream_dedup.service.events import DLQ_REASON, Source
+from stream_dedup.service.inputs import Decoded
+from stream_dedup.service.metrics import Metrics
+
+BOOM = "boom"
+
+
+class Failing(Deduplicator):
+    """The real core, except that deciding a batch holding ``boom`` raises ``error``."""
+
+    def __init__(self, index: DedupIndex, config: ServiceConfig, error: BaseException) -> None:
+        super().__init__(index, config.dedup)
+        self.error = error
+
+    def decide(self, docs: Sequence[Document], sketched: Sketch | None = None) -> BatchResult:
+        if any(d.id == BOOM for d in docs):
+            raise self.error
+        return super().decide(docs, sketched)
+
+
+@pytest.fixture
+def config(tmp_path: Path) -> ServiceConfig:
+    return build_config([{"input": {"topics": ["in"]}, "index": {"path": str(tmp_path / "i")}}])
+
+
+@pytest.fixture
+def backend(config: ServiceConfig) -> Iterator[RocksBackend]:
+    assert config.index.path is not None
+    backend = RocksBackend(config.index.path)
+    yield backend
+    with contextlib.suppress(Exception):  # a test closed the database under it
+        backend.close()
+
+
+@pytest.fixture
+def index(backend: RocksBackend, config: ServiceConfig) -> DedupIndex:
+    return DedupIndex(backend, IndexParams.of(config.dedup))
+
+
+def decoded(docs: list[Document], first_offset: int = 0) -> Decoded:
+    """A decoded batch of ``docs``, as messages of topic ``in`` from ``first_offset`` on."""
+    sources = [
+        Source("in", 0, first_offset + n, None, d.id.encode(), json.dumps(d.content).encode(), [])
+        for n, d in enumerate(docs)
+    ]
+    return Decoded([], docs, sources, [])
+
+
+def dead_letters(registry: CollectorRegistry) -> float:
+    """Dead letters counted so far, of every reason."""
+    return sum(
+        sample.value
+        for metric in registry.collect()
+        if metric.name == "stream_dedup_dead_letters"
+        for sample in metric.samples
+        if sample.name == "stream_dedup_dead_letters_total"
+    )
+
+
+def indexed(index: DedupIndex, config: ServiceConfig, docs: list[Document]) -> None:
+    """``docs`` decided and committed: later batches read their records and buckets."""
+    dedup = Deduplicator(index, config.dedup)
+    dedup.commit(dedup.decide(docs))
+
+
+def test_a_document_failing_alone_is_dead_lettered_and_the_rest_decided(
+    config: ServiceConfig, index: DedupIndex, kijiji_ads: list[tuple[str, str]]
+) -> None:
+    docs = [Document(i, c) for i, c in kijiji_ads[:40]]
+    docs.insert(7, Document(BOOM, "an ordinary text whose deciding fails"))
+    registry = CollectorRegistry()
+    decider = Decider(config, Failing(index, config, RuntimeError("a bug")), Metrics(registry))
+
+    out = decider.build(decoded(docs))
+
+    assert [v.id for v in out.result.verdicts] == [d.id for d in docs if d.id != BOOM]
+    dead = [r for r in out.records if r.topic == config.dlq_topic]
+    assert len(dead) == 1 and dead[0].key == BOOM.encode()
+    assert dict(dead[0].headers)[DLQ_REASON] == b"processing_error"
+    assert dead_letters(registry) == 1
+
+
+def test_an_unreadable_index_stops_the_batch_without_dead_letters(
+    config: ServiceConfig,
+    backend: RocksBackend,
+    index: DedupIndex,
+    kijiji_ads: list[tuple[str, str]],
+) -> None:
+    docs = [Document(i, c) for i, c in kijiji_ads]
+    indexed(index, config, docs[:1500])
+    registry = CollectorRegistry()
+    decider = Decider(config, Deduplicator(index, config.dedup), Metrics(registry))
+    backend.db.close()  # every read fails from here on, inside RocksDB
+
+    with pytest.raises(IndexIOError, match=str(backend.location)):
+        decider.build(decoded(docs[1500:], 1500))
+    assert dead_letters(registry) == 0
+
+
+def test_an_unreadable_index_is_not_blamed_on_the_documents_of_a_failed_batch(
+    config: ServiceConfig,
+    backend: RocksBackend,
+    index: DedupIndex,
+    kijiji_ads: list[tuple[str, str]],
+) -> None:
+    """The batch fails for one document's sake; deciding the documents one by one then
+    reads the broken index, which must stop the batch, not dead-letter each document."""
+    docs = [Document(i, c) for i, c in kijiji_ads]
+    indexed(index, config, docs[:1500])
+    registry = CollectorRegistry()
+    failing = Failing(index, config, RuntimeError("a bug"))
+    decider = Decider(config, failing, Metrics(registry))
+    backend.db.close()
+
+    with pytest.raises(IndexIOError):
+        decider.build(decoded([*docs[1500:1600], Document(BOOM, "fails alone")], 1500))
+    assert dead_letters(registry) == 0
+
+
+@pytest.mark.parametrize("error", [OSError(28, "No space left on device"), MemoryError()])
+def test_environment_errors_propagate_instead_of_dead_lettering(
+    config: ServiceConfig,
+    index: DedupIndex,
+    kijiji_ads: list[tuple[str, str]],
+    error: BaseException,
+) -> None:
+    docs = [Document(i, c) for i, c in kijiji_ads[:20]] + [Document(BOOM, "a text")]
+    registry = CollectorRegistry()
+    decider = Decider(config, Failing(index, config, error), Metrics(registry))
+
+    with pytest.raises(type(error)):
+        decider.build(decoded(docs))
+    assert dead_letters(registry) == 0
