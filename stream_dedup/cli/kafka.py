@@ -7,6 +7,7 @@ from contextlib import ExitStack
 from typing import IO, Any
 
 from stream_dedup.cli.run import add_set_option
+from stream_dedup.logs import setup_logging
 from stream_dedup.offline import open_input
 from stream_dedup.service.config import load_config, parse_assignments
 from stream_dedup.tools.demo import DemoOptions, run_demo
@@ -19,6 +20,8 @@ def cmd_produce(args: argparse.Namespace, out: IO[str], err: IO[str]) -> int:
     if args.bootstrap_servers:
         overrides.setdefault("kafka", {})["bootstrap.servers"] = args.bootstrap_servers
     config = load_config(args.config, overrides=overrides)
+    # An outage midway is logged (once, with what to check) while the lines wait for it.
+    setup_logging(config.log.level, config.log.format)
 
     def show(n: int) -> None:
         err.write(f"\r{n:,} lines produced")

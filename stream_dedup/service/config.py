@@ -11,19 +11,30 @@ where one came from:
    dots: ``STREAM_DEDUP_KAFKA__BOOTSTRAP_SERVERS`` sets ``bootstrap.servers``),
 4. command-line flags (``--set section.key=value`` and a few shortcuts).
 
-An unknown section or key, or a value of the wrong type, is a :class:`ConfigError` naming
-the key: a typo must fail loudly rather than silently run with a default. The ``[kafka]``
-table is not checked here: its dotted librdkafka keys pass through to the client (see
-:mod:`stream_dedup.service.kafka` for how they merge with ours).
+An unknown section or key, a value of the wrong type or out of range is a
+:class:`ConfigError` naming the key: a typo must fail loudly rather than silently run with
+a default. Types come from the sections' dataclass fields. A value in the TOML file must
+already have its setting's type (``max_messages = "2000"`` is a string, an error: the
+quotes are a mistake worth pointing out); environment variables and flags can only be
+strings, so theirs are parsed (``STREAM_DEDUP_BATCH__MAX_MESSAGES=2000``). The ``[kafka]``
+table's dotted librdkafka keys pass through to the client (see
+:mod:`stream_dedup.service.kafka` for how they merge with ours); :func:`load_config` has
+librdkafka itself check them, so a misspelt key fails here and not when ``run`` connects.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import difflib
+import enum
+import math
 import os
+import re
 import tomllib
+import types
 import typing
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -53,6 +64,10 @@ class InputConfig:
             raise ConfigError("input.format", f"must be 'json' or 'text', got {self.format!r}")
         if self.max_message_bytes < 1:
             raise ConfigError("input.max_message_bytes", "must be positive")
+        if not self.id_field:
+            raise ConfigError("input.id_field", "name the JSON field that holds the id")
+        if not self.content_fields or not all(self.content_fields):
+            raise ConfigError("input.content_fields", "name at least one JSON field of text")
 
     def document_format(self) -> DocumentFormat:
         return DocumentFormat(self.id_field, self.content_fields, self.joiner)
@@ -71,6 +86,17 @@ class OutputConfig:
     dlq_topic: str = ""
     include_document: bool = True
 
+    def __post_init__(self) -> None:
+        # Kafka's own rule for topic names: the broker would refuse the first event.
+        for name in ("unique_topic", "duplicate_topic", "dlq_topic"):
+            topic = getattr(self, name)
+            if topic and (not _TOPIC_NAME.fullmatch(topic) or topic in (".", "..")):
+                raise ConfigError(
+                    f"output.{name}",
+                    f"{topic!r} is not a Kafka topic name: use at most 249 of "
+                    "a-z A-Z 0-9 . _ - (or leave it empty for the derived name)",
+                )
+
 
 @dataclass(frozen=True, slots=True)
 class IndexConfig:
@@ -78,6 +104,10 @@ class IndexConfig:
 
     path: str = "data/index"
     sync: bool = False
+
+    def __post_init__(self) -> None:
+        if not self.path:
+            raise ConfigError("index.path", "name the index directory")
 
 
 @dataclass(frozen=True, slots=True)
@@ -114,6 +144,14 @@ class ServiceSection:
     def __post_init__(self) -> None:
         if self.sketch_inline_max < 0:
             raise ConfigError("service.sketch_inline_max", "must not be negative")
+        for name in ("flush_timeout_s", "shutdown_timeout_s", "backoff_initial_s"):
+            if getattr(self, name) <= 0:
+                raise ConfigError(f"service.{name}", "must be a positive number of seconds")
+        if self.backoff_max_s < self.backoff_initial_s:
+            raise ConfigError(
+                "service.backoff_max_s",
+                f"must be at least backoff_initial_s ({self.backoff_initial_s})",
+            )
 
 
 @dataclass(frozen=True, slots=True)
@@ -124,6 +162,14 @@ class HttpConfig:
     host: str = "0.0.0.0"
     port: int = 9400
     health_max_age_s: float = 60.0
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.port <= 65535:
+            raise ConfigError("http.port", f"must be 0-65535 (0: any free port), got {self.port}")
+        if not self.host:
+            raise ConfigError("http.host", "name an address to listen on, e.g. 0.0.0.0")
+        if self.health_max_age_s <= 0:
+            raise ConfigError("http.health_max_age_s", "must be a positive number of seconds")
 
 
 @dataclass(frozen=True, slots=True)
@@ -139,6 +185,9 @@ class LogConfig:
         if self.level.upper() not in ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"):
             raise ConfigError("log.level", f"not a log level: {self.level!r}")
 
+
+#: Legal Kafka topic names (the broker's rule).
+_TOPIC_NAME = re.compile(r"[a-zA-Z0-9._-]{1,249}")
 
 #: Defaults for the librdkafka table; the user's [kafka] keys override them.
 KAFKA_DEFAULTS: Mapping[str, str] = {
@@ -186,69 +235,212 @@ _SECTIONS: dict[str, type[Any]] = {
 }
 
 
-def _coerce(key: str, hint: Any, value: Any) -> Any:
-    """``value`` as the field's type; strings (env, flags) are parsed, others type-checked."""
-    if typing.get_origin(hint) is typing.Literal:  # a choice: checked by the section itself
-        hint = type(typing.get_args(hint)[0])
+class TextLayer(dict[str, dict[str, Any]]):
+    """Settings given as text: environment variables and command-line flags.
+
+    Their values are strings whatever the setting's type, so they are parsed into it
+    (``"2000"`` becomes 2000, ``"news,wire"`` a tuple). A TOML file's values are not
+    parsed: the file has types, and a string where a number belongs is a mistake there.
+    """
+
+
+#: What a TOML value is, in words, for error messages.
+_KINDS: dict[type, str] = {
+    bool: "a boolean",
+    int: "an integer",
+    float: "a number",
+    str: "a string",
+    list: "a list",
+    dict: "a table",
+}
+
+
+def _describe(hint: Any) -> str:
+    """The kind of value a setting of type ``hint`` takes, in words."""
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if hint is bool:
+        return "true or false"
+    if hint in _KINDS:
+        return _KINDS[hint]
+    if origin is typing.Literal:
+        return "one of " + ", ".join(repr(a) for a in args)
+    if origin is tuple:
+        return f"a list, each item {_describe(args[0] if args else str)}"
+    if origin in (typing.Union, types.UnionType):
+        return " or ".join(_describe(a) for a in args if a is not type(None))
+    if isinstance(hint, type) and issubclass(hint, enum.Enum):
+        return "one of " + ", ".join(repr(m.value) for m in hint)
+    if dataclasses.is_dataclass(hint):
+        return "a table"
+    return getattr(hint, "__name__", str(hint))
+
+
+def _toml(value: Any) -> str:
+    """``value`` as it is written in TOML (for suggestions in error messages)."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, enum.Enum):
+        return _toml(value.value)
+    if isinstance(value, tuple | list):
+        return "[" + ", ".join(_toml(v) for v in value) + "]"
+    if isinstance(value, str):
+        return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
+    return repr(value)
+
+
+def _wrong(key: str, hint: Any, value: Any, text: bool) -> ConfigError:
+    """The error for a value that is not of its setting's type, with the fix if one is known."""
+    kind = _KINDS.get(type(value), type(value).__name__)
+    problem = f"expected {_describe(hint)}, got {value!r} ({kind})"
+    if not text and isinstance(value, str):
+        # A quoted number, flag or list in the file: show how the value is written.
+        try:
+            meant = _coerce(key, hint, value, text=True)
+        except ConfigError:
+            pass
+        else:
+            problem += f"; in TOML write {key.rsplit('.', 1)[-1]} = {_toml(meant)}"
+    return ConfigError(key, problem)
+
+
+def _coerce(key: str, hint: Any, value: Any, *, text: bool) -> Any:
+    """``value`` as a setting of type ``hint``, or a :class:`ConfigError` naming ``key``.
+
+    With ``text`` (environment variables, flags) a string is parsed into the type; without
+    (a TOML value) the value must already be of the type, except that an integer is taken
+    for a float setting (TOML writes 30 and 30.0 for the same number of seconds).
+    """
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if origin in (typing.Union, types.UnionType):
+        if value is None and type(None) in args:
+            return None
+        blank = isinstance(value, str) and value.strip().lower() in ("", "none")
+        if text and type(None) in args and blank:
+            return None
+        for option in args:
+            if option is type(None):
+                continue
+            try:
+                return _coerce(key, option, value, text=text)
+            except ConfigError:
+                continue
+        raise _wrong(key, hint, value, text)
+    if origin is typing.Literal:
+        for choice in args:
+            if type(choice) is type(value) and choice == value:
+                return choice
+            if text and isinstance(value, str) and str(choice) == value.strip():
+                return choice
+        raise ConfigError(key, f"must be {_describe(hint)}, got {value!r}")
+    if origin is tuple:
+        item = args[0] if args else str
+        if text and isinstance(value, str):
+            parts = [v.strip() for v in value.split(",") if v.strip()]
+            return tuple(_coerce(key, item, v, text=True) for v in parts)
+        if isinstance(value, list | tuple):
+            return tuple(_coerce(key, item, v, text=text) for v in value)
+        raise _wrong(key, hint, value, text)
+    if isinstance(hint, type) and issubclass(hint, enum.Enum):
+        for member in hint:
+            if value == member.value or value is member or (text and value == member.name):
+                return member
+        raise ConfigError(key, f"must be {_describe(hint)}, got {value!r}")
+    if isinstance(hint, type) and dataclasses.is_dataclass(hint):
+        if isinstance(value, Mapping):
+            names = set(value) if text else set()
+            return _build_fields(key, hint, value, names)
+        raise _wrong(key, hint, value, text)
     if hint is bool:
         if isinstance(value, bool):
             return value
-        if isinstance(value, str) and value.lower() in ("true", "1", "yes", "on"):
-            return True
-        if isinstance(value, str) and value.lower() in ("false", "0", "no", "off"):
-            return False
+        if text and isinstance(value, str):
+            word = value.strip().lower()
+            if word in ("true", "1", "yes", "on"):
+                return True
+            if word in ("false", "0", "no", "off"):
+                return False
     elif hint is int:
         if isinstance(value, int) and not isinstance(value, bool):
             return value
-        if isinstance(value, str):
+        if text and isinstance(value, str):
             try:
-                return int(value)
+                return int(value.strip())
             except ValueError:
                 pass
     elif hint is float:
+        number: float | None = None
         if isinstance(value, int | float) and not isinstance(value, bool):
-            return float(value)
-        if isinstance(value, str):
-            try:
-                return float(value)
-            except ValueError:
-                pass
+            number = float(value)
+        elif text and isinstance(value, str):
+            with contextlib.suppress(ValueError):
+                number = float(value.strip())
+        if number is not None:
+            if not math.isfinite(number):
+                raise ConfigError(key, f"must be a finite number, got {value!r}")
+            return number
     elif hint is str:
         if isinstance(value, str):
             return value
-    elif typing.get_origin(hint) is tuple:
-        if isinstance(value, str):
-            return tuple(v.strip() for v in value.split(",") if v.strip())
-        if isinstance(value, list) and all(isinstance(v, str) for v in value):
-            return tuple(value)
-    expected = getattr(hint, "__name__", str(hint))
-    raise ConfigError(key, f"expected {expected}, got {value!r} ({type(value).__name__})")
+    elif isinstance(hint, type) and isinstance(value, hint):
+        return value
+    raise _wrong(key, hint, value, text)
 
 
-def _build_section(name: str, values: Mapping[str, Any]) -> Any:
-    cls = _SECTIONS[name]
+def _build_fields(prefix: str, cls: type[Any], values: Mapping[str, Any], text: set[str]) -> Any:
+    """An instance of the dataclass ``cls`` from ``values``, each checked against its field.
+
+    ``text`` names the keys whose values are strings to parse (see :class:`TextLayer`).
+    Unknown keys are errors; a :class:`ConfigError` the class raises about one of its own
+    fields is re-raised naming the key as the configuration spells it (``dedup.threshold``).
+    """
     hints = typing.get_type_hints(cls)
-    known = {f.name for f in dataclasses.fields(cls)}
+    known = {f.name for f in dataclasses.fields(cls) if f.init}
     kwargs: dict[str, Any] = {}
     for key, value in values.items():
         if key not in known:
+            close = difflib.get_close_matches(key, known, n=1)
+            hint = f"did you mean {close[0]!r}? " if close else ""
             raise ConfigError(
-                f"{name}.{key}", f"unknown setting; known: {', '.join(sorted(known))}"
+                f"{prefix}.{key}", f"unknown setting; {hint}known: {', '.join(sorted(known))}"
             )
-        kwargs[key] = _coerce(f"{name}.{key}", hints[key], value)
-    return cls(**kwargs)
+        kwargs[key] = _coerce(f"{prefix}.{key}", hints[key], value, text=key in text)
+    try:
+        return cls(**kwargs)
+    except ConfigError as exc:
+        if exc.key in known:
+            raise ConfigError(f"{prefix}.{exc.key}", exc.problem) from exc
+        raise
 
 
-def _merge(layers: list[dict[str, dict[str, Any]]]) -> dict[str, dict[str, Any]]:
+def _build_section(name: str, values: Mapping[str, Any], text: set[str] | None = None) -> Any:
+    """Section ``name`` from its merged values; ``text`` names the keys given as text."""
+    return _build_fields(name, _SECTIONS[name], values, text or set())
+
+
+def _merge(
+    layers: Sequence[Mapping[str, Any]],
+) -> tuple[dict[str, dict[str, Any]], set[tuple[str, str]]]:
+    """The layers merged, later wins, and which (section, key) pairs hold text to parse."""
     merged: dict[str, dict[str, Any]] = {}
+    from_text: set[tuple[str, str]] = set()
     for layer in layers:
+        text = isinstance(layer, TextLayer)
         for section, values in layer.items():
             if section != "kafka" and section not in _SECTIONS:
-                raise ConfigError(section, f"unknown section; known: kafka, {', '.join(_SECTIONS)}")
+                close = difflib.get_close_matches(section, [*_SECTIONS, "kafka"], n=1)
+                hint = f"did you mean [{close[0]}]? " if close else ""
+                raise ConfigError(
+                    section, f"unknown section; {hint}known: kafka, {', '.join(_SECTIONS)}"
+                )
             if not isinstance(values, dict):
                 raise ConfigError(section, "must be a table of settings")
             merged.setdefault(section, {}).update(values)
-    return merged
+            for key in values:
+                if text:
+                    from_text.add((section, key))
+                else:
+                    from_text.discard((section, key))
+    return merged, from_text
 
 
 def read_file(path: str | Path) -> dict[str, dict[str, Any]]:
@@ -266,9 +458,9 @@ def read_file(path: str | Path) -> dict[str, dict[str, Any]]:
     return data
 
 
-def read_env(environ: Mapping[str, str]) -> dict[str, dict[str, Any]]:
-    """Settings from ``STREAM_DEDUP_<SECTION>__<KEY>`` variables."""
-    out: dict[str, dict[str, Any]] = {}
+def read_env(environ: Mapping[str, str]) -> TextLayer:
+    """Settings from ``STREAM_DEDUP_<SECTION>__<KEY>`` variables (strings, parsed later)."""
+    out = TextLayer()
     for name, value in environ.items():
         if not name.startswith(ENV_PREFIX):
             continue
@@ -283,9 +475,9 @@ def read_env(environ: Mapping[str, str]) -> dict[str, dict[str, Any]]:
     return out
 
 
-def parse_assignments(items: list[str]) -> dict[str, dict[str, Any]]:
+def parse_assignments(items: list[str]) -> TextLayer:
     """Settings from ``--set section.key=value`` flags (kafka keys keep their dots)."""
-    out: dict[str, dict[str, Any]] = {}
+    out = TextLayer()
     for item in items:
         name, sep, value = item.partition("=")
         section, dot, key = name.strip().partition(".")
@@ -295,9 +487,13 @@ def parse_assignments(items: list[str]) -> dict[str, dict[str, Any]]:
     return out
 
 
-def build_config(layers: list[dict[str, dict[str, Any]]]) -> ServiceConfig:
-    """Validate merged layers (lowest precedence first) into a :class:`ServiceConfig`."""
-    merged = _merge(layers)
+def build_config(layers: Sequence[Mapping[str, Any]]) -> ServiceConfig:
+    """Validate merged layers (lowest precedence first) into a :class:`ServiceConfig`.
+
+    The strings of a :class:`TextLayer` are parsed into each setting's type; any other
+    layer (a TOML file's tables) must hold values of the right type already.
+    """
+    merged, from_text = _merge(layers)
     kafka = dict(KAFKA_DEFAULTS)
     for key, value in merged.pop("kafka", {}).items():
         if isinstance(value, bool):
@@ -305,18 +501,33 @@ def build_config(layers: list[dict[str, dict[str, Any]]]) -> ServiceConfig:
         if not isinstance(value, str | int | float):
             raise ConfigError(f"kafka.{key}", f"must be a string or number, got {value!r}")
         kafka[key] = str(value)
-    sections = {name: _build_section(name, merged.get(name, {})) for name in _SECTIONS}
-    config = ServiceConfig(kafka=kafka, **sections)
-    return config
+    sections = {
+        name: _build_section(name, merged.get(name, {}), {key for s, key in from_text if s == name})
+        for name in _SECTIONS
+    }
+    return ServiceConfig(kafka=kafka, **sections)
 
 
 def load_config(
     path: str | Path | None,
     environ: Mapping[str, str] | None = None,
-    overrides: dict[str, dict[str, Any]] | None = None,
+    overrides: Mapping[str, Mapping[str, Any]] | None = None,
 ) -> ServiceConfig:
-    """File < environment < flags, validated."""
-    layers = [read_file(path) if path is not None else {}]
+    """File < environment < flags (``overrides``, parsed as text), validated.
+
+    The ``[kafka]`` settings are checked by librdkafka itself (see
+    :func:`stream_dedup.service.kafka.check_client_config`), so that ``config check``
+    rejects what ``run`` would die on, and ``run`` stops before opening the index.
+    """
+    # Imported here: the Kafka client is not loaded by modules that only read settings.
+    from stream_dedup.service.kafka import check_client_config
+
+    layers: list[Mapping[str, Any]] = [read_file(path) if path is not None else {}]
     layers.append(read_env(os.environ if environ is None else environ))
-    layers.append(overrides or {})
-    return build_config(layers)
+    flags = TextLayer()
+    for section, values in (overrides or {}).items():
+        flags[section] = dict(values)
+    layers.append(flags)
+    config = build_config(layers)
+    check_client_config(config.kafka)
+    return config

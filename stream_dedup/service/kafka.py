@@ -14,14 +14,21 @@ only when every in-sync replica has it. In the user's table a ``consumer.`` or
 TLS need configuration only.
 
 Constructors open no connection; librdkafka connects in the background and reconnects on
-its own with backoff. :class:`BrokerWatch` logs outages once, not once per retry.
+its own with backoff. An outage is logged once, not once per retry: :class:`BrokerWatch`
+turns the clients' errors into one warning, a summary a minute while it lasts and a line
+when it ends, and :class:`LibrdkafkaLog` keeps librdkafka's own log lines from flooding.
+:func:`check_client_config` has librdkafka check the settings without connecting.
 """
 
 from __future__ import annotations
 
+import json
 import logging
+import re
+import threading
 import time
-from collections.abc import Callable, Mapping
+import weakref
+from collections.abc import Callable, Hashable, Mapping
 from typing import Any
 
 from confluent_kafka import (
@@ -33,7 +40,8 @@ from confluent_kafka import (
     TopicPartition,
 )
 
-from stream_dedup.errors import StreamDedupError
+from stream_dedup.errors import ConfigError, StreamDedupError
+from stream_dedup.logs import fields
 from stream_dedup.service.events import OutRecord
 
 log = logging.getLogger("stream_dedup.service.kafka")
@@ -41,7 +49,16 @@ log = logging.getLogger("stream_dedup.service.kafka")
 #: What a delivery report tells of its record: topic, key and value (not the headers).
 _Identity = tuple[str, bytes | None, bytes | None]
 
+#: Reconnect backoff of both clients. librdkafka's 100 ms start retries a broker that is
+#: down 10-20 times a second (a consumer asks for its group coordinator besides); 1 s makes
+#: that one or two. It adds at most a second to a reconnect after a broker restart. The
+#: wait doubles per failed attempt up to the maximum (librdkafka's own 10 s, stated).
+CONNECTION_DEFAULTS: Mapping[str, str] = {
+    "reconnect.backoff.ms": "1000",
+    "reconnect.backoff.max.ms": "10000",
+}
 CONSUMER_DEFAULTS: Mapping[str, str] = {
+    **CONNECTION_DEFAULTS,
     # A group with no stored offsets starts at the oldest message: nothing goes undecided.
     "auto.offset.reset": "earliest",
     # Feeds the consumer-lag metric; dropped when no statistics callback is given.
@@ -63,6 +80,7 @@ CONSUMER_ENFORCED: Mapping[str, str] = {
     "enable.auto.offset.store": "false",
 }
 PRODUCER_DEFAULTS: Mapping[str, str] = {
+    **CONNECTION_DEFAULTS,
     # Lets a batch's events share produce requests. It adds no latency to a batch: the
     # checkpoint's flush() sends what is queued at once, whatever linger.ms says.
     "linger.ms": "2",
@@ -132,65 +150,340 @@ def client_config(role: str, user: Mapping[str, str]) -> dict[str, str]:
     return merged
 
 
-class BrokerWatch:
-    """librdkafka ``error_cb``: logs a broker outage when it starts and when it ends.
+def python_client_keys(conf: dict[str, Any]) -> dict[str, Any]:
+    """``conf`` with the keys the Python client reads itself given the type it wants.
 
-    librdkafka keeps reconnecting by itself (``reconnect.backoff.ms`` up to
-    ``reconnect.backoff.max.ms``); the loop just keeps polling. A fatal error is remembered
-    for the loop to raise, because nothing can recover it in-process.
+    confluent_kafka takes ``delivery.report.only.error`` only as a bool, while a
+    configuration's values are strings: "true"/"1" become True, anything else False.
+    """
+    if "delivery.report.only.error" in conf:
+        value = str(conf["delivery.report.only.error"]).strip().lower()
+        conf["delivery.report.only.error"] = value in ("true", "1")
+    return conf
+
+
+class _Discard:
+    """A ``logger`` for clients made only to check settings: their lines say nothing new."""
+
+    def log(self, level: int, fmt: str, *args: object) -> None:
+        return None
+
+
+#: The name librdkafka reports for a setting -> the other names it is also set by.
+_ALIASES: Mapping[str, tuple[str, ...]] = {
+    "queue.buffering.max.ms": ("linger.ms",),
+    "request.required.acks": ("acks",),
+    "message.send.max.retries": ("retries",),
+    "message.timeout.ms": ("delivery.timeout.ms",),
+    "metadata.broker.list": ("bootstrap.servers",),
+    "max.in.flight.requests.per.connection": ("max.in.flight",),
+    "compression.codec": ("compression.type",),
+    "sasl.mechanisms": ("sasl.mechanism",),
+}
+
+
+def _kafka_config_error(role: str, user: Mapping[str, str], problem: str) -> ConfigError:
+    """A rejected setting as a :class:`ConfigError` naming the user's own key, if found."""
+    problem = " ".join(problem.split())  # librdkafka's messages may end in a newline
+    quoted = re.search(r'["`]([A-Za-z0-9_.\-]+)["`]', problem)
+    names: tuple[str, ...] = ()
+    if quoted:
+        names = (quoted.group(1), *_ALIASES.get(quoted.group(1), ()))
+    elif "SASL mechanism" in problem:
+        # Often none was set: librdkafka's default, GSSAPI (Kerberos), is seldom built in.
+        names = ("sasl.mechanism", "sasl.mechanisms")
+        if not any(k.split(".", 1)[-1] in names or k in names for k in user):
+            return ConfigError(
+                "kafka.sasl.mechanism",
+                f"not set, and librdkafka's default does not work here ({problem}); "
+                "set it to the broker's: PLAIN, SCRAM-SHA-256, SCRAM-SHA-512 or OAUTHBEARER",
+            )
+    key = next(
+        (
+            k
+            for k in user
+            if k in names or (k.startswith(f"{role}.") and k[len(role) + 1 :] in names)
+        ),
+        None,
+    )
+    if "No such configuration property" in problem:
+        what = (
+            "librdkafka has no such setting: check its spelling against librdkafka's "
+            "CONFIGURATION.md (a key for one client only takes a consumer. or producer. "
+            "prefix)"
+        )
+    else:
+        what = f"librdkafka rejects it for the {role}: {problem}"
+    if key is None:
+        return ConfigError("kafka", what if quoted is None else f"{quoted.group(1)}: {what}")
+    return ConfigError(f"kafka.{key}", what)
+
+
+def check_client_config(user: Mapping[str, str]) -> None:
+    """Have librdkafka check the ``[kafka]`` settings as each client will get them.
+
+    Each client is made with the merged settings of :func:`client_config` and closed at
+    once. librdkafka checks every key and value when a client is made (an unknown key is
+    "No such configuration property"), so a typo fails at start, not as a traceback when
+    ``run`` makes its clients after loading the index. Nothing waits for the network.
+    Raises :class:`ConfigError` naming the offending key.
+    """
+    for role in ("consumer", "producer"):
+        conf: dict[str, Any] = python_client_keys(client_config(role, user))
+        conf["logger"] = _Discard()
+        try:
+            client: Consumer | Producer = Consumer(conf) if role == "consumer" else Producer(conf)
+        except KafkaException as exc:
+            err = exc.args[0] if exc.args else None
+            text = err.str() if isinstance(err, KafkaError) else str(exc)
+            raise _kafka_config_error(role, user, text) from None
+        except (TypeError, ValueError) as exc:  # a key the Python client reads itself
+            raise _kafka_config_error(role, user, str(exc)) from None
+        client.close()
+
+
+class LogThrottle:
+    """Lets the first line of a kind through, then one per ``window_s``, counting the rest.
+
+    :meth:`admit` answers None for a line to drop, else how many of its kind were dropped
+    since the last one let through (to log with it). Kinds are whatever the caller keys
+    lines by; a flood of distinct kinds (over ``max_kinds``) starts the memory afresh.
     """
 
-    def __init__(self, client: str, repeat_s: float = 30.0) -> None:
-        self.client = client
+    def __init__(self, window_s: float = 60.0, max_kinds: int = 1024) -> None:
+        self._window_s = window_s
+        self._max_kinds = max_kinds
+        self._seen: dict[Hashable, list[float]] = {}  # kind -> [let through at, dropped]
+        self._lock = threading.Lock()
+
+    def admit(self, kind: Hashable) -> int | None:
+        now = time.monotonic()
+        with self._lock:
+            entry = self._seen.get(kind)
+            if entry is None:
+                if len(self._seen) >= self._max_kinds:
+                    self._seen.clear()
+                self._seen[kind] = [now, 0]
+                return 0
+            if now - entry[0] < self._window_s:
+                entry[1] += 1
+                return None
+            dropped = int(entry[1])
+            entry[0], entry[1] = now, 0
+            return dropped
+
+
+_NUMBERS = re.compile(r"\d+")
+
+#: librdkafka log facilities whose lines also reach ``error_cb`` (see :class:`LibrdkafkaLog`).
+_ALSO_ERRORS = frozenset({"FAIL", "ERROR"})
+
+
+class LibrdkafkaLog:
+    """librdkafka's own log lines into a Python logger (the ``logger`` client setting).
+
+    confluent_kafka calls ``log(level, "%s [%s] %s", facility, client, text)``. Lines that
+    differ only in numbers (ports, milliseconds, counts) are one kind: the first is
+    logged, then at most one per ``window_s`` carrying the count of those left out. A
+    broker that is down makes a ``FAIL`` line at every reconnect attempt; such lines (and
+    ``ERROR`` ones) are logged at debug level, because each is also an error for
+    ``error_cb``, which :class:`BrokerWatch` turns into one warning and a summary a minute.
+    """
+
+    def __init__(self, logger: logging.Logger, window_s: float = 60.0) -> None:
+        self.logger = logger
+        self._throttle = LogThrottle(window_s)
+
+    def log(self, level: int, fmt: str, *args: object) -> None:
+        try:
+            text = fmt % args
+        except TypeError:
+            text = " ".join(map(str, (fmt, *args)))
+        facility = str(args[0]) if args else ""
+        if facility in _ALSO_ERRORS:
+            level = logging.DEBUG
+        if not self.logger.isEnabledFor(level):
+            return
+        dropped = self._throttle.admit((facility, _NUMBERS.sub("#", text)))
+        if dropped is None:
+            return
+        self.logger.log(level, text, extra=fields(suppressed=dropped) if dropped else None)
+
+
+#: Errors that mean a client cannot reach the brokers: refused, unresolvable, no answer.
+_UNREACHABLE = frozenset(
+    {
+        KafkaError._ALL_BROKERS_DOWN,
+        KafkaError._TRANSPORT,
+        KafkaError._RESOLVE,
+        KafkaError._TIMED_OUT,
+    }
+)
+
+
+class _Outage:
+    """Whether the brokers at one bootstrap address are reachable, shared by the clients
+    of a process that use them: one outage is one story in the log, not one per client."""
+
+    def __init__(self, bootstrap: str) -> None:
+        self.bootstrap = bootstrap
+        self.lock = threading.Lock()
         self.down_since: float | None = None
+        self.last_error_at = 0.0
+        self.last_line_at = 0.0
+        self.suppressed = 0
+        self.clients: set[str] = set()
+
+
+#: The outages of the bootstrap addresses in use (forgotten with their last watch).
+_OUTAGES: weakref.WeakValueDictionary[str, _Outage] = weakref.WeakValueDictionary()
+_OUTAGES_LOCK = threading.Lock()
+
+
+def _outage_of(bootstrap: str) -> _Outage:
+    with _OUTAGES_LOCK:
+        outage = _OUTAGES.get(bootstrap)
+        if outage is None:
+            outage = _Outage(bootstrap)
+            _OUTAGES[bootstrap] = outage
+        return outage
+
+
+class BrokerWatch:
+    """librdkafka ``error_cb``: an outage is logged once, summarized, and closed.
+
+    librdkafka keeps reconnecting by itself (``reconnect.backoff.ms`` up to
+    ``reconnect.backoff.max.ms``) and reports every failed attempt; the loop just keeps
+    polling. The first error of an outage is a warning that says what to check; while it
+    lasts, at most one summary per ``summary_s`` says for how long and how many errors
+    were left out; a line says when the brokers answer again (:meth:`alive`, or a
+    connected broker in the client's statistics), once no error came for ``quiet_s`` (so
+    a broker that stays down among others that answer does not open and close an outage
+    at every attempt). The consumer and the producer of a process share one outage per
+    bootstrap address (:meth:`bind`). Other errors are logged once per kind a minute. A
+    fatal error is remembered for the loop to raise: nothing can recover it in-process.
+    """
+
+    def __init__(self, client: str, summary_s: float = 60.0, quiet_s: float = 5.0) -> None:
+        self.client = client
         self.fatal: KafkaError | None = None
-        self._last_log = 0.0
-        self._repeat_s = repeat_s
+        self._summary_s = summary_s
+        self._quiet_s = quiet_s
+        self._outage = _Outage("")  # this client's own until bind()
+        self._errors = LogThrottle(summary_s)
+
+    def bind(self, conf: Mapping[str, Any]) -> None:
+        """Share the outage of ``conf``'s bootstrap address with the process's other clients.
+
+        Errors come about once per ``reconnect.backoff.ms`` while a broker is down, so an
+        outage is over only after three of those without one (``quiet_s`` at least).
+        """
+        self._outage = _outage_of(str(conf.get("bootstrap.servers", "")))
+        try:
+            backoff_s = float(conf.get("reconnect.backoff.ms", 100)) / 1000.0
+        except ValueError:
+            backoff_s = 0.1
+        self._quiet_s = max(self._quiet_s, 3 * backoff_s)
+
+    @property
+    def down_since(self) -> float | None:
+        """When the current outage began (monotonic clock), or None while none is open."""
+        return self._outage.down_since
 
     def __call__(self, err: KafkaError) -> None:
-        now = time.monotonic()
         if err.fatal():
             self.fatal = err
             log.error(
                 "fatal Kafka client error",
-                extra={"fields": {"client": self.client, "error": err.str(), "action": "restart"}},
+                extra=fields(client=self.client, error=err.str(), action="restart"),
             )
             return
-        if err.code() in (KafkaError._ALL_BROKERS_DOWN, KafkaError._TRANSPORT):
-            if self.down_since is None:
-                self.down_since = now
-            if now - self._last_log >= self._repeat_s:
-                self._last_log = now
-                log.warning(
-                    "broker unreachable, waiting for it (librdkafka reconnects with backoff)",
-                    extra={
-                        "fields": {
-                            "client": self.client,
-                            "error": err.str(),
-                            "down_s": round(now - self.down_since, 1),
-                            "action": "check bootstrap.servers, the network and the brokers",
-                        }
-                    },
-                )
+        if err.code() in _UNREACHABLE:
+            self._unreachable(err.str())
             return
+        dropped = self._errors.admit(err.code())
+        if dropped is not None:
+            log.warning(
+                "Kafka client error",
+                extra=fields(client=self.client, error=err.str(), suppressed=dropped),
+            )
+
+    def _action(self) -> str:
+        return (
+            f"check that a Kafka broker is running at bootstrap.servers "
+            f"({self._outage.bootstrap}) and that this host can reach it (address, port, "
+            "firewall, DNS, security settings); the clients keep reconnecting meanwhile"
+        )
+
+    def _unreachable(self, error: str) -> None:
+        now = time.monotonic()
+        o = self._outage
+        with o.lock:
+            o.last_error_at = now
+            o.clients.add(self.client)
+            if o.down_since is None:
+                o.down_since, o.last_line_at, o.suppressed = now, now, 0
+                summary = None
+            elif now - o.last_line_at >= self._summary_s:
+                summary = (round(now - o.down_since, 1), o.suppressed, sorted(o.clients))
+                o.last_line_at, o.suppressed = now, 0
+            else:
+                o.suppressed += 1
+                return
+        if summary is None:
+            log.warning(
+                "Kafka broker unreachable; waiting for it",
+                extra=fields(
+                    bootstrap=o.bootstrap,
+                    client=self.client,
+                    error=error,
+                    action=self._action(),
+                ),
+            )
+            return
+        down_s, suppressed, clients = summary
         log.warning(
-            "Kafka client error", extra={"fields": {"client": self.client, "error": err.str()}}
+            "Kafka broker still unreachable",
+            extra=fields(
+                bootstrap=o.bootstrap,
+                down_s=down_s,
+                errors_suppressed=suppressed,
+                clients=clients,
+                error=error,
+                action=self._action(),
+            ),
         )
 
     def alive(self) -> None:
-        """Called when the client made progress: closes a logged outage."""
-        if self.down_since is not None:
-            log.info(
-                "broker reachable again",
-                extra={
-                    "fields": {
-                        "client": self.client,
-                        "down_s": round(time.monotonic() - self.down_since, 1),
-                    }
-                },
-            )
-            self.down_since = None
-            self._last_log = 0.0
+        """Called when the client made progress: ends an outage once errors have stopped."""
+        now = time.monotonic()
+        o = self._outage
+        with o.lock:
+            if o.down_since is None or now - o.last_error_at < self._quiet_s:
+                return
+            down_s, suppressed = round(now - o.down_since, 1), o.suppressed
+            o.down_since, o.suppressed = None, 0
+            o.clients.clear()
+        log.info(
+            "Kafka broker reachable again",
+            extra=fields(
+                bootstrap=o.bootstrap,
+                client=self.client,
+                down_s=down_s,
+                errors_suppressed=suppressed,
+            ),
+        )
+
+    def statistics(self, payload: str) -> None:
+        """librdkafka statistics (``stats_cb``): a broker connection that is up ends an outage."""
+        if self._outage.down_since is None:
+            return
+        try:
+            brokers = json.loads(payload).get("brokers", {})
+        except ValueError:
+            return
+        if any(b.get("state") == "UP" for b in brokers.values() if isinstance(b, dict)):
+            self.alive()
 
 
 def build_consumer(
@@ -204,12 +497,18 @@ def build_consumer(
     ``on_commit`` hears how each offset commit ended (asynchronous commits report there).
     """
     conf: dict[str, Any] = client_config("consumer", user)
+    watch.bind(conf)
     conf["error_cb"] = watch
     if on_commit is not None:
         conf["on_commit"] = on_commit
-    conf["logger"] = logging.getLogger("stream_dedup.librdkafka.consumer")
+    conf["logger"] = LibrdkafkaLog(logging.getLogger("stream_dedup.librdkafka.consumer"))
     if stats_cb is not None:
-        conf["stats_cb"] = stats_cb
+
+        def statistics(payload: str) -> None:
+            watch.statistics(payload)  # a connected broker ends an outage
+            stats_cb(payload)
+
+        conf["stats_cb"] = statistics
     else:
         conf.pop("statistics.interval.ms", None)
     return Consumer(conf)
@@ -231,15 +530,16 @@ class EventProducer:
 
     def __init__(self, user: Mapping[str, str], watch: BrokerWatch) -> None:
         conf: dict[str, Any] = client_config("producer", user)
+        watch.bind(conf)
         conf["error_cb"] = watch
-        conf["logger"] = logging.getLogger("stream_dedup.librdkafka.producer")
+        conf["logger"] = LibrdkafkaLog(logging.getLogger("stream_dedup.librdkafka.producer"))
         # Delivery reports only for failures (unless the user says otherwise), through one
         # producer-wide callback: confirm() needs the failed records, to produce them
         # again, not a Python callback per delivered event (a callback bound to each
         # record cost ~1 us per event); flush() returning 0 says everything else was
-        # acknowledged. The Python client reads this one key itself, and only as a bool.
-        only_errors = str(conf.get("delivery.report.only.error", "true")).lower()
-        conf["delivery.report.only.error"] = only_errors in ("true", "1")
+        # acknowledged.
+        conf.setdefault("delivery.report.only.error", "true")
+        python_client_keys(conf)
         conf["on_delivery"] = self._report
         self._producer = Producer(conf)
         self._watch = watch

@@ -22,7 +22,8 @@ def test_secrets_are_masked_and_other_values_shown(tmp_path: Path) -> None:
     cfg = tmp_path / "c.toml"
     cfg.write_text(
         '[kafka]\n"bootstrap.servers" = "broker-1:9093"\n"security.protocol" = "SASL_SSL"\n'
-        '"sasl.username" = "svc"\n"sasl.password" = "hunter2"\n"ssl.key.password" = "pw"\n'
+        '"sasl.mechanism" = "SCRAM-SHA-512"\n"sasl.username" = "svc"\n"sasl.password" = "hunter2"\n'
+        '"ssl.key.password" = "pw"\n'
         "[batch]\nmax_messages = 123\n"
     )
     code, text = _check(cfg)

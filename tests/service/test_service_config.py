@@ -54,7 +54,7 @@ def test_layers_file_then_env_then_flags(tmp_path: Path) -> None:
         ({"batch": {"max_wiat_ms": 5}}, "batch.max_wiat_ms"),
         ({"batch": {"max_wait_ms": "soon"}}, "batch.max_wait_ms"),
         ({"http": {"enabled": "perhaps"}}, "http.enabled"),
-        ({"dedup": {"threshold": 1.5}}, "threshold"),
+        ({"dedup": {"threshold": 1.5}}, "dedup.threshold"),
         ({"input": {"format": "xml"}}, "input.format"),
         ({"bogus": {"x": 1}}, "bogus"),
         ({"kafka": {"linger.ms": [1]}}, "kafka.linger.ms"),
