@@ -21,7 +21,7 @@ from stream_dedup.index.store import Ranges
 from stream_dedup.logs import fields
 from stream_dedup.service.checkpoint import intent_reached, position, split_intent
 from stream_dedup.service.config import BatchConfig
-from stream_dedup.service.kafka import raise_if_fatal
+from stream_dedup.service.kafka import LogThrottle, raise_if_fatal
 
 log = logging.getLogger("stream_dedup.service")
 
@@ -43,6 +43,9 @@ class Batcher:
         #: When each pending message (by ``id``) was taken from the consumer.
         self.received_at: dict[int, float] = {}
         self._intent_warned_at = time.monotonic() - 15.0  # first warning after ~15 s
+        #: A consume error that persists comes back at every poll that reports it: each
+        #: kind (code, partition) is logged once a minute, with the count of those left out.
+        self._errors = LogThrottle(60.0)
 
     def drop(self, partitions: set[TpKey]) -> None:
         """Forget the pending messages of ``partitions`` (read again when they come back)."""
@@ -145,7 +148,12 @@ class Batcher:
             err = raise_if_fatal(msg)
             if err is not None:
                 if err.code() != KafkaError._PARTITION_EOF:
-                    log.warning("consume error", extra=fields(error=err.str()))
+                    dropped = self._errors.admit((err.code(), msg.topic(), msg.partition()))
+                    if dropped is not None:
+                        log.warning(
+                            "consume error",
+                            extra=fields(error=err.str(), topic=msg.topic(), suppressed=dropped),
+                        )
                 continue
             self.pending.append(msg)
             self.received_at[id(msg)] = received
