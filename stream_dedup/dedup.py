@@ -87,7 +87,7 @@ class BatchResult:
 
 #: Said before the first batch when the compiled kernels are not in numba's cache yet.
 COMPILING_NOTICE = (
-    "compiling the detector's kernels (first run after install, ~15 s; "
+    "compiling the detector's kernels (first run after install, up to ~15 s; "
     "later runs load them from the cache)"
 )
 

@@ -4,23 +4,29 @@ The same :class:`~stream_dedup.dedup.Deduplicator` as the service, fed in batche
 batch is decided against everything before it and committed in one write, so a run on a
 persistent index can be interrupted and continued, and a later run on more input carries
 on from the index.
+
+Input is JSON Lines from a file or standard input, plain or gzip-compressed (recognised by
+its first bytes, whatever the file is called), with or without a UTF-8 byte order mark.
 """
 
 from __future__ import annotations
 
+import gzip
+import io
 import json
 import sys
 import time
+import zlib
 from collections.abc import Iterable, Iterator
 from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Literal
+from typing import IO, Any, Literal, Protocol
 
 from stream_dedup.core.config import DocumentFormat
 from stream_dedup.decode import document_from_json
 from stream_dedup.dedup import Deduplicator
-from stream_dedup.errors import DecodeError
+from stream_dedup.errors import DecodeError, InputError
 from stream_dedup.models import Document, Verdict
 
 OnError = Literal["skip", "fail"]
@@ -34,16 +40,25 @@ class RunSummary:
     duplicates: int = 0
     empty: int = 0
     replayed: int = 0
+    #: Replayed ids whose normalised text differs from their first occurrence's.
+    mismatched_repeats: int = 0
     malformed: int = 0
     candidates: int = 0
     verifications: int = 0
     truncated_lookups: int = 0
     seconds: float = 0.0
     malformed_lines: list[int] = field(default_factory=list)
+    #: Malformed lines per :attr:`DecodeError.reason <stream_dedup.errors.DecodeError.reason>`.
+    malformed_reasons: dict[str, int] = field(default_factory=dict)
 
     @property
     def rate(self) -> float:
         return self.documents / self.seconds if self.seconds > 0 else 0.0
+
+    @property
+    def nothing_read(self) -> bool:
+        """Every non-blank line was malformed: the run decided nothing."""
+        return self.documents == 0 and self.malformed > 0
 
     def render(self) -> str:
         dup_pct = 100.0 * self.duplicates / self.documents if self.documents else 0.0
@@ -52,14 +67,16 @@ class RunSummary:
             f"duplicates  {self.duplicates} ({dup_pct:.1f}%)",
             f"unique      {self.documents - self.duplicates}",
             f"empty       {self.empty}",
-            f"replayed    {self.replayed} (ids already in the index)",
+            f"replayed    {self.replayed} (ids seen before: their first verdict again)",
+            f"mismatched  {self.mismatched_repeats} (replayed ids whose text differs from "
+            "the first occurrence's)",
             f"malformed   {self.malformed}",
             f"time        {self.seconds:.2f} s ({self.rate:,.0f} docs/s)",
         ]
         return "\n".join(lines)
 
 
-class MalformedLineError(Exception):
+class MalformedLineError(InputError):
     """A malformed input line under ``on_error="fail"``."""
 
     def __init__(self, line_no: int, error: DecodeError) -> None:
@@ -86,6 +103,8 @@ def read_documents(
                 raise MalformedLineError(line_no, exc) from exc
             summary.malformed += 1
             summary.malformed_lines.append(line_no)
+            reasons = summary.malformed_reasons
+            reasons[exc.reason] = reasons.get(exc.reason, 0) + 1
             print(f"line {line_no}: skipped, {exc}", file=report)
 
 
@@ -100,17 +119,97 @@ def batched(docs: Iterable[Document], size: int) -> Iterator[list[Document]]:
         yield batch
 
 
+GZIP_MAGIC = b"\x1f\x8b"
+UTF8_BOM = b"\xef\xbb\xbf"
+
+
+class _Readable(Protocol):
+    """What the input is read through: a file, standard input, or a ``GzipFile`` over them."""
+
+    def read(self, size: int = -1, /) -> bytes: ...
+
+
+class _Reader(io.RawIOBase):
+    """``head`` (bytes read ahead to look at them), then the rest of ``stream``.
+
+    Read errors of ``stream`` (an unreadable file, a corrupt or truncated gzip stream)
+    become :class:`InputError` naming the input, so they reach the user as what to do
+    rather than as a traceback.
+    """
+
+    def __init__(self, head: bytes, stream: _Readable, name: str) -> None:
+        super().__init__()
+        self._head = head
+        self._stream = stream
+        self._name = name
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        view = memoryview(buffer).cast("B")
+        if self._head:
+            n = min(len(view), len(self._head))
+            view[:n] = self._head[:n]
+            self._head = self._head[n:]
+            return n
+        data = _read(self._stream, len(view), self._name)
+        view[: len(data)] = data
+        return len(data)
+
+
+def _read(stream: _Readable, size: int, name: str) -> bytes:
+    """Up to ``size`` bytes of ``stream``; read errors as :class:`InputError`."""
+    try:
+        return stream.read(size)
+    except (gzip.BadGzipFile, EOFError, zlib.error) as exc:
+        raise InputError(
+            f"cannot read {name}: it starts like gzip but the compressed data is corrupt or "
+            f"cut short ({exc}). Check it with `gzip -t`, or give the uncompressed JSON Lines"
+        ) from exc
+    except OSError as exc:
+        raise InputError(f"cannot read {name}: {exc.strerror or exc}") from exc
+
+
 def open_input(path: str, stack: ExitStack) -> IO[bytes]:
-    """The binary input stream for a path argument: ``-`` is standard input."""
+    """The binary input stream for a path argument: ``-`` is standard input.
+
+    gzip input, a file or standard input, is recognised by its magic bytes (a name need
+    not end in ``.gz``, and standard input has none) and decompressed as it is read; a
+    leading UTF-8 byte order mark, which some editors and exporters write, is dropped, or
+    line 1 would not parse. A file that cannot be opened raises :class:`InputError`.
+    """
+    name = "standard input" if path == "-" else path
+    raw: IO[bytes]
     if path == "-":
-        return sys.stdin.buffer
-    return stack.enter_context(Path(path).open("rb"))
+        raw = sys.stdin.buffer
+    else:
+        try:
+            raw = stack.enter_context(Path(path).open("rb"))  # noqa: SIM115 (closed by the stack)
+        except FileNotFoundError as exc:
+            raise InputError(
+                f"input {path} does not exist: check the path, or pass - to read standard input"
+            ) from exc
+        except OSError as exc:
+            raise InputError(f"cannot open input {path}: {exc.strerror or exc}") from exc
+    head = _read(raw, len(GZIP_MAGIC), name)
+    stream: _Readable = raw
+    if head == GZIP_MAGIC:
+        stream = gzip.GzipFile(fileobj=io.BufferedReader(_Reader(head, raw, name)), mode="rb")
+        head = b""
+    while len(head) < len(UTF8_BOM) and (more := _read(stream, len(UTF8_BOM) - len(head), name)):
+        head += more
+    head = head.removeprefix(UTF8_BOM)
+    return io.BufferedReader(_Reader(head, stream, name), buffer_size=1 << 20)
 
 
 def verdict_line(v: Verdict) -> str:
+    """One output line: the event fields, plus ``empty`` and ``replayed`` when true."""
     body = v.to_json()
     if v.empty:
         body["empty"] = True
+    if v.replayed:
+        body["replayed"] = True
     return json.dumps(body, ensure_ascii=False)
 
 
@@ -138,6 +237,7 @@ def run_offline(
             summary.empty += v.empty
         summary.documents += len(batch)
         summary.replayed += result.stats.replayed
+        summary.mismatched_repeats += result.stats.mismatched_repeats
         summary.candidates += sum(result.stats.candidates)
         summary.verifications += sum(result.stats.verifications)
         summary.truncated_lookups += result.stats.truncated_lookups

@@ -1,7 +1,9 @@
 """The ``stream-dedup`` command line. ``main(argv)`` returns the exit code (tests call it).
 
-Exit codes: 0 success, 1 a run failed on its input (e.g. a malformed line with
-``--on-error fail``), 2 usage or configuration error, 3 index error.
+Exit codes: 0 success, 1 a run failed on its input (a malformed line with ``--on-error
+fail``, or no line of the input could be read as a document), 2 usage or configuration
+error, or an input that cannot be read (missing, unreadable, a corrupt gzip stream:
+:class:`~stream_dedup.errors.InputError`), 3 index error, 130 interrupted (Ctrl-C).
 """
 
 from __future__ import annotations
@@ -20,14 +22,14 @@ from stream_dedup.cli.run import add_run_command
 from stream_dedup.cli.tune_report import plot_s_curve, render_report
 from stream_dedup.core.bands import datasketch_choice
 from stream_dedup.core.config import DedupConfig, DocumentFormat
-from stream_dedup.dedup import Deduplicator
-from stream_dedup.errors import ConfigError, IndexStoreError, StreamDedupError
+from stream_dedup.dedup import COMPILING_NOTICE, Deduplicator, kernels_cached
+from stream_dedup.errors import ConfigError, IndexStoreError, InputError, StreamDedupError
 from stream_dedup.index import open_index
 from stream_dedup.index.params import IndexParams
 from stream_dedup.index.rocks import RocksBackend
 from stream_dedup.index.store import DedupIndex
 from stream_dedup.malloc_tuning import keep_freed_memory
-from stream_dedup.offline import MalformedLineError, open_input, run_offline
+from stream_dedup.offline import MalformedLineError, RunSummary, open_input, run_offline
 from stream_dedup.tools.generate import StreamSpec, write_jsonl
 
 
@@ -47,6 +49,8 @@ def cmd_dedup(args: argparse.Namespace, out: IO[str], err: IO[str]) -> int:
     try:
         dedup = Deduplicator(index, config)
         show = err if (args.progress or (args.progress is None and err.isatty())) else None
+        if not args.quiet and not kernels_cached():
+            print(COMPILING_NOTICE, file=err, flush=True)
         with ExitStack() as stack:
             source = open_input(args.input, stack)
             target: IO[str] = (
@@ -71,7 +75,37 @@ def cmd_dedup(args: argparse.Namespace, out: IO[str], err: IO[str]) -> int:
         index.close()
     if not args.quiet:
         print(summary.render(), file=err)
+    if summary.nothing_read:
+        print(_nothing_read(args, summary), file=err)
+        return 1
+    if summary.malformed:
+        print(
+            f"warning: {summary.malformed} malformed line(s) skipped "
+            f"({_reasons(summary)}; line numbers above)",
+            file=err,
+        )
     return 0
+
+
+def _reasons(summary: RunSummary) -> str:
+    """The malformed lines' reasons with their counts, most frequent first."""
+    ranked = sorted(summary.malformed_reasons.items(), key=lambda kv: (-kv[1], kv[0]))
+    return ", ".join(f"{reason} {count}" for reason, count in ranked)
+
+
+def _nothing_read(args: argparse.Namespace, summary: RunSummary) -> str:
+    """What to do when every line of the input was malformed (a run that decided nothing).
+
+    Almost always the fields or the format do not match the input, not the data itself.
+    """
+    source = "standard input" if args.input == "-" else args.input
+    return (
+        f"error: no document could be read from {source}: all {summary.malformed} non-blank "
+        f"line(s) were malformed ({_reasons(summary)}). Check that --id-field "
+        f"({args.id_field}) and --content-fields ({args.content_fields}) name fields the "
+        "records have, and that the input is JSON Lines, one JSON object per line "
+        "(plain or gzip-compressed)."
+    )
 
 
 def cmd_tune(args: argparse.Namespace, out: IO[str], err: IO[str]) -> int:
@@ -209,20 +243,73 @@ def main(argv: Sequence[str] | None = None, out: IO[str] | None = None) -> int:
     """Run one command; errors print a message that says what to do, and set the code."""
     out = out or sys.stdout
     err = sys.stderr
-    args = build_parser().parse_args(argv)
-    keep_freed_memory()
+    args: argparse.Namespace | None = None
     try:
+        args = build_parser().parse_args(argv)
+        keep_freed_memory()
         code: int = args.func(args, out, err)
+    except KeyboardInterrupt:
+        return _interrupted(args, err)
     except ConfigError as exc:
         print(f"error: {exc}", file=err)
         return 2
     except IndexStoreError as exc:
         print(f"error: {exc}", file=err)
         return 3
+    except InputError as exc:
+        print(f"error: {exc}", file=err)
+        return 2
     except (StreamDedupError, OSError, ValueError) as exc:
         print(f"error: {exc}", file=err)
         return 2
+    except SystemError as exc:
+        # Ctrl-C while a compiled (numba) kernel runs surfaces as a SystemError ("returned
+        # a result with an exception set") whose cause is the KeyboardInterrupt.
+        if not _caused_by_interrupt(exc):
+            raise
+        return _interrupted(args, err)
     return code
+
+
+#: The exit code of a command stopped by Ctrl-C (128 + SIGINT), as shells report it.
+EXIT_INTERRUPTED = 130
+
+
+def _caused_by_interrupt(exc: BaseException) -> bool:
+    """Whether ``exc`` was raised by, or while handling, a ``KeyboardInterrupt``."""
+    seen: set[int] = set()
+    cause: BaseException | None = exc
+    while cause is not None and id(cause) not in seen:
+        if isinstance(cause, KeyboardInterrupt):
+            return True
+        seen.add(id(cause))
+        cause = cause.__cause__ or cause.__context__
+    return False
+
+
+def _interrupted(args: argparse.Namespace | None, err: IO[str]) -> int:
+    """Say what an interrupted command left behind, in one line; the code is 130.
+
+    ``dedup`` commits each batch in one atomic write after deciding it, so the index holds
+    every batch committed before the interrupt and none of the one being decided; a rerun
+    answers the ids already decided from the index (marked ``replayed``) and decides the
+    rest. Without ``--index`` the index lived in memory and is gone.
+    """
+    if args is None or args.command != "dedup":
+        message = "interrupted"
+    elif args.index is None:
+        message = (
+            "interrupted; the index was in memory (no --index), so nothing was kept: "
+            "rerun the command to start over, with --index DIR to be able to continue"
+        )
+    else:
+        message = (
+            f"interrupted; every batch committed before the interrupt is in the index at "
+            f"{args.index}: rerun the same command to continue (documents already decided "
+            'get their recorded verdicts back, marked "replayed")'
+        )
+    print(message, file=err)
+    return EXIT_INTERRUPTED
 
 
 if __name__ == "__main__":

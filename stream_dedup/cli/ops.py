@@ -27,6 +27,12 @@ def cmd_snapshot(args: argparse.Namespace, out: IO[str], err: IO[str]) -> int:
 def cmd_restore(args: argparse.Namespace, out: IO[str], err: IO[str]) -> int:
     info = restore(args.backup, args.index, force=args.force)
     print(f"restored {info.keys:,} keys from {args.backup} into {info.path}", file=out)
+    if info.replaced is not None:
+        print(
+            f"the index that was there is kept at {info.replaced} (delete it once the "
+            "restored index is known to be good)",
+            file=out,
+        )
     return 0
 
 
@@ -53,7 +59,10 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("backup", help="snapshot directory written by `stream-dedup snapshot`")
     p.add_argument("--index", required=True, help="index directory to restore into")
     p.add_argument(
-        "--force", action="store_true", help="replace an existing index (kept as DIR.replaced)"
+        "--force",
+        action="store_true",
+        help="replace an existing index; it is moved aside, never deleted, to DIR.replaced "
+        "(or DIR.replaced.1, .2, ... if taken)",
     )
     p.set_defaults(func=cmd_restore)
 
@@ -93,7 +102,9 @@ def render_effective(config: ServiceConfig) -> str:
 def cmd_config_check(args: argparse.Namespace, out: IO[str], err: IO[str]) -> int:
     config = load_config(args.file)
     print(
-        f"# {args.file}: valid (file < STREAM_DEDUP_* environment); effective settings:", file=out
+        f"# {args.file}: valid (file < STREAM_DEDUP_* environment; [kafka] accepted by "
+        "librdkafka); effective settings:",
+        file=out,
     )
     print(render_effective(config), file=out)
     return 0
@@ -110,9 +121,11 @@ def register_config(sub: Any) -> None:
     c = config_sub.add_parser(
         "check",
         help="validate FILE and print the effective configuration, secrets masked",
-        description="Validate a TOML configuration file (unknown keys and wrong types are "
-        "errors naming the key), apply STREAM_DEDUP_<SECTION>__<KEY> environment overrides, "
-        "and print the effective configuration with passwords and secrets masked.",
+        description="Validate a TOML configuration file (unknown keys, wrong types and "
+        "values out of range are errors naming the key; the [kafka] settings are checked by "
+        "librdkafka itself, without connecting), apply STREAM_DEDUP_<SECTION>__<KEY> "
+        "environment overrides, and print the effective configuration with passwords and "
+        "secrets masked.",
     )
     c.add_argument("file", help="TOML configuration file")
     c.set_defaults(func=cmd_config_check)

@@ -33,6 +33,8 @@ class SnapshotInfo:
     path: str
     method: str
     keys: int
+    #: Where a restore with ``force`` moved the index it replaced; None if there was none.
+    replaced: str | None = None
 
 
 def _check_target(dest: Path) -> None:
@@ -101,8 +103,11 @@ def _copy_live(src: Path, target: Path, progress: Callable[[int], None] | None) 
 def restore(backup: str | Path, index_dir: str | Path, *, force: bool = False) -> SnapshotInfo:
     """Put a snapshot back as the index at ``index_dir`` (the service must be stopped).
 
-    An existing index there is refused unless ``force``; with ``force`` it is moved aside to
-    ``<index_dir>.replaced`` rather than deleted, so a wrong restore can be undone.
+    An existing index there is refused unless ``force``; with ``force`` it is moved aside,
+    never deleted, so a wrong restore can be undone: to ``<index_dir>.replaced``, or the
+    first of ``<index_dir>.replaced.1``, ``.2``, ... that does not exist yet, so a second
+    restore keeps the index the first one replaced (:func:`aside_name`). The result's
+    ``replaced`` says where.
     """
     src, target = Path(backup), Path(index_dir)
     count = _count_keys(src)
@@ -111,13 +116,27 @@ def restore(backup: str | Path, index_dir: str | Path, *, force: bool = False) -
         if not force:
             raise IndexStoreError(
                 f"{target} already holds data: stop the service and pass --force to replace it "
-                f"(the old index is kept as {target}.replaced)"
+                f"(the old index is moved aside to {aside_name(target)}, not deleted)"
             )
-        aside = target.with_name(target.name + ".replaced")
-        if aside.exists():
-            shutil.rmtree(aside)
+        aside = aside_name(target)
         target.rename(aside)
-    elif target.exists():
+        shutil.copytree(src, target)
+        return SnapshotInfo(str(target), "restore", count, replaced=str(aside))
+    if target.exists():
         target.rmdir()
     shutil.copytree(src, target)
     return SnapshotInfo(str(target), "restore", count)
+
+
+def aside_name(index_dir: Path) -> Path:
+    """Where a forced restore moves the index at ``index_dir``: a name not taken yet.
+
+    ``<index_dir>.replaced``, else ``<index_dir>.replaced.1``, ``.2``, ...: an index kept
+    aside by an earlier restore is never overwritten or deleted.
+    """
+    base = index_dir.with_name(index_dir.name + ".replaced")
+    aside, n = base, 0
+    while aside.exists() or aside.is_symlink():
+        n += 1
+        aside = base.with_name(f"{base.name}.{n}")
+    return aside

@@ -123,11 +123,13 @@ def test_dedup_index_persists_and_a_second_run_continues(tmp_path: Path, capsys:
     code, _ = run("dedup", str(second), "-o", str(tmp_path / "v2"), "--index", str(index))
     assert code == 0
     v2 = read_verdicts(tmp_path / "v2")
-    assert v2[0] == v1[0]  # replayed id: the recorded verdict, unchanged
+    assert v2[0] == {**v1[0], "replayed": True}  # the recorded verdict, marked as such
+    assert "replayed" not in v1[0] and "replayed" not in v2[1]
     assert (v2[1]["verdict"], v2[1]["duplicate_of"], v2[1]["cluster_id"]) == ("duplicate", "b", "b")
     assert v2[2]["verdict"] == "unique"
     err = capsys.readouterr().err
     assert "replayed    1" in err
+    assert "mismatched  1" in err  # a's text is not the first run's
     assert "documents   3" in err
 
     code, out = run("stats", "--index", str(index))

@@ -113,3 +113,35 @@ def test_cli_snapshot_and_restore(tmp_path: Path) -> None:
     assert main(["stats", "--index", str(tmp_path / "r")], out=(stats := StringIO())) == 0
     assert time.perf_counter() - start < 10
     assert "documents           10" in stats.getvalue()
+
+
+def test_forced_restores_never_delete_an_index_kept_aside(tmp_path: Path) -> None:
+    _build(tmp_path / "bak-src", n=20)
+    snapshot(tmp_path / "bak-src", tmp_path / "bak")
+    _build(tmp_path / "idx", n=5)
+    first = restore(tmp_path / "bak", tmp_path / "idx", force=True)
+    assert first.replaced == str(tmp_path / "idx.replaced")
+    second = restore(tmp_path / "bak", tmp_path / "idx", force=True)
+    assert second.replaced == str(tmp_path / "idx.replaced.1")
+    (tmp_path / "idx.replaced.2").mkdir()  # a name taken by something else is skipped
+    third = restore(tmp_path / "bak", tmp_path / "idx", force=True)
+    assert third.replaced == str(tmp_path / "idx.replaced.3")
+    kept: dict[str, int] = {}
+    for name in ("idx.replaced", "idx.replaced.1", "idx.replaced.3", "idx"):
+        index = open_index(tmp_path / name, None)
+        try:
+            kept[name] = index.counter("documents")
+        finally:
+            index.close()
+    assert kept == {"idx.replaced": 5, "idx.replaced.1": 20, "idx.replaced.3": 20, "idx": 20}
+
+
+def test_cli_restore_says_where_the_old_index_is_kept(tmp_path: Path) -> None:
+    _build(tmp_path / "idx", n=10)
+    assert main(["snapshot", "--index", str(tmp_path / "idx"), "--to", str(tmp_path / "b")]) == 0
+    args = ["restore", str(tmp_path / "b"), "--index", str(tmp_path / "idx"), "--force"]
+    for aside in ("idx.replaced", "idx.replaced.1"):
+        assert main(args, out=(out := StringIO())) == 0
+        assert f"kept at {tmp_path / aside} " in out.getvalue()
+        assert (tmp_path / aside / "CURRENT").exists()
+    assert main(args[:-1], out=StringIO()) == 3  # without --force: refused

@@ -1,0 +1,240 @@
+"""The ``dedup`` command on the inputs a new user brings, and on Ctrl-C.
+
+Unreadable input and input with no readable line fail with what to do; gzip and a byte
+order mark are read as they are; repeats say so; an interrupt is one line and exit 130.
+"""
+
+from __future__ import annotations
+
+import gzip
+import io
+import json
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from stream_dedup.cli import app
+from stream_dedup.dedup import COMPILING_NOTICE
+from tests.cli.test_cli import RECORDS, Capsys, jsonl, read_verdicts, run, write
+
+
+def verdicts_of(path: Path) -> list[tuple[str, str, str | None]]:
+    return [(v["id"], v["verdict"], v["duplicate_of"]) for v in read_verdicts(path)]
+
+
+def test_no_readable_line_fails_with_what_to_check(tmp_path: Path, capsys: Capsys) -> None:
+    src = write(tmp_path / "in.jsonl", jsonl(RECORDS))
+    code, _ = run("dedup", str(src), "-o", str(tmp_path / "out"), "--id-field", "key")
+    assert code == 1
+    err = capsys.readouterr().err
+    assert "error: no document could be read" in err
+    assert "all 6 non-blank line(s) were malformed (missing_id 6)" in err
+    assert "--id-field (key)" in err
+    assert "--content-fields (title,text)" in err
+    assert "JSON Lines" in err
+    assert (tmp_path / "out").read_text() == ""
+
+
+def test_input_that_is_not_json_lines_fails_even_when_quiet(tmp_path: Path, capsys: Capsys) -> None:
+    src = write(tmp_path / "in.csv", "id,text\n1,hello\n2,world\n")
+    code, _ = run("dedup", str(src), "-o", str(tmp_path / "out"), "-q")
+    assert code == 1
+    err = capsys.readouterr().err
+    assert "all 3 non-blank line(s) were malformed (invalid_json 3)" in err
+
+
+def test_some_bad_lines_skipped_exit_0_with_their_count(tmp_path: Path, capsys: Capsys) -> None:
+    lines = [json.dumps(RECORDS[0]), "{", json.dumps({"text": "no id"}), json.dumps(RECORDS[1])]
+    src = write(tmp_path / "in.jsonl", "\n".join(lines) + "\n")
+    code, _ = run("dedup", str(src), "-o", str(tmp_path / "out"), "-q")
+    assert code == 0
+    err = capsys.readouterr().err
+    assert "warning: 2 malformed line(s) skipped (invalid_json 1, missing_id 1;" in err
+    assert [v["id"] for v in read_verdicts(tmp_path / "out")] == ["a", "b"]
+
+
+def test_an_empty_input_is_not_a_failure(tmp_path: Path, capsys: Capsys) -> None:
+    src = write(tmp_path / "in.jsonl", "\n\n")
+    assert run("dedup", str(src), "-o", str(tmp_path / "out"))[0] == 0
+    assert "documents   0" in capsys.readouterr().err
+
+
+def test_gzip_input_file_gives_the_verdicts_of_the_plain_one(tmp_path: Path) -> None:
+    plain = write(tmp_path / "in.jsonl", jsonl(RECORDS))
+    assert run("dedup", str(plain), "-o", str(tmp_path / "plain.out"), "-q")[0] == 0
+    expected = verdicts_of(tmp_path / "plain.out")
+    assert len(expected) == 6
+    for name in ("in.jsonl.gz", "compressed-without-suffix"):
+        packed = tmp_path / name
+        packed.write_bytes(gzip.compress(plain.read_bytes()))
+        assert run("dedup", str(packed), "-o", str(tmp_path / "gz.out"), "-q")[0] == 0
+        assert verdicts_of(tmp_path / "gz.out") == expected
+
+
+def test_gzip_on_standard_input(monkeypatch: pytest.MonkeyPatch, capsys: Capsys) -> None:
+    data = gzip.compress(jsonl(RECORDS[:3]).encode())
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(data)))
+    code, out = run("dedup", "-", "-o", "-")
+    assert code == 0
+    assert [json.loads(line)["verdict"] for line in out.splitlines()] == [
+        "unique",
+        "unique",
+        "duplicate",
+    ]
+    assert "malformed   0" in capsys.readouterr().err
+
+
+def test_a_byte_order_mark_does_not_spoil_line_1(tmp_path: Path, capsys: Capsys) -> None:
+    src = tmp_path / "in.jsonl"
+    src.write_bytes("\ufeff".encode() + jsonl(RECORDS).encode())
+    assert run("dedup", str(src), "-o", str(tmp_path / "out"))[0] == 0
+    assert [v["id"] for v in read_verdicts(tmp_path / "out")] == [r["id"] for r in RECORDS]
+    err = capsys.readouterr().err
+    assert "malformed   0" in err
+    assert "documents   6" in err
+
+
+def test_a_corrupt_gzip_input_exits_2_naming_it(tmp_path: Path, capsys: Capsys) -> None:
+    packed = gzip.compress(jsonl(RECORDS * 50).encode())
+    src = tmp_path / "in.jsonl.gz"
+    src.write_bytes(packed[: len(packed) // 2])
+    code, _ = run("dedup", str(src), "-o", str(tmp_path / "out"))
+    assert code == 2
+    err = capsys.readouterr().err
+    assert f"error: cannot read {src}" in err
+    assert "gzip -t" in err
+    assert "Traceback" not in err
+
+
+def test_replayed_ids_are_marked_and_other_texts_counted(tmp_path: Path, capsys: Capsys) -> None:
+    records = [
+        *RECORDS,
+        {"id": "a", "title": "Budget approved", "text": RECORDS[0]["text"]},  # same text
+        {"id": "b", "text": "something else entirely"},  # other text
+    ]
+    src = write(tmp_path / "in.jsonl", jsonl(records))
+    assert run("dedup", str(src), "-o", str(tmp_path / "out"))[0] == 0
+    lines = read_verdicts(tmp_path / "out")
+    assert [v.get("replayed", False) for v in lines] == [False] * 6 + [True, True]
+    assert lines[6] == {**lines[0], "replayed": True}
+    assert lines[7] == {**lines[1], "replayed": True}
+    err = capsys.readouterr().err
+    assert "replayed    2" in err
+    assert "mismatched  1" in err
+
+
+# -- Ctrl-C ----------------------------------------------------------------------------
+
+
+def _raise_from_a_kernel(*args: object, **kwargs: object) -> None:
+    """What Ctrl-C inside a compiled kernel looks like to the caller."""
+    try:
+        raise KeyboardInterrupt
+    except KeyboardInterrupt as exc:
+        raise SystemError("<numba kernel> returned a result with an exception set") from exc
+
+
+def _raise_interrupt(*args: object, **kwargs: object) -> None:
+    raise KeyboardInterrupt
+
+
+@pytest.mark.parametrize("raiser", [_raise_from_a_kernel, _raise_interrupt])
+def test_interrupt_is_one_line_and_exit_130(
+    tmp_path: Path, capsys: Capsys, monkeypatch: pytest.MonkeyPatch, raiser: object
+) -> None:
+    monkeypatch.setattr(app, "run_offline", raiser)
+    src = write(tmp_path / "in.jsonl", jsonl(RECORDS))
+    index = tmp_path / "index"
+    assert run("dedup", str(src), "-o", str(tmp_path / "out"), "--index", str(index))[0] == 130
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1
+    assert err.startswith("interrupted; every batch committed before the interrupt is in ")
+    assert str(index) in err
+    assert "rerun the same command to continue" in err
+    # The index was closed on the way out: the next run opens it.
+    monkeypatch.undo()
+    assert run("dedup", str(src), "-o", str(tmp_path / "out"), "--index", str(index))[0] == 0
+
+
+def test_interrupt_without_an_index_says_nothing_was_kept(
+    tmp_path: Path, capsys: Capsys, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(app, "run_offline", _raise_from_a_kernel)
+    src = write(tmp_path / "in.jsonl", jsonl(RECORDS))
+    assert run("dedup", str(src), "-o", str(tmp_path / "out"))[0] == 130
+    assert "nothing was kept" in capsys.readouterr().err
+
+
+def test_a_system_error_of_another_cause_is_not_an_interrupt(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def broken(*args: object, **kwargs: object) -> None:
+        raise SystemError("a real bug")
+
+    monkeypatch.setattr(app, "run_offline", broken)
+    src = write(tmp_path / "in.jsonl", jsonl(RECORDS))
+    with pytest.raises(SystemError, match="a real bug"):
+        run("dedup", str(src), "-o", str(tmp_path / "out"))
+
+
+@pytest.mark.slow
+def test_ctrl_c_during_a_long_run_exits_130_and_keeps_whole_batches(tmp_path: Path) -> None:
+    """SIGINT to a real run over a generated stream, fed as it is generated."""
+    cli = [sys.executable, "-m", "stream_dedup.cli"]
+    index, out = tmp_path / "index", tmp_path / "verdicts.jsonl"
+    generate = subprocess.Popen(
+        [*cli, "generate", "-n", "200000"], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL
+    )
+    try:
+        dedup = subprocess.Popen(
+            [*cli, "dedup", "-", "-o", str(out), "--index", str(index), "--batch-size", "500"],
+            stdin=generate.stdout,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        assert generate.stdout is not None
+        generate.stdout.close()  # dedup holds the pipe now
+        deadline = time.monotonic() + 120
+        while (not out.exists() or out.stat().st_size < 100_000) and dedup.poll() is None:
+            assert time.monotonic() < deadline, "no verdicts within two minutes"
+            time.sleep(0.05)
+        assert dedup.poll() is None, dedup.communicate()[1]
+        dedup.send_signal(signal.SIGINT)
+        _, err = dedup.communicate(timeout=60)
+    finally:
+        generate.kill()
+        generate.wait()
+    assert dedup.returncode == 130, err
+    assert "Traceback" not in err
+    assert err.strip().splitlines()[-1].startswith("interrupted; every batch committed")
+    code, stats = run("stats", "--index", str(index))
+    assert code == 0
+    documents = int(
+        next(line for line in stats.splitlines() if line.startswith("documents")).split()[1]
+    )
+    assert 0 < documents < 200_000
+    assert documents % 500 == 0  # whole batches only
+    written = out.read_text(encoding="utf-8").splitlines()
+    assert len(written) <= documents  # a verdict line follows its batch's commit
+    assert all(json.loads(line)["id"] for line in written[:-1])
+
+
+# -- the first run's compilation --------------------------------------------------------
+
+
+@pytest.mark.parametrize("cached", [False, True])
+def test_the_first_compilation_is_announced(
+    tmp_path: Path, capsys: Capsys, monkeypatch: pytest.MonkeyPatch, cached: bool
+) -> None:
+    monkeypatch.setattr(app, "kernels_cached", lambda: cached)
+    src = write(tmp_path / "in.jsonl", jsonl(RECORDS))
+    assert run("dedup", str(src), "-o", str(tmp_path / "out"))[0] == 0
+    err = capsys.readouterr().err
+    assert err.startswith(COMPILING_NOTICE + "\n") is not cached
+    assert err.count(COMPILING_NOTICE) == (0 if cached else 1)
+    assert run("dedup", str(src), "-o", str(tmp_path / "out"), "-q")[0] == 0
+    assert capsys.readouterr().err == ""
