@@ -67,3 +67,45 @@ def test_the_shipped_configuration_file_is_valid_and_matches_the_defaults() -> N
     code, text = _check(REPO / "config" / "stream-dedup.toml")
     assert code == 0
     assert tomllib.loads(text)["dedup"]["threshold"] == 0.8
+
+
+@pytest.mark.parametrize(
+    ("body", "named", "fix"),
+    [
+        ('[batch]\nmax_messages = "2000"\n', "batch.max_messages", "max_messages = 2000"),
+        ("[http]\nport = 99999\n", "http.port", "0-65535"),
+        ('[http]\nenabled = "yes"\n', "http.enabled", "enabled = true"),
+        ('[input]\ntopics = "news"\n', "input.topics", 'topics = ["news"]'),
+        ('[kafka]\n"sesion.timeout.ms" = "6000"\n', "kafka.sesion.timeout.ms", "no such setting"),
+        ('[kafka]\n"session.timeout.ms" = "soon"\n', "kafka.session.timeout.ms", "Invalid value"),
+    ],
+)
+def test_wrong_types_ranges_and_kafka_keys_fail_in_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], body: str, named: str, fix: str
+) -> None:
+    """Exit code 2 and one line naming the key and the fix; never a traceback."""
+    cfg = tmp_path / "bad.toml"
+    cfg.write_text(body)
+    code, out = _check(cfg)
+    err = capsys.readouterr().err
+    assert code == 2 and out == ""
+    assert err.count("\n") == 1 and err.startswith("error: ")
+    assert f"'{named}'" in err and fix in err
+    assert "Traceback" not in err
+
+
+def test_run_refuses_a_misspelt_kafka_key_before_opening_the_index(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """What `config check` rejects, `run` rejects the same way, at start (no index made)."""
+    index = tmp_path / "index"
+    cfg = tmp_path / "bad.toml"
+    cfg.write_text(
+        f'[index]\npath = "{index}"\n[kafka]\n"bootstrap.servers" = "127.0.0.1:9"\n'
+        '"enable.auto.comit" = "false"\n'
+    )
+    code = main(["run", "--config", str(cfg)])
+    err = capsys.readouterr().err
+    assert code == 2
+    assert err.count("\n") == 1 and "'kafka.enable.auto.comit'" in err
+    assert not index.exists()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import pytest
@@ -95,3 +96,144 @@ def test_kafka_settings_merge_defaults_user_enforced() -> None:
     assert producer["compression.type"] == "lz4"
     assert "group.id" not in producer and "fetch.wait.max.ms" not in producer
     assert consumer["security.protocol"] == producer["security.protocol"] == "SASL_SSL"
+
+
+@pytest.mark.parametrize(
+    ("layer", "key", "fix"),
+    [
+        ({"batch": {"max_messages": "2000"}}, "batch.max_messages", "max_messages = 2000"),
+        ({"batch": {"max_wait_ms": 2.5}}, "batch.max_wait_ms", None),
+        ({"batch": {"max_messages": True}}, "batch.max_messages", None),
+        ({"http": {"enabled": "true"}}, "http.enabled", "enabled = true"),
+        ({"http": {"port": "9400"}}, "http.port", "port = 9400"),
+        ({"service": {"flush_timeout_s": "30"}}, "service.flush_timeout_s", "= 30.0"),
+        ({"input": {"topics": "news,wire"}}, "input.topics", 'topics = ["news", "wire"]'),
+        ({"input": {"content_fields": ["title", 3]}}, "input.content_fields", None),
+        ({"index": {"path": 7}}, "index.path", None),
+        ({"dedup": {"num_perm": "128"}}, "dedup.num_perm", "num_perm = 128"),
+        ({"dedup": {"threshold": "0.9"}}, "dedup.threshold", "threshold = 0.9"),
+        ({"dedup": {"shingle_kind": "line"}}, "dedup.shingle_kind", "'char', 'word'"),
+        ({"dedup": {"verify": 1}}, "dedup.verify", None),
+    ],
+)
+def test_a_file_value_must_have_the_settings_type(
+    layer: dict[str, dict[str, object]], key: str, fix: str | None
+) -> None:
+    """A TOML value is not converted: "2000" is a string, and the message shows the fix."""
+    with pytest.raises(ConfigError) as info:
+        build_config([layer])
+    assert info.value.key == key
+    if fix is not None:
+        assert fix in info.value.problem
+
+
+def test_environment_and_flags_are_parsed_into_the_settings_types() -> None:
+    """Environment variables and flags can only be strings: theirs are converted."""
+    env = {
+        "STREAM_DEDUP_BATCH__MAX_MESSAGES": "2000",
+        "STREAM_DEDUP_HTTP__ENABLED": "false",
+        "STREAM_DEDUP_SERVICE__FLUSH_TIMEOUT_S": "7",
+        "STREAM_DEDUP_DEDUP__NUM_PERM": "64",
+        "STREAM_DEDUP_DEDUP__SHINGLE_KIND": "word",
+    }
+    flags = parse_assignments(["http.port=0", "input.topics=a, b", "dedup.threshold=0.9"])
+    config = load_config(None, environ=env, overrides=flags)
+    assert config.batch.max_messages == 2000
+    assert config.http.enabled is False and config.http.port == 0
+    assert config.service.flush_timeout_s == 7.0
+    assert config.input.topics == ("a", "b")
+    assert (config.dedup.num_perm, config.dedup.threshold) == (64, 0.9)
+    assert config.dedup.shingle_kind == "word"
+    # a flag overrides a file's value and is parsed; a file's value under it is not
+    layers = [{"batch": {"max_messages": "9"}}, parse_assignments(["batch.max_messages=9"])]
+    assert build_config(layers).batch.max_messages == 9
+    with pytest.raises(ConfigError, match=r"batch\.max_wait_ms"):
+        load_config(None, environ={"STREAM_DEDUP_BATCH__MAX_WAIT_MS": "soon"})
+
+
+@pytest.mark.parametrize(
+    ("layer", "key"),
+    [
+        ({"http": {"port": 99999}}, "http.port"),
+        ({"http": {"port": -1}}, "http.port"),
+        ({"http": {"health_max_age_s": 0}}, "http.health_max_age_s"),
+        ({"http": {"health_max_age_s": float("inf")}}, "http.health_max_age_s"),
+        ({"http": {"host": ""}}, "http.host"),
+        ({"service": {"flush_timeout_s": 0.0}}, "service.flush_timeout_s"),
+        ({"service": {"shutdown_timeout_s": -1.0}}, "service.shutdown_timeout_s"),
+        ({"service": {"backoff_initial_s": 0}}, "service.backoff_initial_s"),
+        ({"service": {"backoff_initial_s": 5.0, "backoff_max_s": 1.0}}, "service.backoff_max_s"),
+        ({"batch": {"max_messages": 0}}, "batch.max_messages"),
+        ({"input": {"max_message_bytes": 0}}, "input.max_message_bytes"),
+        ({"input": {"id_field": ""}}, "input.id_field"),
+        ({"input": {"content_fields": []}}, "input.content_fields"),
+        ({"index": {"path": ""}}, "index.path"),
+        ({"output": {"unique_topic": "news unique"}}, "output.unique_topic"),
+        ({"dedup": {"num_perm": 0}}, "dedup.num_perm"),
+    ],
+)
+def test_values_out_of_range_name_the_key(layer: dict[str, dict[str, object]], key: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        build_config([layer])
+    assert info.value.key == key
+
+
+def test_edges_of_the_ranges_are_accepted() -> None:
+    config = build_config(
+        [
+            {
+                "http": {"port": 65535},
+                "service": {"backoff_initial_s": 2, "backoff_max_s": 2},
+                "output": {"dlq_topic": "news.dead-letters_v2"},
+            }
+        ]
+    )
+    assert config.http.port == 65535
+    assert config.service.backoff_max_s == 2.0 and isinstance(config.service.backoff_max_s, float)
+    assert build_config([{"http": {"port": 0}}]).http.port == 0
+
+
+def _kafka_file(tmp_path: Path, settings: str) -> Path:
+    path = tmp_path / "kafka.toml"
+    path.write_text(f'[kafka]\n"bootstrap.servers" = "127.0.0.1:9"\n{settings}\n')
+    return path
+
+
+@pytest.mark.parametrize(
+    ("settings", "key", "words"),
+    [
+        ('"sesion.timeout.ms" = "6000"', "kafka.sesion.timeout.ms", "no such setting"),
+        ('"consumer.fetch.wait.maxms" = 10', "kafka.consumer.fetch.wait.maxms", "no such"),
+        ('"producer.lingerms" = 5', "kafka.producer.lingerms", "no such setting"),
+        ('"session.timeout.ms" = "soon"', "kafka.session.timeout.ms", "Invalid value"),
+        ('"linger.ms" = -5', "kafka.linger.ms", "outside allowed range"),
+        ('"security.protocol" = "SASL_SSL"', "kafka.sasl.mechanism", "SCRAM-SHA-512"),
+    ],
+)
+def test_librdkafka_checks_the_kafka_table_at_load(
+    tmp_path: Path, settings: str, key: str, words: str
+) -> None:
+    """librdkafka itself rejects the key or value; the error names the key as written."""
+    with pytest.raises(ConfigError) as info:
+        load_config(_kafka_file(tmp_path, settings), environ={})
+    assert info.value.key == key
+    assert words in info.value.problem
+    assert "\n" not in str(info.value)
+
+
+def test_a_valid_kafka_table_loads_without_waiting_for_the_network(tmp_path: Path) -> None:
+    """Nothing listens at the bootstrap address: the check makes and closes the clients only."""
+    settings = '"session.timeout.ms" = 6000\n"linger.ms" = 5\n"enable.idempotence" = true'
+    started = time.monotonic()
+    config = load_config(_kafka_file(tmp_path, settings), environ={})
+    assert time.monotonic() - started < 2.0
+    assert config.kafka["session.timeout.ms"] == "6000"
+    assert config.kafka["enable.idempotence"] == "true"
+
+
+def test_reconnect_backoff_defaults_can_be_overridden() -> None:
+    for role in ("consumer", "producer"):
+        ours = client_config(role, {})
+        assert (ours["reconnect.backoff.ms"], ours["reconnect.backoff.max.ms"]) == ("1000", "10000")
+        theirs = client_config(role, {"reconnect.backoff.ms": "50"})
+        assert theirs["reconnect.backoff.ms"] == "50"
