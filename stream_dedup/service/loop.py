@@ -273,6 +273,21 @@ class Service:
             self._batches.pending = []
             ahead.take_back()
             code = 1
+        except BaseException as exc:
+            # A batch failed (the index could not be written, a bug): decide nothing more.
+            # Closing the consumer revokes its partitions, and the revoke would checkpoint
+            # what was collected since, storing offsets past the failed batch. Everything
+            # from the last stored batch on is consumed again at the next start.
+            self._batches.pending = []
+            ahead.take_back()
+            log.error(
+                "stopping: the service cannot go on",
+                extra=fields(
+                    error=f"{type(exc).__name__}: {exc}",
+                    action="fix the cause and start again; the batch not stored is replayed",
+                ),
+            )
+            raise
         finally:
             self._shutdown(consumer, producer)
             gc_tuning.leave()
