@@ -85,6 +85,11 @@ class MalformedLineError(InputError):
         self.error = error
 
 
+#: Malformed lines reported one by one; a wrong --id-field on a large file would
+#: otherwise print a line for every document before the run's summary says why.
+MALFORMED_SHOWN = 20
+
+
 def read_documents(
     lines: Iterable[bytes],
     fmt: DocumentFormat,
@@ -105,7 +110,13 @@ def read_documents(
             summary.malformed_lines.append(line_no)
             reasons = summary.malformed_reasons
             reasons[exc.reason] = reasons.get(exc.reason, 0) + 1
-            print(f"line {line_no}: skipped, {exc}", file=report)
+            if summary.malformed <= MALFORMED_SHOWN:
+                print(f"line {line_no}: skipped, {exc}", file=report)
+            elif summary.malformed == MALFORMED_SHOWN + 1:
+                print(
+                    f"more malformed lines: counted, not shown (the first {MALFORMED_SHOWN} are)",
+                    file=report,
+                )
 
 
 def batched(docs: Iterable[Document], size: int) -> Iterator[list[Document]]:

@@ -22,6 +22,7 @@ from stream_dedup.index import open_index
 from stream_dedup.index.params import IndexParams
 from stream_dedup.models import Verdict, VerdictKind
 from stream_dedup.offline import (
+    MALFORMED_SHOWN,
     MalformedLineError,
     RunSummary,
     open_input,
@@ -218,3 +219,16 @@ def test_the_run_summary_counts_replays_and_mismatched_repeats() -> None:
     assert (summary.documents, summary.replayed, summary.mismatched_repeats) == (6, 3, 2)
     written = [json.loads(line) for line in out.getvalue().splitlines()]
     assert [v.get("replayed", False) for v in written] == [False, False, True, True, True, False]
+
+
+def test_a_flood_of_malformed_lines_is_reported_up_to_a_bound(tmp_path: Path) -> None:
+    """A wrong field name on a large file prints a bounded report, then the summary."""
+    src = tmp_path / "in.jsonl"
+    src.write_text("".join(json.dumps({"key": str(i), "text": "x"}) + "\n" for i in range(500)))
+    report = io.StringIO()
+    with src.open("rb") as lines:
+        docs = list(read_documents(lines, DocumentFormat(), RunSummary(), "skip", report))
+    assert docs == []
+    shown = report.getvalue().splitlines()
+    assert len(shown) == MALFORMED_SHOWN + 1
+    assert shown[-1].startswith("more malformed lines")

@@ -9,6 +9,7 @@ error, or an input that cannot be read (missing, unreadable, a corrupt gzip stre
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Sequence
 from contextlib import ExitStack
@@ -259,6 +260,11 @@ def main(argv: Sequence[str] | None = None, out: IO[str] | None = None) -> int:
     except InputError as exc:
         print(f"error: {exc}", file=err)
         return 2
+    except BrokenPipeError:
+        # The reader of our output went away (`... | head`): nothing to report. Point
+        # stdout at /dev/null so the interpreter's final flush does not fail again.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return EXIT_BROKEN_PIPE
     except (StreamDedupError, OSError, ValueError) as exc:
         print(f"error: {exc}", file=err)
         return 2
@@ -273,6 +279,8 @@ def main(argv: Sequence[str] | None = None, out: IO[str] | None = None) -> int:
 
 #: The exit code of a command stopped by Ctrl-C (128 + SIGINT), as shells report it.
 EXIT_INTERRUPTED = 130
+#: The exit code of a command whose output pipe was closed (128 + SIGPIPE).
+EXIT_BROKEN_PIPE = 141
 
 
 def _caused_by_interrupt(exc: BaseException) -> bool:

@@ -7,6 +7,7 @@ import io
 import json
 import random
 import string
+import subprocess
 import sys
 from pathlib import Path
 from typing import Any
@@ -325,3 +326,17 @@ def test_missing_input_file_is_a_clear_error(tmp_path: Path, capsys: Capsys) -> 
     code, _ = run("dedup", str(tmp_path / "nope.jsonl"), "-o", str(tmp_path / "out"))
     assert code == 2
     assert "nope.jsonl" in capsys.readouterr().err
+
+
+def test_output_into_a_closed_pipe_ends_quietly() -> None:
+    """``stream-dedup generate | head -1``: no error and no traceback when head exits."""
+    done = subprocess.run(
+        f"{sys.executable} -m stream_dedup.cli generate -n 20000 | head -1",
+        shell=True,
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=120,
+    )
+    assert done.stdout.count("\n") == 1
+    assert done.stderr == ""
