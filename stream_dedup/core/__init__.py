@@ -6,7 +6,7 @@ it, one module per step:
 
 - :mod:`.normalize` (NFKC, casefold, whitespace) -> :mod:`.shingles` (hashed k-grams) ->
   :mod:`.signature` (one-permutation MinHash) -> :mod:`.bands` (LSH bands and rows) ->
-  :mod:`.band_keys` (the keys a band is looked up under) -> :mod:`.verify` (verification
+  :mod:`.lookup_keys` (the keys a document is looked up under) -> :mod:`.verify` (verification
   sets, exact Jaccard) -> :mod:`.match` (a batch's candidates verified, the match chosen).
 - :mod:`.sketch` runs the steps up to the band keys for a whole batch; for character
   shingles it takes the compiled path of :mod:`._kernels`, which gives bit for bit what the

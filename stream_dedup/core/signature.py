@@ -10,7 +10,7 @@ densification*: empty bin i probes bins ``probe(i, 1), probe(i, 2), ...`` drawn 
 seeded hash that depends only on (i, attempt) and copies the first non-empty bin's value.
 Two sets that share a bin's contents therefore densify identically, which keeps
 ``P[sig_a[i] == sig_b[i]] = J(a, b)`` (Shrivastava 2017, Theorem 1). ``bench/bench_offline.py``
-measures the speed against datasketch and rensa; ``tests/unit/test_signature.py`` checks the
+measures the speed against datasketch and rensa; ``tests/core/test_signature.py`` checks the
 error.
 
 Byte layout (persisted, pinned by a golden test): ``num_perm`` little-endian uint32.
