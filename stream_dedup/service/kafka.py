@@ -192,7 +192,7 @@ def _kafka_config_error(role: str, user: Mapping[str, str], problem: str) -> Con
     elif "SASL mechanism" in problem:
         # Often none was set: librdkafka's default, GSSAPI (Kerberos), is seldom built in.
         names = ("sasl.mechanism", "sasl.mechanisms")
-        if not any(k.split(".", 1)[-1] in names or k in names for k in user):
+        if not any(k.removeprefix(f"{role}.") in names for k in user):
             return ConfigError(
                 "kafka.sasl.mechanism",
                 f"not set, and librdkafka's default does not work here ({problem}); "
