@@ -294,21 +294,25 @@ class Service:
         return code
 
     def _shutdown(self, consumer: Consumer, producer: EventProducer) -> None:
+        """Leave the group, then release everything else even if leaving failed: the
+        revoke callback checkpoints leftovers, and an index error there must not keep the
+        index's lock held or the HTTP port open."""
         self._stop.set()
         try:
             consumer.close()  # leaves the group; the revoke callback checkpoints leftovers
         except (KafkaException, RuntimeError) as exc:
             log.warning("consumer close failed", extra=fields(error=str(exc)))
-        left = producer.close(5.0)
-        if left:
-            log.warning("records left undelivered at exit", extra=fields(records=left))
-        if self._ahead is not None:
-            self._ahead.close()
-        self._batches.assigned.clear()
-        self._index_open = False
-        self.index.close()
-        if self.http is not None:
-            self.http.stop()
+        finally:
+            left = producer.close(5.0)
+            if left:
+                log.warning("records left undelivered at exit", extra=fields(records=left))
+            if self._ahead is not None:
+                self._ahead.close()
+            self._batches.assigned.clear()
+            self._index_open = False
+            self.index.close()
+            if self.http is not None:
+                self.http.stop()
         log.info("stopped", extra=fields(documents=self.index.counter("documents")))
 
     # -- one batch -----------------------------------------------------------------------
