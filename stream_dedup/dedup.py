@@ -49,7 +49,8 @@ from stream_dedup.index.records import (
 from stream_dedup.index.store import DedupIndex, PendingCommit
 from stream_dedup.models import Document, Verdict, VerdictKind
 
-#: The kinds, read once (a member looked up on the enum costs ~140 ns on Python 3.11).
+#: The kinds, read once (on Python 3.11 a member looked up on the enum goes through its
+#: metaclass, far slower than reading a module global).
 _UNIQUE, _DUPLICATE = VerdictKind.UNIQUE, VerdictKind.DUPLICATE
 
 
@@ -96,7 +97,7 @@ def kernels_cached() -> bool:
     """Whether numba's on-disk cache holds the kernels that every batch runs.
 
     When it does not (the first run after an install or upgrade, or a cleared cache), the
-    first batch compiles them, ~10-15 s with nothing to show for it, which callers announce
+    first batch compiles them, a long pause with nothing to show for it, which callers announce
     with :data:`COMPILING_NOTICE`. The check asks for the cache index (``*.nbi``) of the
     matching pass and of the key fingerprints, the two kernels every configuration runs,
     where numba's own locator puts it (``__pycache__`` beside the module, or under
@@ -132,7 +133,7 @@ class Deduplicator:
         (one near-duplicate of the other) runs every kernel the configuration uses; the
         index is read, which builds its key filter now, but not written. ``notice`` is
         given :data:`COMPILING_NOTICE` first when the kernels must be compiled (see
-        :func:`kernels_cached`), so a silent pause of ~15 s is explained.
+        :func:`kernels_cached`), so a long silent pause is explained.
         """
         texts = ["warm-up text for the compiled kernels", "warm-up text for the kernels"]
         if notice is not None and not kernels_cached():

@@ -6,10 +6,9 @@ signatures, RocksDB write batches. By default glibc serves a large allocation wi
 heap back to the kernel when a large block is freed, so each batch writes to new pages and
 pays one page fault per 4 KiB on first touch, which is slow in virtual machines. Pinning
 the mmap threshold at its maximum (32 MiB) and the trim threshold at 512 MiB keeps those
-blocks in the heap for the next batch: on the offline benchmark this removes three
-quarters of the page faults and about a tenth of the run time. The price is that the
-resident size stays at its peak (a few hundred MiB at most) instead of shrinking between
-batches.
+blocks in the heap for the next batch, so most of those page faults never happen. The
+price is that the resident size stays at its peak (a few hundred MiB at most) instead of
+shrinking between batches.
 
 Process-wide, so only the process's owner calls it (the command line, the benchmark);
 a library user's process is left alone. Elsewhere than glibc it does nothing.

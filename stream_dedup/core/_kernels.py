@@ -168,8 +168,8 @@ def drop_repeats(values: Any, runs: Any) -> tuple[Any, Any]:
     """Within each sorted run ``values[runs[d] : runs[d + 1]]``, keep each value once.
 
     Every value is written and the write position advances only past a new one: no branch
-    on the data, which the processor cannot predict in a run of random hashes (3.4 against
-    1.1 us per document of 2,000 news-sized ones).
+    on the data, which the processor cannot predict in a run of random hashes, so a loop
+    that branched on it would pay a misprediction on a large share of the values.
     """
     out = np.empty(values.size, dtype=values.dtype)
     sizes = np.zeros(runs.size - 1, dtype=np.int64)
@@ -212,7 +212,7 @@ def intersection_at_least(a: Any, b: Any, need: int) -> int:
 
     After each step the values not yet passed can add at most the smaller of the two
     remainders; a candidate far below the threshold is given up after a few hundred steps
-    instead of the whole merge (~1.5 against ~5.8 us for two 1,150-value sets at J = 0.2).
+    instead of the whole merge.
     """
     i = 0
     j = 0

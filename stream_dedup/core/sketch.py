@@ -108,9 +108,9 @@ def sketch_packed(texts: Sequence[str], config: DedupConfig, plan: BandPlan) -> 
     """:func:`sketch` as the plain values the sketch worker sends (see :func:`unpack`).
 
     A few large arrays pickle and unpickle at memory speed, where a batch's ~36,000 bucket
-    keys as ``bytes`` objects cost ~1.5 us per document each way and its verification sets
-    as 2,000 arrays cost a copy to join them: the worker sends these, and only the process
-    that decides turns them into the objects it uses.
+    keys as ``bytes`` objects cost an object each to pickle and to build again, and its
+    verification sets as 2,000 arrays cost a copy to join them: the worker sends these,
+    and only the process that decides turns them into the objects it uses.
     """
     if config.shingle.kind == "char":
         live, flat, sizes, sigs, digests = _sketch_char(texts, config)

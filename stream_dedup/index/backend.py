@@ -24,7 +24,7 @@ class OrderedPuts(NamedTuple):
     """Puts in ascending key order, as parallel lists of keys and values.
 
     Not a list of pairs: a batch writes ~30,000 band buckets this way, and a tuple per
-    bucket cost ~1 us per document to build, then as much again to free.
+    bucket would be one more object per bucket to build, then to free.
     """
 
     keys: Sequence[bytes]

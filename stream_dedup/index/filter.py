@@ -4,10 +4,10 @@ A batch of 2,000 documents looks up ~36,000 band-bucket keys, plus a verdict key
 this id a replay?) and an exact-text key per document, and nearly all of them miss: a
 bucket exists only where an earlier document had the same band. RocksDB answers a miss
 from its own Bloom filters, but only after each key has crossed into the library and
-probed the memtable and every SST file, about 1 us per key once the index holds a few
-thousand documents: a fifth of the service's time per document. This filter answers the
-same question for the whole batch in one compiled pass (~0.03 us per key), and only the
-keys it cannot rule out are read from the index.
+probed the memtable and every SST file: for tens of thousands of keys per batch, a large
+share of the service's time per document. This filter answers the same question for the
+whole batch in one compiled pass, with no call per key, and only the keys it cannot rule
+out are read from the index.
 
 It holds 64-bit fingerprints, never keys, so it cannot say a key exists, only that one
 does not: a false positive costs one read that finds nothing, and there are no false
@@ -16,11 +16,11 @@ negatives as long as every lookup key the index writes is added, which
 A bucket key's fingerprint comes from its band and band hash (:func:`bucket_fingerprints`,
 computed with the sketch), a verdict or exact-text key's from a fixed hash of its bytes
 (:func:`key_fingerprints`): the same in every process, so a filter can be kept on disk.
-The index builds it on first use from a scan of those keys (~0.7 s per million keys, ~20
-keys per document, so ~12 s per million documents), sized from the number of documents
-it holds; when a writer closes the index it saves the filter beside it
-(:meth:`KeyFilter.save`), stamped with RocksDB's write sequence number, and the next
-opening loads it instead (a few ms per million documents) if nothing was written since.
+The index builds it on first use from a scan of those keys (~20 per document: a long
+wait for a large index), sized from the number of documents it holds; when a writer
+closes the index it saves the filter beside it (:meth:`KeyFilter.save`), stamped with
+RocksDB's write sequence number, and the next opening loads it instead, far faster than
+a scan, if nothing was written since.
 
 The structure is the *split block Bloom filter* of Apache Parquet and Impala: a key sets
 one bit in each of the eight 32-bit words of one 256-bit block, so a lookup touches one
@@ -139,8 +139,8 @@ def key_fingerprints(index_keys: Sequence[bytes]) -> U64:
     return out
 
 
-#: First bytes of a stored filter. The number is the fingerprint scheme: a release that
-#: changes a fingerprint function changes it, and filters saved before are rebuilt.
+#: First bytes of a stored filter. The number is the fingerprint scheme: a change to a
+#: fingerprint function changes it, so a filter saved under another scheme is rebuilt.
 FILE_MAGIC = b"SDKEYFILTER1\n"
 #: After the magic: sequence stamp, keys added, room left, layers; then blocks per layer.
 _HEADER = struct.Struct("<QQQQ")

@@ -12,8 +12,8 @@ distinct shingle; see :mod:`stream_dedup.core.verify`) or the signature as uint3
 Verdict record (``v`` keys): compact JSON ``{"k": "u"|"d", "of", "s", "c", "e", "t"}`` so
 a replayed id returns exactly what was emitted the first time. ``"t"``, the text tag (see
 :func:`text_tag`), says which normalised text the id was decided on, so a repeat of the id
-with other text can be told apart; it is absent for empty content and from records
-written before it existed, which still decode.
+with other text can be told apart; it is absent for empty content and from records of
+the older format without it, which still decode.
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ class DocRecord:
 
     Not frozen, like the other records built once per document (``Source``,
     ``OutRecord``): a frozen dataclass sets each field through ``object.__setattr__``, which
-    made its construction about five times slower; nothing mutates these records.
+    makes its construction several times slower; nothing mutates these records.
     """
 
     doc_id: str
@@ -97,8 +97,8 @@ def decode_replay(doc_id: str, raw: bytes, exact_key: bytes | None) -> tuple[Ver
 
     ``exact_key`` is the repeat's exact-text key (``None``: its content is empty). The
     texts differ when the record's text tag is not the repeat's, or when exactly one of
-    the two is empty. A record without a tag whose content was not empty was written
-    before tags existed: its text is unknown, and the repeat is not counted as different.
+    the two is empty. A record without a tag whose content was not empty is of the older
+    format without tags: its text is unknown, and the repeat is not counted as different.
     The verdict is the first occurrence's either way: an id is decided once.
     """
     try:

@@ -16,13 +16,13 @@ Layout: document records (``d`` keys, ~85% of an index's bytes) live in a column
 their own, ``docs``; every other key is in the default one. Docnums grow with arrival, so
 each flush of ``docs`` holds a key range of its own and compaction moves those files down
 the levels without rewriting them. Sharing a key space with the random band-bucket keys,
-every compaction rewrote them: in a benchmark of 100,000 news articles RocksDB's background
-threads used ~40 us per document that way and ~16 with the column family. The split is
-invisible above this class: keys are routed by their first byte, and a prefix scan of
-``b""`` merges both families in key order. A write batch spans both families and stays
-atomic. An index written before the split (documents in the default family) is moved over
-when it is opened for writing, a chunk per atomic write, so an interrupted move resumes at
-the next open; a read-only view reads whichever layout it finds.
+every compaction rewrote them, so most of RocksDB's background work went to copying
+records that never change. The split is invisible above this class: keys are routed by
+their first byte, and a prefix scan of ``b""`` merges both families in key order. A write
+batch spans both families and stays atomic. An index of the older layout (documents in the
+default family) is moved over when it is opened for writing, a chunk per atomic write, so
+an interrupted move resumes at the next open; a read-only view reads whichever layout it
+finds.
 """
 
 from __future__ import annotations
@@ -83,35 +83,29 @@ def _options() -> Options:
 
     Most band buckets a document looks up do not exist, so whole-key bloom filters, in the
     memtable and in every SST file, answer those misses without searching the memtable's
-    skiplist or reading data blocks (halves the batched-read time at 8k-24k documents).
-    The 4 MiB memtable holds about two batches of these small keys, as the shared 16 MiB
-    one did before documents had a family of their own: a batch's ~36,000 random bucket
-    keys are inserted into a skiplist that stays small. Kept at 16 MiB for these keys
-    alone, it held eight batches and applying a batch cost ~50% more CPU (in-process
-    harness of the service's batch work, 50,000 news articles); 2 MiB flushed so often
-    that compaction cost more than it saved.
+    skiplist or reading data blocks. The 4 MiB memtable holds about two batches of these
+    small keys: a batch's ~36,000 random bucket keys are inserted into a skiplist that
+    stays small. At 16 MiB it held eight batches and applying a batch cost markedly more
+    CPU; at 2 MiB it flushed so often that compaction cost more than it saved.
 
     Compaction is *universal* (tiered), started at 12 sorted runs. A document writes ~19
     small keys here, spread at random over the key space, so under leveled compaction
-    every compaction out of level 0 overlapped, and rewrote, the whole level below it;
+    every compaction out of level 0 would overlap, and rewrite, the whole level below it;
     while this family is under ``max_bytes_for_level_base`` (256 MiB, about 450,000 news
-    articles) that level is all of it, so each compaction cost more as the index grew:
-    RocksDB's threads used ~14 us per document over the first 50,000 documents and ~122
-    over the sixth 50,000 (``bench/bench_growth.py``). Universal compaction merges runs
-    of similar size, so a key is rewritten about log(n) times instead (9-44 us per
-    document over the same 300,000, with no trend). A read checks one bloom filter per
+    articles) that level is all of it, so each compaction would cost more as the index
+    grew. Universal compaction merges runs of similar size, so a key is rewritten about
+    log(n) times instead, and the cost per document stays flat as the index grows
+    (``bench/bench_growth.py``; docs/benchmarks.md). A read checks one bloom filter per
     run, and reads here are few: the key filter of :mod:`stream_dedup.index.filter`
-    answers most misses. Nothing is compressed: LZ4 shrank these keys by ~2% (3 of 164 MB
-    after 300,000 documents: random hashes and docnums) for CPU at every flush and
-    compaction.
+    answers most misses. Nothing is compressed: LZ4 shrinks these keys (random hashes and
+    docnums) by only ~2%, for CPU at every flush and compaction.
 
     Write-ahead log files are recycled (:data:`_RECYCLED_LOGS`): a batch writes ~8 MB to
     the log, mostly document records, and a recycled file's pages are already allocated,
     so the write does not allocate them again, nor does an fsync (``index.sync``) update
-    the file's size in its inode each time. Applying a batch took ~10% less CPU (medians
-    of 5 replays of 50,000 news articles' batches, 17.1 against 18.9 us per document;
-    single replays spread more than that). Recovery after a crash is unchanged:
-    RocksDB's point-in-time recovery tells a recycled file's new records from its old.
+    the file's size in its inode each time, which makes applying a batch cheaper. Recovery
+    after a crash is unaffected: RocksDB's point-in-time recovery tells a recycled file's
+    new records from its old.
     """
     opts = Options(raw_mode=True)
     opts.create_if_missing(True)
@@ -237,8 +231,8 @@ class RocksBackend:
         Each chunk is one atomic write (put there, delete here), so a move cut short leaves
         every record in exactly one family and the next open carries on. One iterator reads
         them all: it sees the records as they were when it started, and a new seek per chunk
-        would step over every record deleted so far. ~3 s per 100,000 documents, logged
-        every :data:`_MOVE_REPORT` records.
+        would step over every record deleted so far. A large index takes a while, so
+        progress is logged every :data:`_MOVE_REPORT` records.
         """
         moved = 0
         scan = self._scan(self._db, DOC)
@@ -286,8 +280,8 @@ class RocksBackend:
 
     @staticmethod
     def _get_many(family: Rdict, keys: Sequence[bytes]) -> list[bytes | None]:
-        # Multi-gets of _READ_CHUNK keys: rocksdict's cost per key grows with the list
-        # (0.3 us at a few hundred keys, 1 us at 20k), so a batch's ~20k keys go in chunks.
+        # Multi-gets of _READ_CHUNK keys: rocksdict's cost per key grows with the list's
+        # length, so a batch's ~20k keys go in chunks of a few hundred.
         get = family.get
         values: list[bytes | None] = []
         for lo in range(0, len(keys), _READ_CHUNK):
@@ -304,7 +298,7 @@ class RocksBackend:
         # one, which makes a batch of ~20k keys several times cheaper to apply.
         batch = WriteBatch(raw_mode=True)
         put = batch.put
-        keys = sorted(puts)  # keys alone: sorting (key, value) pairs is 3x slower
+        keys = sorted(puts)  # keys alone: sorting (key, value) pairs is several times dearer
         # Document keys are one run of the sorted keys; they go to their own family.
         lo, hi = bisect_left(keys, DOC), bisect_left(keys, _DOC_END)
         docs, others = keys[lo:hi], keys[:lo] + keys[hi:]
@@ -358,8 +352,8 @@ class RocksBackend:
         return self._scan_keys(self._db, prefix)
 
     def _scan_keys(self, family: Rdict, prefix: bytes) -> Iterator[bytes]:
-        # Keys only, iterated on rocksdict's side up to the prefix's end: ~4x faster than
-        # stepping an iterator from Python (0.3 s per million keys).
+        # Keys only, iterated on rocksdict's side up to the prefix's end: several times
+        # faster than stepping an iterator from Python, which costs a call per key.
         opts = ReadOptions()
         bound = _upper_bound(prefix)
         if bound is not None:

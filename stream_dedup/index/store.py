@@ -183,8 +183,8 @@ class DedupIndex:
         buckets, a verdict and an exact-text key per indexed document, a verdict per
         other one). Every later write adds its lookup keys (:meth:`apply`), so the filter
         never misses a committed key. ``progress`` is called with the keys added so far
-        after every chunk of the scan (~0.2 s), so a long build can be reported and kept
-        alive.
+        after every chunk of the scan (a fraction of a second each), so a long build can
+        be reported and kept alive.
         """
         if self._filter is not None:
             return self._filter

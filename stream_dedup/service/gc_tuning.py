@@ -4,16 +4,16 @@ A batch of 2,000 documents allocates hundreds of thousands of container objects 
 records, event fields) that reference counting frees; nearly none are in reference cycles.
 Python's collector still runs whenever enough containers were allocated, which is in the
 middle of a batch, when tens of thousands of them are alive, and each run re-examines them
-all. Measured on the service (2,000-document batches), even with the young generation
-collected only every 50,000 allocations, about one collection per batch ran at ~13 ms,
-found nothing to free, and took ~5% of the loop's time.
+all. Even with the young generation collected only every 50,000 allocations, about one
+collection runs per batch of 2,000 documents, and it finds nothing to free: the loop's
+time spent re-examining live objects for no gain.
 
 So while the loop runs, the objects that exist at its start are frozen (``gc.freeze``, as
 long-running Python servers do: they leave every collection), automatic collection is
 off, and the loop calls :func:`collect_due` between batches: every
 :data:`COLLECT_EVERY_S` seconds it runs one full collection, which frees whatever cycles
 did form (a caught exception that references its own frame, say) within that time.
-Between batches little is alive: such a collection measured 1-2 ms.
+Between batches little is alive, so such a collection is cheap.
 
 Several services may run in one process (the tests do): the settings are changed by the
 first to :func:`enter` and restored by the last to :func:`leave`.

@@ -536,8 +536,8 @@ class EventProducer:
         # Delivery reports only for failures (unless the user says otherwise), through one
         # producer-wide callback: confirm() needs the failed records, to produce them
         # again, not a Python callback per delivered event (a callback bound to each
-        # record cost ~1 us per event); flush() returning 0 says everything else was
-        # acknowledged.
+        # record is one more Python call per event on the loop's thread); flush()
+        # returning 0 says everything else was acknowledged.
         conf.setdefault("delivery.report.only.error", "true")
         python_client_keys(conf)
         conf["on_delivery"] = self._report

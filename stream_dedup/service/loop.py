@@ -61,7 +61,7 @@ from stream_dedup.service.rebalance import Rebalance
 
 log = logging.getLogger("stream_dedup.service")
 
-#: Keys between progress lines while the key filter is built at start-up (~3.5 s).
+#: Keys between progress lines while the key filter is built at start-up (a few seconds).
 _FILTER_LOG_EVERY = 5_000_000
 
 DeduplicatorFactory = Callable[[DedupIndex, ServiceConfig], Deduplicator]

@@ -72,7 +72,7 @@ class BulkHistogram(Collector):
     Same exposition as :class:`prometheus_client.Histogram` (cumulative ``_bucket`` series
     with ``le`` labels, ``_count``, ``_sum``), but :meth:`observe_many` bins a whole batch
     with one numpy pass: at thousands of documents per second, a locked ``observe`` per
-    document and histogram was a measurable share of the loop.
+    document and histogram would be a measurable share of the loop.
     """
 
     def __init__(

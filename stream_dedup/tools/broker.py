@@ -28,10 +28,10 @@ from stream_dedup.errors import StreamDedupError
 #: Tansu answers a fetch that finds no data by sleeping for part of the request's
 #: ``fetch.wait.max.ms`` and reading its log again, until data is there or the wait is
 #: over; it is not woken when a message is produced, so a message waits for the next
-#: read. Measured with ``bench/bench_hop.py`` at 1,000 msg/s, one produce -> consume hop
-#: takes ~130 ms at the median with librdkafka's default of 500 ms and ~8 ms with 10 ms,
-#: for about 5% of a core of broker time per idle consumer. Apache Kafka answers a fetch
-#: as soon as ``fetch.min.bytes`` have arrived, so production configuration needs none.
+#: read. A short wait makes a produce -> consume hop far quicker than librdkafka's default
+#: of 500 ms does, for a little broker CPU per idle consumer (``bench/bench_hop.py``).
+#: Apache Kafka answers a fetch as soon as ``fetch.min.bytes`` have arrived, so
+#: production configuration needs none.
 TANSU_CONSUMER_SETTINGS: Mapping[str, str] = {"fetch.wait.max.ms": "10"}
 
 

@@ -14,13 +14,12 @@ the batch is decoded and sketched in the service process when it is processed: t
 verdicts are the same either way. So is a batch that arrives while the worker is idle,
 with nothing held: there is no batch being decided for the worker's work to overlap with.
 A small one (at most ``service.sketch_inline_max`` messages) is sketched here whole: its
-round trip (waking a niced process on a busy machine and waiting for it, ~3 ms per batch
-at 1,000 docs/s) costs more latency than sketching a few documents here (~40 us each). A
-larger one is split: its first third is decoded, sketched and decided here while the
-worker sketches the rest, which is then held as the next batch. Deciding a document
-takes about twice as long as sketching one, so the worker is done about when this side
-is, instead of the loop waiting for a whole batch's sketch (~150 ms for 2,000 news
-articles) each time it starts from idle, e.g. with a backlog after a restart.
+round trip (waking a niced process on a busy machine and waiting for it) costs more
+latency than sketching a few documents here. A larger one is split: its first third is
+decoded, sketched and decided here while the worker sketches the rest, which is then held
+as the next batch. Deciding a document takes about twice as long as sketching one, so the
+worker is done about when this side is, instead of the loop waiting for a whole batch's
+sketch each time it starts from idle, e.g. with a backlog after a restart.
 """
 
 from __future__ import annotations

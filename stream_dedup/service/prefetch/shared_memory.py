@@ -2,10 +2,10 @@
 
 A batch's sketch is ~9 MB for 2,000 news articles, mostly numpy arrays (the verification
 sets and signatures), and its records ~2 MB of text. Pickled through a socket pair, it
-costs the receiving service process ~12 ms per batch in copies and context switches, on
-the core that is the service's bottleneck; a message larger than the socket's buffer
-also makes the reader wait for the writer to be scheduled again, chunk by chunk, which on
-a busy machine with a niced writer doubled the time the service spent taking a reply.
+costs the receiving service process copies and context switches on the core that is the
+service's bottleneck; a message larger than the socket's buffer also makes the reader
+wait for the writer to be scheduled again, chunk by chunk, which on a busy machine with a
+niced writer adds about as much again to the time the service spends taking a reply.
 Here the sender pickles with protocol 5, which leaves the arrays' buffers out of band,
 writes those buffers and the pickle itself into a region both processes map, and sends
 only their spans through the pipe (a few hundred bytes). The receiver copies the region

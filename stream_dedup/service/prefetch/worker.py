@@ -250,17 +250,15 @@ def main() -> None:
 
     The worker owns its process, so it keeps freed memory for the next batch
     (:mod:`stream_dedup.malloc_tuning`): each batch allocates some 50 MB of arrays, and
-    without this every batch pays a page fault per 4 KiB of them (~30% of the worker's
-    time per batch of news articles).
+    without this every batch pays a page fault per 4 KiB of them, a large share of the
+    worker's time.
 
     It also yields the CPU to the service when both want it (:data:`NICENESS`): the
     service's loop is the pipeline's critical path, since it decides and commits every
     batch in order, while the worker, one batch ahead, needs about half a core and has a
-    whole batch's time to finish. On a busy machine the loop otherwise waited in the run
-    queue ~8-11 us per document behind the worker, the broker and librdkafka's threads;
-    ~4-7 at niceness 5 (``/proc`` schedstat, 50,000 news articles through the service),
-    and the service's throughput rose from 9,292 to 11,091 docs/s (medians of 6 paired
-    runs of ``bench/bench_service.py``, broker on the same two cores).
+    whole batch's time to finish. On a busy machine the loop otherwise waits in the run
+    queue behind the worker, the broker and librdkafka's threads; with the worker niced it
+    waits less, and the whole service keeps up a higher rate.
     """
     keep_freed_memory()
     with contextlib.suppress(OSError):
