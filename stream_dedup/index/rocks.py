@@ -66,7 +66,7 @@ _READ_CHUNK = 512
 DOCS_FAMILY = "docs"
 #: Document records moved per atomic write when an index of the old layout is opened.
 _MOVE_CHUNK = 2000
-#: MessageBatch between two progress lines of such a move.
+#: Records between two progress lines of such a move.
 _MOVE_REPORT = 200_000
 #: The first key after every document key.
 _DOC_END = bytes([DOC[0] + 1])

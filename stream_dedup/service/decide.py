@@ -49,7 +49,8 @@ class DecidedBatch:
 
 
 class Decider:
-    """Builds the :class:`DecidedBatch` of batches, for one service configuration."""
+    """Decides batches and builds what each produces (a :class:`DecidedBatch`), for one
+    service configuration."""
 
     def __init__(self, config: ServiceConfig, dedup: Deduplicator, metrics: Metrics) -> None:
         self.config = config
