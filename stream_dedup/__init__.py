@@ -20,7 +20,8 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from stream_dedup.api import Detector, DetectorStats, QueryResult
-    from stream_dedup.core.config import DedupConfig, DocumentFormat
+    from stream_dedup.core.config import DedupConfig
+    from stream_dedup.decode import DocumentFormat
     from stream_dedup.dedup import BatchResult, Deduplicator
     from stream_dedup.index import DedupIndex, open_index
     from stream_dedup.models import Document, Verdict, VerdictKind
@@ -36,7 +37,7 @@ _EXPORTS = {
     "Detector": "stream_dedup.api",
     "DetectorStats": "stream_dedup.api",
     "Document": "stream_dedup.models",
-    "DocumentFormat": "stream_dedup.core.config",
+    "DocumentFormat": "stream_dedup.decode",
     "QueryResult": "stream_dedup.api",
     "Verdict": "stream_dedup.models",
     "VerdictKind": "stream_dedup.models",

@@ -23,8 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any, Literal, Protocol
 
-from stream_dedup.core.config import DocumentFormat
-from stream_dedup.decode import document_from_json
+from stream_dedup.decode import DocumentFormat, document_from_json
 from stream_dedup.dedup import Deduplicator
 from stream_dedup.errors import DecodeError, InputError
 from stream_dedup.models import Document, Verdict

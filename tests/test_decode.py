@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from stream_dedup.core.config import DocumentFormat
 from stream_dedup.decode import (
+    DocumentFormat,
     MessageFormat,
     decode_messages,
     document_from_json,

@@ -15,7 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from stream_dedup.core.config import DedupConfig, DocumentFormat
+from stream_dedup.core.config import DedupConfig
+from stream_dedup.decode import DocumentFormat
 from stream_dedup.dedup import COMPILING_NOTICE, Deduplicator, kernels_cached
 from stream_dedup.errors import DecodeError, InputError, StreamDedupError
 from stream_dedup.index import open_index

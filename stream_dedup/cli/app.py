@@ -22,7 +22,8 @@ from stream_dedup.cli.detector_options import add_detector_options, detector_con
 from stream_dedup.cli.run import add_run_command
 from stream_dedup.cli.tune_report import plot_s_curve, render_report
 from stream_dedup.core.bands import datasketch_choice
-from stream_dedup.core.config import DedupConfig, DocumentFormat
+from stream_dedup.core.config import DedupConfig
+from stream_dedup.decode import DocumentFormat
 from stream_dedup.dedup import COMPILING_NOTICE, Deduplicator, kernels_cached
 from stream_dedup.errors import ConfigError, IndexStoreError, InputError, StreamDedupError
 from stream_dedup.index import open_index

@@ -24,25 +24,6 @@ VerifyMode = Literal["exact", "signature"]
 IndexPolicy = Literal["all", "uniques"]
 
 
-@dataclass(frozen=True, slots=True)
-class DocumentFormat:
-    """How a JSON object becomes a document: which field is the id, which hold the text.
-
-    Content fields are joined by ``joiner`` in the order given; a missing or null field
-    counts as absent, and a document with none of them present is malformed.
-    """
-
-    id_field: str = "id"
-    content_fields: tuple[str, ...] = ("title", "text")
-    joiner: str = "\n"
-
-    def __post_init__(self) -> None:
-        if not self.id_field:
-            raise ConfigError("id_field", "must not be empty")
-        if not self.content_fields:
-            raise ConfigError("content_fields", "name at least one field")
-
-
 ShingleKind = Literal["char", "word"]
 
 #: The shingle size a kind gets when none is given: 5 characters, or 3 words.

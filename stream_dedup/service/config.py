@@ -39,8 +39,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from stream_dedup.core.config import DedupConfig, DocumentFormat
-from stream_dedup.decode import MessageFormat
+from stream_dedup.core.config import DedupConfig
+from stream_dedup.decode import DocumentFormat, MessageFormat
 from stream_dedup.errors import ConfigError
 
 ENV_PREFIX = "STREAM_DEDUP_"

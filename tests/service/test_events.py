@@ -8,8 +8,7 @@ from importlib import resources
 import jsonschema
 import pytest
 
-from stream_dedup.core.config import DocumentFormat
-from stream_dedup.decode import document_from_record
+from stream_dedup.decode import DocumentFormat, document_from_record
 from stream_dedup.errors import DecodeError
 from stream_dedup.models import Verdict, VerdictKind
 from stream_dedup.service.events import Source, dead_letter, document_json, event
