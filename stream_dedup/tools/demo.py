@@ -22,6 +22,7 @@ from typing import IO, Any
 
 from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
 
+from stream_dedup.dedup import COMPILING_NOTICE, kernels_cached
 from stream_dedup.service.config import load_config
 from stream_dedup.tools.broker import (
     TANSU_CONSUMER_SETTINGS,
@@ -152,6 +153,8 @@ def run_demo(opts: DemoOptions, out: IO[str]) -> int:
                 },
             )
             service = Service(config)
+            if not kernels_cached():  # the service logs it, but the demo's log level hides it
+                print(COMPILING_NOTICE, file=out)
             thread = threading.Thread(target=service.run, name="stream-dedup", daemon=True)
             thread.start()
             url = f"http://127.0.0.1:{port}/metrics"
