@@ -72,10 +72,11 @@ CONSUMER_DEFAULTS: Mapping[str, str] = {
     "fetch.wait.max.ms": "50",
     # A backlog arrives in few large fetches, so batches fill up to batch.max_messages.
     "max.partition.fetch.bytes": "8388608",
-    # The loop has no use for end-of-partition events.
-    "enable.partition.eof": "false",
 }
 CONSUMER_ENFORCED: Mapping[str, str] = {
+    # The time-ordered merge learns from these events that a partition with nothing
+    # buffered is at its end and need not be waited for (stream_dedup.service.ordering).
+    "enable.partition.eof": "true",
     "enable.auto.commit": "false",
     "enable.auto.offset.store": "false",
 }
