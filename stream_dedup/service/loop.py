@@ -8,10 +8,11 @@ lock); a second process on the same directory stops at start-up with
 a persistent volume for the index: a restarted instance resumes from the offsets stored
 in the index (see :mod:`stream_dedup.service.checkpoint`).
 
-Each turn of the loop takes a batch (:mod:`stream_dedup.service.batches`: what has arrived, or
-after a crash the batch announced before it), decodes it in the canonical (topic,
-partition, offset) order, and hands it to :mod:`.prefetch`, which has the sketch
-worker sketch it while this process decides and checkpoints the batch before it.
+Each turn of the loop takes a batch (:mod:`stream_dedup.service.batches`: what has arrived,
+or after a crash the batch announced before it; records are released across partitions in
+document time by :mod:`stream_dedup.service.ordering`), decodes it in time order, and hands
+it to :mod:`.prefetch`, which has the sketch worker sketch it while this process decides
+and checkpoints the batch before it.
 Bad input never stops the loop: a message that cannot be decoded, or whose processing
 raises, goes to the dead-letter topic (:mod:`stream_dedup.service.decide` builds a batch's events
 and dead letters) and its offset is committed like any other. When the group moves
@@ -338,7 +339,7 @@ class Service:
         )
 
     def _process(self, decoded: Decoded, sketched: Sketch | None) -> None:
-        """Decide (in canonical order), build records, checkpoint: one decoded batch."""
+        """Decide (in time order), build records, checkpoint: one decoded batch."""
         assert self._checkpoint is not None
         started = time.perf_counter()
         batch = decoded.batch

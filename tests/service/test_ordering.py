@@ -17,9 +17,7 @@ TIME = RecordTime()
 
 
 def rec(partition: int, offset: int, ts: int, value: bytes = b"{}") -> Message:
-    return Message(
-        topic="news", partition=partition, offset=offset, value=value, timestamp=(1, ts)
-    )
+    return Message(topic="news", partition=partition, offset=offset, value=value, timestamp=(1, ts))
 
 
 def where(msgs: list[Message]) -> list[tuple[int | None, int | None]]:
