@@ -32,6 +32,10 @@ log = logging.getLogger("stream_dedup.service")
 
 TpKey = tuple[str, int]
 
+#: At most this many batches' worth of messages wait in the partition merge: beyond it,
+#: a partition with nothing buffered is waited for only until ``batch.max_idle_ms``.
+_HELD_BATCHES = 20
+
 
 class Batcher:
     """The messages consumed but not yet processed, and how the next batch is cut from them."""
@@ -115,11 +119,15 @@ class Batcher:
             batch = merge.release(limit, self.watched())
             if batch or not wait or not merge:
                 return batch
-            # Held back by a partition with nothing buffered: wait a little for it.
+            # Held back by a partition with nothing buffered: its records may be queued
+            # behind the others' in the consumer, so take more (beyond the usual room,
+            # up to a bound on memory) while waiting a little for them.
             left = merge.blocking(self.watched())
-            msg = consumer.poll(min(0.05, left if left is not None else 0.0))
-            if msg is not None:
-                self.take([msg])
+            timeout = min(0.05, left if left is not None else 0.0)
+            if len(merge) < limit * _HELD_BATCHES:
+                self.take(consumer.consume(limit, timeout))
+            else:
+                time.sleep(timeout)
             deadline = time.monotonic()
         return []
 
