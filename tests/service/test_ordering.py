@@ -6,7 +6,7 @@ import json
 import random
 import threading
 
-from confluent_kafka import KafkaError, Message
+from confluent_kafka import Consumer, KafkaError, Message
 
 from stream_dedup.service.batches import Batcher
 from stream_dedup.service.checkpoint import batch_ranges, split_intent
@@ -146,3 +146,31 @@ def test_the_batcher_takes_end_of_partition_events() -> None:
     batcher.take([rec(0, 0, 1), eof])
     assert ("news", 1) in batcher.merge.caught_up
     assert len(batcher.merge) == 1
+
+
+class Queue:
+    """The part of a Consumer the batcher uses: messages already fetched, in fetch order."""
+
+    def __init__(self, queued: list[Message]) -> None:
+        self.queued = queued
+
+    def poll(self, timeout: float) -> Message | None:
+        return self.queued.pop(0) if self.queued else None
+
+    def consume(self, num_messages: int, timeout: float) -> list[Message]:
+        out, self.queued = self.queued[:num_messages], self.queued[num_messages:]
+        return out
+
+
+def test_records_queued_behind_a_full_buffer_are_reached() -> None:
+    """Partition 0 fills the buffer; partition 1's earlier records wait behind more of
+    partition 0's in the consumer's queue: the batcher takes on until it reaches them."""
+    batcher = Batcher(BatchConfig(max_messages=10, max_idle_ms=60_000), None, threading.Event())
+    batcher.assigned = {("news", 0), ("news", 1)}
+    batcher.pending = [rec(0, o, 1000 + 2 * o) for o in range(50)]
+    queue = Queue([rec(0, o, 1000 + 2 * o) for o in range(50, 80)])
+    queue.queued += [rec(1, o, 1001 + 2 * o) for o in range(80)]
+    fake: Consumer = queue  # type: ignore[assignment]
+    batch = batcher.collect(fake)
+    assert where(batch) == [(p, o // 2) for o in range(10) for p in (o % 2,)]
+    assert [TIME(m) for m in batch] == list(range(1000, 1010))
