@@ -96,6 +96,13 @@ class Batcher:
         With ``wait=False`` (a batch is being sketched ahead) the first message is not
         awaited either. While a batch intent is pending, the batch is the intent's
         (:meth:`_collect_intent`).
+
+        What is taken goes to the partition merge, which releases the batch in document
+        time across partitions (:mod:`stream_dedup.service.ordering`); up to
+        ``max_messages`` per watched partition are taken before releasing, so that every
+        partition has its say. While a partition with nothing buffered holds the release
+        back (at most ``batch.max_idle_ms``), the wait is spent taking more, a little at
+        a time; with ``wait=False`` nothing is waited for.
         """
         if self.intent is not None:
             return self._collect_intent(consumer, self.intent)
