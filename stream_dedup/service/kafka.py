@@ -6,8 +6,9 @@ order, later wins::
     our defaults  <  the user's [kafka] table  <  what the commit protocol needs
 
 The enforced keys are :data:`CONSUMER_ENFORCED` and :data:`PRODUCER_ENFORCED`: offsets are
-committed only by the checkpoint (never automatically), and an event counts as delivered
-only when every in-sync replica has it. In the user's table a ``consumer.`` or
+committed only by the checkpoint (never automatically), end-of-partition events tell the
+time-ordered merge that a partition is caught up, and an event counts as delivered only
+when every in-sync replica has it. In the user's table a ``consumer.`` or
 ``producer.`` prefix limits a key to one client; keys that only make sense for one role
 (``group.id``, ``linger.ms``...) go only to that one. Security settings
 (``security.protocol``, ``sasl.*``, ``ssl.*``) pass through unchanged to both, so SASL and
