@@ -1,7 +1,11 @@
 """Taking batches from the consumer: what has arrived, or the batch announced before a crash.
 
 A batch takes the messages already fetched without waiting for more: it closes when none is
-left, at ``batch.max_messages``, or ``batch.max_wait_ms`` after its first message. After a
+left, at ``batch.max_messages``, or ``batch.max_wait_ms`` after its first message. What it
+takes goes through the partition merge (:class:`~stream_dedup.service.ordering.PartitionMerge`),
+which releases records in document time across the assigned partitions, holding them back
+while an assigned partition has nothing buffered, is not known to be at its end, and has
+been empty for less than ``batch.max_idle_ms``. After a
 crash the first batch is instead the one the index's batch intent announces, collected
 until complete (see :mod:`stream_dedup.service.checkpoint`); normal batching resumes once it is
 committed (the service then clears :attr:`Batcher.intent` and resumes what was
@@ -22,22 +26,35 @@ from stream_dedup.logs import fields
 from stream_dedup.service.checkpoint import intent_reached, position, split_intent
 from stream_dedup.service.config import BatchConfig
 from stream_dedup.service.kafka import LogThrottle, raise_if_fatal
+from stream_dedup.service.ordering import PartitionMerge, RecordTime
 
 log = logging.getLogger("stream_dedup.service")
 
 TpKey = tuple[str, int]
 
+#: At most this many batches' worth of messages wait in the partition merge: beyond it,
+#: a partition with nothing buffered is waited for only until ``batch.max_idle_ms``.
+_HELD_BATCHES = 20
+
 
 class Batcher:
     """The messages consumed but not yet processed, and how the next batch is cut from them."""
 
-    def __init__(self, batch: BatchConfig, intent: Ranges | None, stop: threading.Event) -> None:
+    def __init__(
+        self,
+        batch: BatchConfig,
+        intent: Ranges | None,
+        stop: threading.Event,
+        time_of: RecordTime | None = None,
+    ) -> None:
         self._batch = batch
         self._stop = stop
         #: Ranges of a batch announced but not committed before the last stop: replay it.
         self.intent = intent
         self.consumer: Consumer | None = None
-        self.pending: list[Message] = []
+        self.time_of = time_of if time_of is not None else RecordTime()
+        #: The consumed messages not yet in a batch, per partition (the reorder stage).
+        self.merge = PartitionMerge(batch.max_idle_ms / 1000.0, self.time_of)
         self.paused: set[TpKey] = set()
         self.assigned: set[TpKey] = set()
         #: When each pending message (by ``id``) was taken from the consumer.
@@ -47,9 +64,24 @@ class Batcher:
         #: kind (code, partition) is logged once a minute, with the count of those left out.
         self._errors = LogThrottle(60.0)
 
+    @property
+    def pending(self) -> list[Message]:
+        """The messages consumed but not yet in a batch, partition by partition."""
+        return self.merge.messages()
+
+    @pending.setter
+    def pending(self, msgs: list[Message]) -> None:
+        self.merge.clear()
+        for msg in msgs:
+            self.merge.add(msg)
+
     def drop(self, partitions: set[TpKey]) -> None:
         """Forget the pending messages of ``partitions`` (read again when they come back)."""
-        self.pending = [m for m in self.pending if (m.topic(), m.partition()) not in partitions]
+        self.merge.drop(partitions)
+
+    def watched(self) -> set[TpKey]:
+        """The partitions the merge waits for: assigned and fetching, or holding records."""
+        return (self.assigned - self.paused) | self.merge.partitions()
 
     def collect(self, consumer: Consumer, *, wait: bool = True) -> list[Message]:
         """Up to ``max_messages``: what has arrived, taken without waiting for more.
@@ -64,24 +96,47 @@ class Batcher:
         With ``wait=False`` (a batch is being sketched ahead) the first message is not
         awaited either. While a batch intent is pending, the batch is the intent's
         (:meth:`_collect_intent`).
+
+        What is taken goes to the partition merge, which releases the batch in document
+        time across partitions (:mod:`stream_dedup.service.ordering`); up to
+        ``max_messages`` per watched partition are taken before releasing, so that every
+        partition has its say. While a partition with nothing buffered holds the release
+        back (at most ``batch.max_idle_ms``), the wait is spent taking more, a little at
+        a time; with ``wait=False`` nothing is waited for.
         """
         if self.intent is not None:
             return self._collect_intent(consumer, self.intent)
         limit = self._batch.max_messages
-        wait_s = self._batch.max_wait_ms / 1000.0
-        if not self.pending:
+        merge = self.merge
+        if not merge:
             first = consumer.poll(0.2 if wait else 0.0)
             if first is None:
                 return []
             self.take([first])
-        deadline = time.monotonic() + wait_s
-        while len(self.pending) < limit and not self._stop.is_set():
-            more = consumer.consume(limit - len(self.pending), 0)
+            if not merge:
+                return []
+        deadline = time.monotonic() + self._batch.max_wait_ms / 1000.0
+        while not self._stop.is_set():
+            watched = self.watched()
+            room = limit * max(1, len(watched)) - len(merge)
+            more = consumer.consume(min(limit, room), 0) if room > 0 else []
             self.take(more)
-            if not more or time.monotonic() >= deadline:
-                break
-        batch, self.pending = self.pending[:limit], self.pending[limit:]
-        return batch
+            if more and time.monotonic() < deadline:
+                continue
+            batch = merge.release(limit, self.watched())
+            if batch or not wait or not merge:
+                return batch
+            # Held back by a partition with nothing buffered: its records may be queued
+            # behind the others' in the consumer, so take more (beyond the usual room,
+            # up to a bound on memory) while waiting a little for them.
+            left = merge.blocking(self.watched())
+            timeout = min(0.05, left if left is not None else 0.0)
+            if len(merge) < limit * _HELD_BATCHES:
+                self.take(consumer.consume(limit, timeout))
+            else:
+                time.sleep(timeout)
+            deadline = time.monotonic()
+        return []
 
     def _collect_intent(self, consumer: Consumer, intent: Ranges) -> list[Message]:
         """The announced batch once every intent partition reached its end, else ``[]``.
@@ -113,7 +168,8 @@ class Batcher:
             self.pause(self._done_for_intent(intent))
             if not intent_reached(self.pending, intent):
                 return []
-        batch, self.pending = split_intent(self.pending, intent)
+        batch, held = split_intent(self.pending, intent)
+        self.pending = held
         return batch
 
     def _done_for_intent(self, intent: Ranges) -> list[TpKey]:
@@ -147,7 +203,11 @@ class Batcher:
         for msg in msgs:
             err = raise_if_fatal(msg)
             if err is not None:
-                if err.code() != KafkaError._PARTITION_EOF:
+                if err.code() == KafkaError._PARTITION_EOF:
+                    topic, partition = msg.topic(), msg.partition()
+                    if topic is not None and partition is not None:
+                        self.merge.at_end((topic, partition))
+                else:
                     dropped = self._errors.admit((err.code(), msg.topic(), msg.partition()))
                     if dropped is not None:
                         log.warning(
@@ -155,5 +215,5 @@ class Batcher:
                             extra=fields(error=err.str(), topic=msg.topic(), suppressed=dropped),
                         )
                 continue
-            self.pending.append(msg)
+            self.merge.add(msg)
             self.received_at[id(msg)] = received

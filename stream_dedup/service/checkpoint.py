@@ -1,9 +1,16 @@
 """The commit protocol: how a batch becomes durable. Implemented here and nowhere else.
 
 A batch is a set of input ranges, ``(topic, partition) -> (first offset, last offset + 1)``,
-and it is always decided in the *canonical order*: by (topic, partition, offset), partition
-by partition. The order therefore depends only on the ranges, never on how the consumer
-happened to interleave partitions. For every batch, in this order:
+and it is always decided in *time order* (:func:`stream_dedup.service.ordering.time_order`):
+each partition's records in offset order, merged by the (time, topic, partition) of their
+heads, where a record's time is its message timestamp or ``input.time_field``. When times
+do not decrease along a partition this is the order of (time, topic, partition, offset).
+The order depends only on the records inside the ranges (their times), never on how the
+consumer happened to interleave partitions or how fast they were fetched. Which records
+form a batch is chosen by the partition merge (:class:`~stream_dedup.service.ordering.
+PartitionMerge`), which releases them across partitions in time order, so a batch is a
+time-ordered run that is still one contiguous offset range per partition. For every
+batch, in this order:
 
 1. **Record the batch intent**: the batch's ranges, in one small atomic index write
    (:meth:`DedupIndex.write_intent`; fsynced only with ``index.sync``).
@@ -32,11 +39,18 @@ So a crash anywhere, ``kill -9`` included:
 * between steps 1 and 4: the index holds the intent but neither the batch's records nor
   its offsets. At start-up the first batch is exactly the intent's ranges (the service
   collects until every intent partition reaches its end offset and holds anything beyond
-  for the next batch), decided in the canonical order over the same committed index.
+  for the next batch), decided in time order over the same committed index: the order
+  is computed from the ranges' records alone, so it is the first emission's.
   Deciding is deterministic, so the replayed events equal the first emission (same
   verdict, ``duplicate_of``, similarity, cluster), however many partitions there are.
   Consumers see at most one batch twice, with identical content, keyed by document id.
 * after step 4: the index resumes after the batch; nothing is replayed.
+
+A document that arrives after a later copy was decided (its partition lagged beyond
+``batch.max_idle_ms``, or its time is earlier than records already released) is decided
+when it arrives, against everything decided before it: the original becomes the
+duplicate of the copy. That is deterministic given the decision order, which the index
+records and a replay keeps.
 
 Nothing is lost (an offset is never stored before its events are confirmed) and nothing
 is decided twice differently (the replayed batch is the announced batch, and verdicts,
@@ -74,10 +88,10 @@ def position(msg: Message) -> tuple[str, int, int]:
 
 
 def canonical_order(msgs: list[Message]) -> list[Message]:
-    """The batch sorted by (topic, partition, offset): the order it is decided in.
+    """The batch sorted by (topic, partition, offset): the tie-break of time order.
 
-    It depends only on which messages the batch holds, not on how the consumer
-    interleaved partitions, so a replayed batch is decided exactly like the first time.
+    Batches are decided in :func:`stream_dedup.service.ordering.time_order`; this order
+    (a function of the batch alone, like that one) is what ties of time fall back to.
     """
     return sorted(msgs, key=position)
 
@@ -144,7 +158,7 @@ class Checkpoint:
         """Record the intent, produce, confirm, write the index, commit to Kafka: in order.
 
         ``ranges`` are the batch's input ranges; ``result`` must come from deciding the
-        batch's documents in the canonical order (see the module docstring).
+        batch's documents in time order (see the module docstring).
         """
         started = time.perf_counter()
         offsets = {tp: end for tp, (_start, end) in ranges.items()}

@@ -56,6 +56,9 @@ class InputConfig:
     content_fields: tuple[str, ...] = ("title", "text")
     joiner: str = "\n"
     max_message_bytes: int = 1_048_576
+    #: The JSON field holding a document's time (epoch ms or ISO-8601); "" = the message
+    #: timestamp. Documents are decided in this time across partitions.
+    time_field: str = ""
 
     def __post_init__(self) -> None:
         if not self.topics or not all(self.topics):
@@ -121,8 +124,13 @@ class BatchConfig:
 
     max_messages: int = 2000
     max_wait_ms: int = 20
+    #: How long an assigned partition with nothing buffered, not known to be at its end,
+    #: may hold back the time-ordered merge of the others (Kafka Streams' max.task.idle.ms).
+    max_idle_ms: int = 500
 
     def __post_init__(self) -> None:
+        if self.max_idle_ms < 0:
+            raise ConfigError("batch.max_idle_ms", "must not be negative")
         if self.max_messages < 1:
             raise ConfigError("batch.max_messages", "must be positive")
         if self.max_wait_ms < 0:

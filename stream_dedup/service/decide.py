@@ -1,7 +1,7 @@
 """A decoded batch -> the records to produce: events and dead letters.
 
 The service's step between decoding (:mod:`stream_dedup.service.inputs`) and checkpointing,
-:meth:`Decider.build`: decide the documents in the batch's canonical order
+:meth:`Decider.build`: decide the documents in the batch's time order
 (:class:`~stream_dedup.dedup.Deduplicator`; their sketch may have been computed ahead, by
 :mod:`stream_dedup.service.prefetch.worker`), and turn each verdict into an event
 (:mod:`stream_dedup.service.events`). Nothing here touches Kafka or writes the index; the result

@@ -51,13 +51,13 @@ def source_of(msg: Message) -> Source:
 
 @dataclass(frozen=True, slots=True)
 class MessageBatch:
-    """A batch in the canonical order, with each message's :class:`Source`."""
+    """A batch in time order, with each message's :class:`Source`."""
 
     batch: list[Message]
     sources: list[Source]
 
     def split(self, at: int) -> tuple[MessageBatch, MessageBatch]:
-        """The first ``at`` messages and the rest, each still in the canonical order (so
+        """The first ``at`` messages and the rest, each still in time order (so
         each holds one run of offsets per partition: a batch of its own)."""
         if at <= 0:
             return MessageBatch([], []), self
@@ -71,7 +71,7 @@ class MessageBatch:
 
 @dataclass(frozen=True, slots=True)
 class Decoded:
-    """A batch (in the canonical order) decoded: its documents with their sources, in
+    """A batch (in time order) decoded: its documents with their sources, in
     order, and the messages that did not decode (dead letters once the batch is built)."""
 
     batch: list[Message]
@@ -87,7 +87,7 @@ class InputDecoder:
         self.message_format = message_format
 
     def read(self, batch: Sequence[Message]) -> MessageBatch:
-        """``batch`` (already in the canonical order) with its messages' sources."""
+        """``batch`` (already in time order) with its messages' sources."""
         return MessageBatch(list(batch), [source_of(msg) for msg in batch])
 
     def request(self, records: MessageBatch) -> DecodeRequest:

@@ -6,8 +6,9 @@ order, later wins::
     our defaults  <  the user's [kafka] table  <  what the commit protocol needs
 
 The enforced keys are :data:`CONSUMER_ENFORCED` and :data:`PRODUCER_ENFORCED`: offsets are
-committed only by the checkpoint (never automatically), and an event counts as delivered
-only when every in-sync replica has it. In the user's table a ``consumer.`` or
+committed only by the checkpoint (never automatically), end-of-partition events tell the
+time-ordered merge that a partition is caught up, and an event counts as delivered only
+when every in-sync replica has it. In the user's table a ``consumer.`` or
 ``producer.`` prefix limits a key to one client; keys that only make sense for one role
 (``group.id``, ``linger.ms``...) go only to that one. Security settings
 (``security.protocol``, ``sasl.*``, ``ssl.*``) pass through unchanged to both, so SASL and
@@ -72,10 +73,11 @@ CONSUMER_DEFAULTS: Mapping[str, str] = {
     "fetch.wait.max.ms": "50",
     # A backlog arrives in few large fetches, so batches fill up to batch.max_messages.
     "max.partition.fetch.bytes": "8388608",
-    # The loop has no use for end-of-partition events.
-    "enable.partition.eof": "false",
 }
 CONSUMER_ENFORCED: Mapping[str, str] = {
+    # The time-ordered merge learns from these events that a partition with nothing
+    # buffered is at its end and need not be waited for (stream_dedup.service.ordering).
+    "enable.partition.eof": "true",
     "enable.auto.commit": "false",
     "enable.auto.offset.store": "false",
 }

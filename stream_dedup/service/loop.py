@@ -8,10 +8,11 @@ lock); a second process on the same directory stops at start-up with
 a persistent volume for the index: a restarted instance resumes from the offsets stored
 in the index (see :mod:`stream_dedup.service.checkpoint`).
 
-Each turn of the loop takes a batch (:mod:`stream_dedup.service.batches`: what has arrived, or
-after a crash the batch announced before it), decodes it in the canonical (topic,
-partition, offset) order, and hands it to :mod:`.prefetch`, which has the sketch
-worker sketch it while this process decides and checkpoints the batch before it.
+Each turn of the loop takes a batch (:mod:`stream_dedup.service.batches`: what has arrived,
+or after a crash the batch announced before it; records are released across partitions in
+document time by :mod:`stream_dedup.service.ordering`), decodes it in time order, and hands
+it to :mod:`.prefetch`, which has the sketch worker sketch it while this process decides
+and checkpoints the batch before it.
 Bad input never stops the loop: a message that cannot be decoded, or whose processing
 raises, goes to the dead-letter topic (:mod:`stream_dedup.service.decide` builds a batch's events
 and dead letters) and its offset is committed like any other. When the group moves
@@ -41,7 +42,6 @@ from stream_dedup.service.batches import Batcher
 from stream_dedup.service.checkpoint import (
     Checkpoint,
     batch_ranges,
-    canonical_order,
     kafka_commit_reporter,
 )
 from stream_dedup.service.config import ServiceConfig
@@ -55,6 +55,7 @@ from stream_dedup.service.kafka import (
     build_consumer,
 )
 from stream_dedup.service.metrics import Metrics
+from stream_dedup.service.ordering import RecordTime, time_order
 from stream_dedup.service.prefetch.ahead import SketchAhead
 from stream_dedup.service.prefetch.worker import SketchWorkerError
 from stream_dedup.service.rebalance import Rebalance
@@ -104,7 +105,8 @@ class Service:
         self._last_beat = time.monotonic()
         self._filter_logged = 0
         self._index_open = True
-        self._batches = Batcher(config.batch, self.index.intent(), self._stop)
+        self._time_of = RecordTime(config.input.time_field)
+        self._batches = Batcher(config.batch, self.index.intent(), self._stop, self._time_of)
         strategy = config.kafka.get("partition.assignment.strategy", "")
         self._rebalance = Rebalance(
             self.index,
@@ -257,6 +259,7 @@ class Service:
                     raise KafkaException(consumer_watch.fatal)
                 from_intent = self._batches.intent is not None
                 batch = self._batches.collect(consumer, wait=not ahead.holding)
+                self.metrics.reorder_waiting.set(len(self._batches.merge))
                 if batch:
                     consumer_watch.alive()
                 if from_intent:
@@ -318,11 +321,11 @@ class Service:
     # -- one batch -----------------------------------------------------------------------
 
     def _read(self, batch: list[Message]) -> MessageBatch:
-        """The batch in the canonical order, with its sources (decoding starts from this)."""
-        return self._inputs.read(canonical_order(batch))
+        """The batch in time order, with its sources (decoding starts from this)."""
+        return self._inputs.read(time_order(batch, self._time_of))
 
     def _decode(self, batch: list[Message]) -> Decoded:
-        """The batch in the canonical order, decoded here (the first step of processing it)."""
+        """The batch in time order, decoded here (the first step of processing it)."""
         return self._inputs.decode(self._read(batch))
 
     def _worker_failed(self, exc: SketchWorkerError) -> None:
@@ -336,7 +339,7 @@ class Service:
         )
 
     def _process(self, decoded: Decoded, sketched: Sketch | None) -> None:
-        """Decide (in canonical order), build records, checkpoint: one decoded batch."""
+        """Decide (in time order), build records, checkpoint: one decoded batch."""
         assert self._checkpoint is not None
         started = time.perf_counter()
         batch = decoded.batch
@@ -358,5 +361,6 @@ class Service:
         self.metrics.verdicts.labels("duplicate").inc(duplicates)
         self.metrics.verdicts.labels("unique").inc(len(result.verdicts) - duplicates)
         self.metrics.observe_work(result.stats.candidates, result.stats.verifications)
+        self.metrics.observe_decided_times([self._time_of(m) for m in batch], time.time())
         self.metrics.replayed.inc(result.stats.replayed)
         self.metrics.truncated.inc(result.stats.truncated_lookups)

@@ -35,6 +35,8 @@ stream_dedup_index_documents                    gauge      documents decided in 
 stream_dedup_index_size_bytes                   gauge      index size on disk
 stream_dedup_index_filter_bytes                 gauge      memory of the index's key filter
 stream_dedup_consumer_lag_messages{topic,part.}  gauge      lag from librdkafka statistics
+stream_dedup_decision_lag_seconds{edge}         gauge      now - time of last batch's oldest/newest
+stream_dedup_reorder_waiting_messages           gauge      consumed, held by the time-ordered merge
 ==============================================  =========  =================================
 """
 
@@ -223,12 +225,32 @@ class Metrics:
         for change in ("assign", "revoke", "lost"):
             self.rebalances.labels(change)
         self.assigned = Gauge(f"{p}_assigned_partitions", "Partitions held now.", registry=r)
+        self.decision_lag = Gauge(
+            f"{p}_decision_lag_seconds",
+            "Now minus the document time of the last batch's oldest / newest document "
+            "(how far deciding trails the documents' time).",
+            ["edge"],
+            registry=r,
+        )
+        for edge in ("oldest", "newest"):
+            self.decision_lag.labels(edge)
+        self.reorder_waiting = Gauge(
+            f"{p}_reorder_waiting_messages",
+            "Messages consumed and held by the time-ordered merge of partitions.",
+            registry=r,
+        )
         r.register(_ScrapeCollector(self))
 
     def observe_work(self, candidates: Sequence[int], verifications: Sequence[int]) -> None:
         """Per-document candidate and verification counts of one batch."""
         self.candidates.observe_many(candidates)
         self.verifications.observe_many(verifications)
+
+    def observe_decided_times(self, times_ms: Sequence[int], now_s: float) -> None:
+        """The decision lag of one batch, from its documents' times (epoch ms)."""
+        if times_ms:
+            self.decision_lag.labels("oldest").set(now_s - min(times_ms) / 1000.0)
+            self.decision_lag.labels("newest").set(now_s - max(times_ms) / 1000.0)
 
     def on_statistics(self, raw: str) -> None:
         """librdkafka ``stats_cb``: keep the consumer lag of every partition we consume."""

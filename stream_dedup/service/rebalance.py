@@ -142,4 +142,5 @@ class Rebalance:
         b = self._batches
         b.assigned -= partitions
         b.paused -= partitions
+        b.drop(partitions)
         self._metrics.assigned.set(len(b.assigned))

@@ -69,3 +69,16 @@ def test_kafka_commit_reporter_counts_and_logs_only_failed_commits(
     assert [r.getMessage() for r in caplog.records] == [
         "Kafka refused the offset commit; the index holds the true offsets"
     ]
+
+
+def test_decision_lag_and_reorder_waiting_gauges() -> None:
+    registry = CollectorRegistry()
+    metrics = Metrics(registry)
+    assert registry.get_sample_value("stream_dedup_decision_lag_seconds", {"edge": "oldest"}) == 0
+    metrics.observe_decided_times([1_000_000, 1_004_000, 1_002_500], now_s=1_010.0)
+    assert registry.get_sample_value("stream_dedup_decision_lag_seconds", {"edge": "oldest"}) == 10
+    assert registry.get_sample_value("stream_dedup_decision_lag_seconds", {"edge": "newest"}) == 6
+    metrics.observe_decided_times([], now_s=2_000.0)  # an empty batch leaves them
+    assert registry.get_sample_value("stream_dedup_decision_lag_seconds", {"edge": "newest"}) == 6
+    metrics.reorder_waiting.set(42)
+    assert registry.get_sample_value("stream_dedup_reorder_waiting_messages") == 42

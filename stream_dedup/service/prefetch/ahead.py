@@ -1,6 +1,6 @@
 """One batch ahead of the loop, decoded and sketched by the worker while the loop decides.
 
-The service loop hands each batch it collected (in the canonical order, with its sources:
+The service loop hands each batch it collected (in time order, with its sources:
 :class:`~stream_dedup.service.inputs.MessageBatch`) to :meth:`SketchAhead.advance`, which takes the
 worker's result for the batch handed in before it, gives the worker the new batch, and
 only then processes the earlier one: the worker (:mod:`stream_dedup.service.prefetch.worker`)
