@@ -95,7 +95,8 @@ class Run:
         self.topic = f"bench-{uuid.uuid4().hex[:8]}"
         self.bootstrap = bootstrap
         self.port = free_port()
-        create_topics(bootstrap, [self.topic, f"{self.topic}.unique", f"{self.topic}.duplicates"])
+        create_topics(bootstrap, [self.topic], partitions=args.partitions)
+        create_topics(bootstrap, [f"{self.topic}.unique", f"{self.topic}.duplicates"])
         create_topics(bootstrap, [f"{self.topic}.dlq"])
         self.config = workdir / f"{self.topic}.toml"
         self.config.write_text(
@@ -338,6 +339,7 @@ def main() -> int:
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--max-messages", type=int, default=2000, help="batch.max_messages")
     p.add_argument("--max-wait-ms", type=int, default=20, help="batch.max_wait_ms")
+    p.add_argument("--partitions", type=int, default=1, help="input topic partitions (1)")
     p.add_argument("--skip-latency", action="store_true")
     p.add_argument("--skip-throughput", action="store_true")
     p.add_argument("--json", metavar="FILE", help="also write the results as JSON")
