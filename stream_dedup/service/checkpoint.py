@@ -68,10 +68,12 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Topic
 from stream_dedup.dedup import BatchResult, BatchStats, Deduplicator
 from stream_dedup.index.backend import NO_ORDERED_PUTS
 from stream_dedup.index.store import Ranges
+from stream_dedup.logs import fields
 from stream_dedup.service.config import ServiceSection
 from stream_dedup.service.events import OutRecord
 from stream_dedup.service.kafka import EventProducer
 from stream_dedup.service.metrics import Metrics
+from stream_dedup.service.transactions import TransactionalProducer
 
 log = logging.getLogger("stream_dedup.service.checkpoint")
 
@@ -134,7 +136,11 @@ def empty_result() -> BatchResult:
 
 
 class Checkpoint:
-    """Runs the commit protocol (see the module docstring) for one batch at a time."""
+    """Runs the commit protocol (see the module docstring) for one batch at a time.
+
+    ``producer`` is a :class:`TransactionalProducer` in exactly-once mode (steps 2-3 and 5
+    become one transaction), an :class:`EventProducer` otherwise.
+    """
 
     def __init__(
         self,
@@ -153,31 +159,60 @@ class Checkpoint:
         self._keep_waiting = keep_waiting
 
     def commit(
-        self, records: list[OutRecord], result: BatchResult, ranges: Ranges, rejected: Rejected
+        self,
+        records: list[OutRecord],
+        result: BatchResult,
+        ranges: Ranges,
+        rejected: Rejected,
+        *,
+        delivered: bool = False,
     ) -> None:
         """Record the intent, produce, confirm, write the index, commit to Kafka: in order.
 
         ``ranges`` are the batch's input ranges; ``result`` must come from deciding the
-        batch's documents in time order (see the module docstring).
+        batch's documents in time order (see the module docstring). ``delivered``: the
+        batch is the pending intent and its transaction committed before the last stop
+        (exactly-once only), so its records are not produced again; only the index is
+        written.
         """
         started = time.perf_counter()
         offsets = {tp: end for tp, (_start, end) in ranges.items()}
         self._dedup.index.write_intent(ranges)  # 1. the batch intent
-        for i, rec in enumerate(records):  # 2. produce
-            try:
-                self._producer.produce(rec)
-            except KafkaException as exc:
-                replacement = rejected(i, exc)
-                if replacement is not None:
-                    self._producer.produce(replacement)
+        producer = self._producer
+        transaction = producer if isinstance(producer, TransactionalProducer) else None
+        if delivered:
+            assert transaction is not None, "only a transaction tells that a batch was delivered"
+            log.info(
+                "the batch announced before the last stop was delivered; storing it",
+                extra=fields(action="none: its events are not emitted again"),
+            )
+        else:
+            if transaction is not None:
+                transaction.begin()
+            for i, rec in enumerate(records):  # 2. produce
+                try:
+                    producer.produce(rec)
+                except KafkaException as exc:
+                    replacement = rejected(i, exc)
+                    if replacement is not None:
+                        producer.produce(replacement)
         pending = self._dedup.prepare(result, offsets)  # 4. built while the broker acks
-        self._producer.confirm(  # 3. flush and confirm every delivery
-            self._settings.flush_timeout_s,
-            (self._settings.backoff_initial_s, self._settings.backoff_max_s),
-            give_up=lambda: not self._keep_waiting(),
-        )
-        self._dedup.index.apply(pending)  # 4. the commit point; clears the intent
-        self._commit_kafka(offsets)  # 5. offsets to Kafka, for lag tools
+        backoff = (self._settings.backoff_initial_s, self._settings.backoff_max_s)
+        give_up = lambda: not self._keep_waiting()  # noqa: E731
+        if transaction is not None:
+            if not delivered:  # 3 and 5. records and offsets, one transaction
+                transaction.commit(
+                    offsets,
+                    self._consumer.consumer_group_metadata(),
+                    self._settings.flush_timeout_s,
+                    backoff,
+                    give_up,
+                )
+            self._dedup.index.apply(pending)  # 4. the index follows the transaction
+        else:
+            producer.confirm(self._settings.flush_timeout_s, backoff, give_up)  # 3.
+            self._dedup.index.apply(pending)  # 4. the commit point; clears the intent
+            self._commit_kafka(offsets)  # 5. offsets to Kafka, for lag tools
         self._metrics.commits.inc()
         self._metrics.last_commit.set_to_current_time()
         self._metrics.commit_duration.observe(time.perf_counter() - started)

@@ -139,9 +139,16 @@ class BatchConfig:
 
 @dataclass(frozen=True, slots=True)
 class ServiceSection:
-    """How the loop runs: the sketch worker; timeouts of delivery confirmation, stop and
-    broker outage backoff."""
+    """How the loop runs: the delivery guarantee; the sketch worker; timeouts of delivery
+    confirmation, stop and broker outage backoff.
 
+    ``delivery`` is ``"at-least-once"`` (a crash may emit one batch's events twice,
+    identical) or ``"exactly-once"`` (events, dead letters and input offsets in one Kafka
+    transaction: a ``read_committed`` reader sees each event once; see
+    :mod:`stream_dedup.service.checkpoint`).
+    """
+
+    delivery: typing.Literal["at-least-once", "exactly-once"] = "at-least-once"
     sketch_worker: bool = True
     sketch_inline_max: int = 64
     flush_timeout_s: float = 30.0
@@ -229,6 +236,30 @@ class ServiceConfig:
     @property
     def dlq_topic(self) -> str:
         return self.output.dlq_topic or f"{self.input.topics[0]}.dlq"
+
+    @property
+    def exactly_once(self) -> bool:
+        return self.service.delivery == "exactly-once"
+
+    def client_settings(self) -> dict[str, str]:
+        """The ``[kafka]`` table as the clients get it.
+
+        In exactly-once mode the producer needs a ``transactional.id``: the one given, or
+        ``stream-dedup-<group.id>``. It must be stable across restarts (a restarted
+        instance fences the one before and aborts its open transaction) and unique to
+        the instance; the group is both, since one instance owns a group's index.
+        """
+        table = dict(self.kafka)
+        given = [k for k in ("transactional.id", "producer.transactional.id") if k in table]
+        if self.exactly_once and not given:
+            table["producer.transactional.id"] = f"stream-dedup-{table['group.id']}"
+        if given and not self.exactly_once:
+            raise ConfigError(
+                f"kafka.{given[0]}",
+                "a transactional producer is used only with service.delivery = "
+                '"exactly-once": set that, or remove the key',
+            )
+        return table
 
 
 _SECTIONS: dict[str, type[Any]] = {
@@ -537,5 +568,5 @@ def load_config(
         flags[section] = dict(values)
     layers.append(flags)
     config = build_config(layers)
-    check_client_config(config.kafka)
+    check_client_config(config.client_settings())
     return config

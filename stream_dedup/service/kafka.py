@@ -148,6 +148,12 @@ def client_config(role: str, user: Mapping[str, str]) -> dict[str, str]:
         if key.startswith(other) or _belongs(key, foreign):
             continue
         merged[key.removeprefix(f"{role}.")] = value
+    if "transactional.id" in merged and not any(
+        k.removeprefix("producer.") in ("message.timeout.ms", "delivery.timeout.ms") for k in user
+    ):
+        # librdkafka wants message.timeout.ms <= transaction.timeout.ms (60 s by default)
+        # and, left unset, takes the latter: a delivery cannot outlive its transaction.
+        del merged["message.timeout.ms"]
     merged.update(enforced)
     return merged
 

@@ -59,6 +59,7 @@ from stream_dedup.service.ordering import RecordTime, time_order
 from stream_dedup.service.prefetch.ahead import SketchAhead
 from stream_dedup.service.prefetch.worker import SketchWorkerError
 from stream_dedup.service.rebalance import Rebalance
+from stream_dedup.service.transactions import TransactionalProducer, intent_delivered
 
 log = logging.getLogger("stream_dedup.service")
 
@@ -123,6 +124,8 @@ class Service:
         self._consumer: Consumer | None = None
         self._checkpoint: Checkpoint | None = None
         self._ahead: SketchAhead | None = None
+        #: Exactly-once: the pending intent's transaction committed before the last stop.
+        self._intent_delivered = False
 
     # -- control -------------------------------------------------------------------------
 
@@ -210,9 +213,20 @@ class Service:
         self.index.load_filter(self._filter_progress)
         self.dedup.warm_up(log.info)  # says so first when the kernels must be compiled
         consumer_watch = BrokerWatch("consumer")
-        producer = EventProducer(cfg.kafka, BrokerWatch("producer"))
+        settings = cfg.client_settings()
+        producer: EventProducer
+        if cfg.exactly_once:
+            transactional = TransactionalProducer(
+                settings,
+                BrokerWatch("producer"),
+                on_outcome=lambda outcome: self.metrics.transactions.labels(outcome).inc(),
+            )
+            transactional.init(cfg.service.flush_timeout_s, lambda: not self._keep_waiting())
+            producer = transactional
+        else:
+            producer = EventProducer(settings, BrokerWatch("producer"))
         consumer = build_consumer(
-            cfg.kafka,
+            settings,
             consumer_watch,
             self.metrics.on_statistics,
             on_commit=kafka_commit_reporter(self.metrics),
@@ -242,11 +256,17 @@ class Service:
         )
         intent = self._batches.intent
         if intent is not None:
+            self._intent_delivered = cfg.exactly_once and intent_delivered(
+                consumer, intent, cfg.service.flush_timeout_s
+            )
             log.info(
                 "replaying the batch announced before the last stop",
                 extra=fields(
                     ranges=[f"{t}:{p}@{a}-{b}" for (t, p), (a, b) in sorted(intent.items())],
-                    action="none: its events are re-emitted identically",
+                    delivered=self._intent_delivered,
+                    action="none: its events are re-emitted identically"
+                    if not cfg.exactly_once
+                    else "none: it is delivered once",
                 ),
             )
         code = 0
@@ -346,9 +366,17 @@ class Service:
         self.metrics.consumed.inc(len(batch))
         self.metrics.batch_size.observe(len(batch))
         out = self._outputs.build(decoded, sketched)
-        self._checkpoint.commit(out.records, out.result, batch_ranges(batch), out.rejected)
-        if self._batches.intent is not None:  # the announced batch is stored: batch normally
+        replaying = self._batches.intent is not None
+        self._checkpoint.commit(
+            out.records,
+            out.result,
+            batch_ranges(batch),
+            out.rejected,
+            delivered=replaying and self._intent_delivered,
+        )
+        if replaying:  # the announced batch is stored: batch normally
             self._batches.intent = None
+            self._intent_delivered = False
             self._batches.resume_all()
         done = time.perf_counter()
         self.metrics.batch_duration.observe(done - started)

@@ -37,6 +37,7 @@ stream_dedup_index_filter_bytes                 gauge      memory of the index's
 stream_dedup_consumer_lag_messages{topic,part.}  gauge      lag from librdkafka statistics
 stream_dedup_decision_lag_seconds{edge}         gauge      now - time of last batch's oldest/newest
 stream_dedup_reorder_waiting_messages           gauge      consumed, held by the time-ordered merge
+stream_dedup_transactions_total{outcome}        counter    exactly-once: committed / aborted
 ==============================================  =========  =================================
 """
 
@@ -239,6 +240,14 @@ class Metrics:
             "Messages consumed and held by the time-ordered merge of partitions.",
             registry=r,
         )
+        self.transactions = Counter(
+            f"{p}_transactions",
+            "Kafka transactions ended (exactly-once delivery), by outcome.",
+            ["outcome"],
+            registry=r,
+        )
+        for outcome in ("committed", "aborted"):
+            self.transactions.labels(outcome)
         r.register(_ScrapeCollector(self))
 
     def observe_work(self, candidates: Sequence[int], verifications: Sequence[int]) -> None:
