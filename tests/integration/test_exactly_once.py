@@ -15,12 +15,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from confluent_kafka import Consumer, TopicPartition
+from confluent_kafka import Consumer, Producer, TopicPartition
 
 from stream_dedup.errors import IndexIOError
 from stream_dedup.index import open_index
 from stream_dedup.service import loop
 
+from .committed_reader import read_committed
 from .support import (
     ServiceThread,
     Topics,
@@ -148,3 +149,45 @@ def test_a_stop_after_the_transaction_commits_stores_the_batch_without_emitting_
     finally:
         index.close()
     assert group_offsets(bootstrap, topics) == {0: len(docs)}
+
+
+def test_the_marker_reader_keeps_committed_records_and_drops_aborted_and_open_ones(
+    bootstrap: str, topics: Topics
+) -> None:
+    """The reader the kill -9 test trusts, against the broker's own markers: a plain
+    record, a committed and an aborted transaction, one left open by a fenced producer
+    (aborted by the next ``init_transactions``), and one still open."""
+    topic = topics.unique
+    plain = Producer({"bootstrap.servers": bootstrap})
+    plain.produce(topic, b"plain")
+    assert plain.flush(10) == 0
+    tid = f"t-{topics.group}"
+
+    def transactional() -> Producer:
+        producer = Producer({"bootstrap.servers": bootstrap, "transactional.id": tid})
+        producer.init_transactions(10)
+        producer.begin_transaction()
+        return producer
+
+    first = transactional()
+    for value in (b"c1", b"c2"):
+        first.produce(topic, value)
+    first.commit_transaction(10)
+    first.begin_transaction()
+    first.produce(topic, b"aborted")
+    first.flush(10)
+    first.abort_transaction(10)
+    first.begin_transaction()
+    first.produce(topic, b"fenced")
+    first.flush(10)
+    second = transactional()  # fences the first; its open transaction is aborted
+    second.produce(topic, b"c3")
+    second.commit_transaction(10)
+    second.begin_transaction()
+    second.produce(topic, b"open")
+    second.flush(10)
+
+    log = read_committed(bootstrap, topic)
+    assert [v for _k, v in log.committed] == [b"plain", b"c1", b"c2", b"c3"]
+    assert (log.commits, log.aborts, log.aborted) == (2, 2, 2)
+    second.abort_transaction(10)
