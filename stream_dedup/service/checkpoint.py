@@ -55,6 +55,39 @@ records and a replay keeps.
 Nothing is lost (an offset is never stored before its events are confirmed) and nothing
 is decided twice differently (the replayed batch is the announced batch, and verdicts,
 offsets and the cleared intent are stored atomically).
+
+**Exactly-once** (``service.delivery = "exactly-once"``, :mod:`.transactions`). Steps 2,
+3 and 5 become one Kafka transaction, and the index write follows its commit:
+
+1. the batch intent, as above;
+2. ``begin_transaction``; produce the batch's events and dead letters;
+3. ``send_offsets_to_transaction`` with the batch's next input offsets, then
+   ``commit_transaction``: the records become visible to ``read_committed`` readers and
+   the group's committed offsets move past the batch, atomically. An abortable error
+   aborts the transaction and produces the batch again in a new one;
+4. the index ``WriteBatch``, as above (built while the transaction commits).
+
+At start-up ``init_transactions`` fences an older instance with the same
+``transactional.id`` and completes or aborts the transaction it left; then, if the index
+holds an intent, the group's committed offsets (read as stable offsets) say whether that
+intent's transaction committed (:func:`~stream_dedup.service.transactions.
+intent_delivered`): the offsets move only inside the service's transactions. A crash:
+
+* before step 1 completes: nothing of the batch left the process.
+* between steps 1 and 3's commit: the transaction is open or aborted, never committed;
+  ``init_transactions`` aborts it, so a ``read_committed`` reader never sees its
+  records. The group's offsets are still before the batch: the batch is replayed, as in
+  the at-least-once case, in a new transaction; its verdicts are the first decision's.
+* after the commit, before step 4: Kafka has the batch's records and offsets, the index
+  only the intent. The group's offsets are past the intent, so the batch is collected
+  and decided again (the same verdicts) and only its index write is applied: nothing is
+  produced again.
+* after step 4: nothing is replayed.
+
+So a ``read_committed`` reader sees every event and dead letter exactly once, and the
+index never holds a document whose event was aborted: it is written only after the
+transaction committed. An at-least-once intent found in exactly-once mode (the mode was
+changed) has group offsets before it and is replayed in a transaction.
 """
 
 from __future__ import annotations
