@@ -237,3 +237,43 @@ def test_reconnect_backoff_defaults_can_be_overridden() -> None:
         assert (ours["reconnect.backoff.ms"], ours["reconnect.backoff.max.ms"]) == ("1000", "10000")
         theirs = client_config(role, {"reconnect.backoff.ms": "50"})
         assert theirs["reconnect.backoff.ms"] == "50"
+
+
+def test_exactly_once_gives_the_producer_a_transactional_id_from_the_group() -> None:
+    config = build_config(
+        [{"service": {"delivery": "exactly-once"}, "kafka": {"group.id": "news-dedup"}}]
+    )
+    assert config.exactly_once
+    settings = config.client_settings()
+    producer = client_config("producer", settings)
+    assert producer["transactional.id"] == "stream-dedup-news-dedup"
+    assert "transactional.id" not in client_config("consumer", settings)
+    # librdkafka takes transaction.timeout.ms for it; our 300 s default would be refused.
+    assert "message.timeout.ms" not in producer
+    given = build_config(
+        [{"service": {"delivery": "exactly-once"}, "kafka": {"transactional.id": "dedup-a"}}]
+    )
+    assert client_config("producer", given.client_settings())["transactional.id"] == "dedup-a"
+    timed = {"transactional.id": "t", "message.timeout.ms": "20000"}
+    assert client_config("producer", timed)["message.timeout.ms"] == "20000"
+
+
+def test_delivery_takes_the_two_modes_only_and_a_transactional_id_needs_exactly_once() -> None:
+    assert not ServiceConfig().exactly_once
+    assert "transactional.id" not in client_config("producer", ServiceConfig().client_settings())
+    with pytest.raises(ConfigError, match=r"service\.delivery.*'at-least-once', 'exactly-once'"):
+        build_config([{"service": {"delivery": "exactly_once"}}])
+    config = build_config([{"kafka": {"producer.transactional.id": "t"}}])
+    with pytest.raises(ConfigError, match=r'kafka\.producer\.transactional\.id.*"exactly-once"'):
+        config.client_settings()
+
+
+def test_config_load_checks_the_transactional_producer(tmp_path: Path) -> None:
+    path = tmp_path / "c.toml"
+    eos = '[service]\ndelivery = "exactly-once"\n'
+    path.write_text(eos + '[kafka]\n"transaction.timeout.ms" = "x"\n')
+    with pytest.raises(ConfigError, match=r"transaction\.timeout\.ms"):
+        load_config(path, environ={})
+    path.write_text('[kafka]\n"transactional.id" = "t"\n')
+    with pytest.raises(ConfigError, match=r"kafka\.transactional\.id"):
+        load_config(path, environ={})
