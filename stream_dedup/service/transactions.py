@@ -190,7 +190,14 @@ def intent_delivered(consumer: Consumer, intent: Ranges, timeout_s: float) -> bo
     left half-committed, and the read asks for stable offsets (``read_committed``).
     """
     asked = [TopicPartition(t, p) for (t, p) in intent]
-    stored = {(tp.topic, tp.partition): tp.offset for tp in consumer.committed(asked, timeout_s)}
+    try:
+        answer = consumer.committed(asked, timeout_s)
+    except KafkaException as exc:
+        raise TransactionError(
+            f"cannot read the group's committed offsets to finish the pending batch: {exc}; "
+            "check the broker and start again (nothing is emitted until this is known)"
+        ) from exc
+    stored = {(tp.topic, tp.partition): tp.offset for tp in answer}
     past = [stored.get(tp, -1) >= end for tp, (_start, end) in intent.items()]
     if all(past):
         return True
