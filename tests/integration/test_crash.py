@@ -12,8 +12,6 @@ from __future__ import annotations
 import json
 import random
 import signal
-import subprocess
-import sys
 import threading
 import time
 from collections import defaultdict
@@ -36,6 +34,7 @@ from .support import (
     scrape,
     write_toml,
 )
+from .test_crash_partitions import start
 from .test_process import wait_until
 
 pytestmark = [pytest.mark.broker, pytest.mark.slow]
@@ -68,15 +67,6 @@ slowed(kafka.EventProducer, "confirm")
 slowed(transactions.TransactionalProducer, "commit")
 sys.exit(main(sys.argv[1:]))
 """
-
-
-def start(script: Path, config: Path, log: Path) -> subprocess.Popen[bytes]:
-    with log.open("ab") as sink:
-        return subprocess.Popen(
-            [sys.executable, str(script), "run", "--config", str(config)],
-            stdout=subprocess.DEVNULL,
-            stderr=sink,
-        )
 
 
 def stream_messages(tmp_path: Path) -> tuple[list[dict[str, Any]], list[bytes]]:
