@@ -106,7 +106,6 @@ from stream_dedup.service.config import ServiceSection
 from stream_dedup.service.events import OutRecord
 from stream_dedup.service.kafka import EventProducer
 from stream_dedup.service.metrics import Metrics
-from stream_dedup.service.transactions import TransactionalProducer
 
 log = logging.getLogger("stream_dedup.service.checkpoint")
 
@@ -171,8 +170,9 @@ def empty_result() -> BatchResult:
 class Checkpoint:
     """Runs the commit protocol (see the module docstring) for one batch at a time.
 
-    ``producer`` is a :class:`TransactionalProducer` in exactly-once mode (steps 2-3 and 5
-    become one transaction), an :class:`EventProducer` otherwise.
+    ``producer`` is a :class:`~stream_dedup.service.transactions.TransactionalProducer` in
+    exactly-once mode (steps 2, 3 and 5 become one transaction), an :class:`EventProducer`
+    otherwise.
     """
 
     def __init__(
@@ -212,16 +212,13 @@ class Checkpoint:
         offsets = {tp: end for tp, (_start, end) in ranges.items()}
         self._dedup.index.write_intent(ranges)  # 1. the batch intent
         producer = self._producer
-        transaction = producer if isinstance(producer, TransactionalProducer) else None
         if delivered:
-            assert transaction is not None, "only a transaction tells that a batch was delivered"
             log.info(
                 "the batch announced before the last stop was delivered; storing it",
                 extra=fields(action="none: its events are not emitted again"),
             )
         else:
-            if transaction is not None:
-                transaction.begin()
+            producer.begin()
             for i, rec in enumerate(records):  # 2. produce
                 try:
                     producer.produce(rec)
@@ -230,21 +227,16 @@ class Checkpoint:
                     if replacement is not None:
                         producer.produce(replacement)
         pending = self._dedup.prepare(result, offsets)  # 4. built while the broker acks
-        backoff = (self._settings.backoff_initial_s, self._settings.backoff_max_s)
-        give_up = lambda: not self._keep_waiting()  # noqa: E731
-        if transaction is not None:
-            if not delivered:  # 3 and 5. records and offsets, one transaction
-                transaction.commit(
-                    offsets,
-                    self._consumer.consumer_group_metadata(),
-                    self._settings.flush_timeout_s,
-                    backoff,
-                    give_up,
-                )
-            self._dedup.index.apply(pending)  # 4. the index follows the transaction
-        else:
-            producer.confirm(self._settings.flush_timeout_s, backoff, give_up)  # 3.
-            self._dedup.index.apply(pending)  # 4. the commit point; clears the intent
+        if not delivered:  # 3. confirm every delivery, or commit the transaction
+            producer.deliver(
+                offsets,
+                self._consumer.consumer_group_metadata() if producer.commits_offsets else None,
+                self._settings.flush_timeout_s,
+                (self._settings.backoff_initial_s, self._settings.backoff_max_s),
+                give_up=lambda: not self._keep_waiting(),
+            )
+        self._dedup.index.apply(pending)  # 4. the commit point; clears the intent
+        if not producer.commits_offsets:
             self._commit_kafka(offsets)  # 5. offsets to Kafka, for lag tools
         self._metrics.commits.inc()
         self._metrics.last_commit.set_to_current_time()

@@ -555,6 +555,27 @@ class EventProducer:
         self._inflight: list[OutRecord] = []
         self._failed: list[tuple[_Identity, KafkaError]] = []
 
+    #: Whether :meth:`deliver` also commits the input offsets (a transaction does).
+    commits_offsets = False
+
+    def begin(self) -> None:
+        """A batch's records follow (a transaction begins in the transactional producer)."""
+
+    def deliver(
+        self,
+        offsets: Mapping[tuple[str, int], int],
+        group: object,
+        step_s: float,
+        backoff: tuple[float, float],
+        give_up: Callable[[], bool] = lambda: False,
+    ) -> None:
+        """Return once the batch's records are delivered for good: here, :meth:`confirm`.
+
+        ``offsets`` (the batch's next input offsets) and ``group`` (the consumer's group
+        metadata) serve the transactional producer, which commits them with the records.
+        """
+        self.confirm(step_s, backoff, give_up)
+
     def produce(self, rec: OutRecord) -> None:
         """Queue one record; raises KafkaException if the client rejects it outright.
 

@@ -43,10 +43,10 @@ def _error(exc: KafkaException) -> KafkaError | None:
 
 
 class TransactionalProducer(EventProducer):
-    """:class:`EventProducer` whose :meth:`commit` ends a transaction instead of a flush.
+    """:class:`EventProducer` whose :meth:`deliver` commits a transaction, not a flush.
 
     Use: :meth:`init` once, then per batch :meth:`begin`, :meth:`produce` each record,
-    :meth:`commit` with the batch's next input offsets. ``on_outcome`` hears
+    :meth:`deliver` with the batch's next input offsets. ``on_outcome`` hears
     ``"committed"`` or ``"aborted"`` for each transaction that ends (for the metrics).
     """
 
@@ -81,11 +81,13 @@ class TransactionalProducer(EventProducer):
                     ),
                 )
 
+    commits_offsets = True
+
     def begin(self) -> None:
         self._producer.begin_transaction()
         self._open = True
 
-    def commit(
+    def deliver(
         self,
         offsets: Mapping[tuple[str, int], int],
         group: object,

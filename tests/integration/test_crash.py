@@ -64,7 +64,7 @@ def slowed(cls, name):
     setattr(cls, name, slow)
 
 slowed(kafka.EventProducer, "confirm")
-slowed(transactions.TransactionalProducer, "commit")
+slowed(transactions.TransactionalProducer, "deliver")
 sys.exit(main(sys.argv[1:]))
 """
 
