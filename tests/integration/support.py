@@ -6,6 +6,7 @@ import json
 import random
 import signal
 import subprocess
+import sys
 import threading
 import time
 import uuid
@@ -269,6 +270,41 @@ def process_config(
             "heartbeat.interval.ms": "1000",
         },
     }
+
+
+#: ``stream-dedup run`` with 0.1 s added on each side of the point where a batch reaches
+#: Kafka for good (the confirmation, or the transaction's commit), so that most of a busy
+#: run is spent where a kill tests something: events produced but not committed (the
+#: transaction is aborted, the batch replayed) and committed but not in the index (the
+#: batch is stored at restart without emitting it again). Everything else is the real
+#: service.
+SLOW_COMMIT = """
+import sys, time
+from stream_dedup.cli import main
+from stream_dedup.service import kafka, transactions
+
+def slowed(cls, name):
+    original = getattr(cls, name)
+    def slow(self, *args, **kwargs):
+        time.sleep(0.1)
+        original(self, *args, **kwargs)
+        time.sleep(0.1)
+    setattr(cls, name, slow)
+
+slowed(kafka.EventProducer, "confirm")
+slowed(transactions.TransactionalProducer, "deliver")
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+def start_script(script: Path, config: Path, log: Path) -> subprocess.Popen[bytes]:
+    """``script run --config FILE`` as a subprocess (a patched service), logs to ``log``."""
+    with log.open("ab") as sink:
+        return subprocess.Popen(
+            [sys.executable, str(script), "run", "--config", str(config)],
+            stdout=subprocess.DEVNULL,
+            stderr=sink,
+        )
 
 
 def kill_9_loop(

@@ -25,6 +25,7 @@ from stream_dedup.tools.generate import StreamSpec, write_jsonl
 
 from .committed_reader import read_committed
 from .support import (
+    SLOW_COMMIT,
     Topics,
     kill_9_loop,
     offline_reference,
@@ -32,9 +33,9 @@ from .support import (
     produce,
     read_topic,
     scrape,
+    start_script,
     write_toml,
 )
-from .test_crash_partitions import start
 from .test_process import wait_until
 
 pytestmark = [pytest.mark.broker, pytest.mark.slow]
@@ -43,30 +44,6 @@ DOCUMENTS = 3000
 KILLS = 20
 #: One message in this many is not JSON: it must reach the dead-letter topic.
 BAD_EVERY = 100
-
-#: ``stream-dedup run`` with 0.1 s added on each side of the point where a batch reaches
-#: Kafka for good (the confirmation, or the transaction's commit), so that most of a busy
-#: run is spent where a kill tests something: events produced but not committed (the
-#: transaction is aborted, the batch replayed) and committed but not in the index (the
-#: batch is stored at restart without emitting it again). Everything else is the real
-#: service.
-SLOW_COMMIT = """
-import sys, time
-from stream_dedup.cli import main
-from stream_dedup.service import kafka, transactions
-
-def slowed(cls, name):
-    original = getattr(cls, name)
-    def slow(self, *args, **kwargs):
-        time.sleep(0.1)
-        original(self, *args, **kwargs)
-        time.sleep(0.1)
-    setattr(cls, name, slow)
-
-slowed(kafka.EventProducer, "confirm")
-slowed(transactions.TransactionalProducer, "deliver")
-sys.exit(main(sys.argv[1:]))
-"""
 
 
 def stream_messages(tmp_path: Path) -> tuple[list[dict[str, Any]], list[bytes]]:
@@ -105,12 +82,12 @@ def test_kill_9_loop(bootstrap: str, topics: Topics, tmp_path: Path, delivery: s
     feeder = threading.Thread(target=feed, daemon=True)
     feeder.start()
     started = time.monotonic()
-    kills = kill_9_loop(lambda: start(script, config, log), port, KILLS, feeder, rng, 0.4)
+    kills = kill_9_loop(lambda: start_script(script, config, log), port, KILLS, feeder, rng, 0.4)
     killed_while_feeding = not feeder.is_alive()
     feeder.join(timeout=120)
     assert not feeder.is_alive()
 
-    proc = start(script, config, log)
+    proc = start_script(script, config, log)
     try:
         wait_until(
             lambda: (

@@ -2,8 +2,9 @@
 
 With one partition a re-read batch can only grow at its end; with several, the consumer
 may interleave partitions differently after a restart. The batch intent and the canonical
-(topic, partition, offset) order make the replay decide the same documents in the same
-order, so every ``duplicate_of`` is the one already emitted.
+time order make the replay decide the same documents in the same order, so every
+``duplicate_of`` is the one already emitted. Both delivery modes; exactly-once is read as
+``read_committed`` defines it (:mod:`.committed_reader`) and holds one event per id.
 """
 
 from __future__ import annotations
@@ -11,9 +12,6 @@ from __future__ import annotations
 import json
 import random
 import signal
-import subprocess
-import sys
-import textwrap
 import threading
 import time
 from collections import defaultdict
@@ -25,7 +23,9 @@ import pytest
 from stream_dedup.tools.broker import free_port
 from stream_dedup.tools.generate import StreamSpec, write_jsonl
 
+from .committed_reader import read_committed
 from .support import (
+    SLOW_COMMIT,
     Topics,
     assert_equal_to_offline_in_decision_order,
     events,
@@ -34,6 +34,7 @@ from .support import (
     produce,
     read_topic,
     scrape,
+    start_script,
     write_toml,
 )
 from .test_process import wait_until
@@ -44,33 +45,10 @@ DOCUMENTS = 2000
 PARTITIONS = 3
 KILLS = 5
 
-#: ``stream-dedup run`` with every delivery confirmation taking 0.2 s longer, so that most
-#: of a busy run is spent between the intent write and the commit: the moment a kill must
-#: hit for a replay to happen. Everything else is the real service.
-SLOW_CONFIRM = """
-import sys, time
-from stream_dedup.cli import main
-from stream_dedup.service import kafka
-confirm = kafka.EventProducer.confirm
-def slow(self, *args, **kwargs):
-    confirm(self, *args, **kwargs)
-    time.sleep(0.2)
-kafka.EventProducer.confirm = slow
-sys.exit(main(sys.argv[1:]))
-"""
 
-
-def start(script: Path, config: Path, log: Path) -> subprocess.Popen[bytes]:
-    with log.open("ab") as sink:
-        return subprocess.Popen(
-            [sys.executable, str(script), "run", "--config", str(config)],
-            stdout=subprocess.DEVNULL,
-            stderr=sink,
-        )
-
-
+@pytest.mark.parametrize("delivery", ["at-least-once", "exactly-once"])
 def test_kill_9_with_several_partitions_replays_identical_events(
-    bootstrap: str, tmp_path: Path
+    bootstrap: str, tmp_path: Path, delivery: str
 ) -> None:
     topics = Topics.fresh()
     topics.create(bootstrap, partitions=PARTITIONS)
@@ -92,18 +70,19 @@ def test_kill_9_with_several_partitions_replays_identical_events(
     # Small batches: the backlog that builds while a run restarts takes several batches,
     # so a kill soon after the first commit usually lands inside one (events out, not stored).
     settings["batch"] = {"max_messages": 100, "max_wait_ms": 50}
+    settings["service"]["delivery"] = delivery
     config = write_toml(tmp_path / "stream-dedup.toml", settings)
     log = tmp_path / "service.log"
-    script = tmp_path / "slow_confirm.py"
-    script.write_text(textwrap.dedent(SLOW_CONFIRM), encoding="utf-8")
+    script = tmp_path / "slow_commit.py"
+    script.write_text(SLOW_COMMIT, encoding="utf-8")
     rng = random.Random(5)
     feeder = threading.Thread(target=feed, daemon=True)
     feeder.start()
-    kills = kill_9_loop(lambda: start(script, config, log), port, KILLS, feeder, rng, 0.3)
+    kills = kill_9_loop(lambda: start_script(script, config, log), port, KILLS, feeder, rng, 0.3)
     feeder.join(timeout=60)
     assert not feeder.is_alive()
 
-    proc = start(script, config, log)
+    proc = start_script(script, config, log)
     try:
         wait_until(
             lambda: scrape(port, "stream_dedup_index_documents") == DOCUMENTS, 60, "all documents"
@@ -115,9 +94,16 @@ def test_kill_9_with_several_partitions_replays_identical_events(
             proc.kill()
             proc.wait()
 
-    out = read_topic(bootstrap, topics.unique) + read_topic(bootstrap, topics.duplicates)
+    if delivery == "exactly-once":  # what read_committed returns (see committed_reader)
+        values = [v for t in (topics.unique, topics.duplicates) for _k, v in
+                  read_committed(bootstrap, t).committed]  # fmt: skip
+        out = [json.loads(v or b"null") for v in values]
+        assert len(out) == DOCUMENTS  # exactly once
+    else:
+        msgs = read_topic(bootstrap, topics.unique) + read_topic(bootstrap, topics.duplicates)
+        out = events(msgs)
     by_id: dict[str, list[dict[str, Any]]] = defaultdict(list)
-    for ev in events(out):
+    for ev in out:
         by_id[ev["id"]].append(ev)
     assert set(by_id) == {d["id"] for d in docs}  # nothing lost
     assert {ev["partition"] for evs in by_id.values() for ev in evs} == set(range(PARTITIONS))
@@ -135,4 +121,4 @@ def test_kill_9_with_several_partitions_replays_identical_events(
     assert duplicates > 0
     replays = log.read_text(encoding="utf-8").count("replaying the batch announced")
     assert replays >= 1, "no kill hit a batch between its intent and its commit"
-    print(f"kills={kills} replayed_batches={replays} events={len(out)}")
+    print(f"{delivery}: kills={kills} replayed_batches={replays} events={len(out)}")
