@@ -24,6 +24,9 @@ module is named::
     │                                 on a batch; the service sketches it in process
     ├── DeliveryAbandonedError        service/kafka.py: deliveries were unconfirmed when
     │                                 the service stopped; the batch is replayed
+    ├── TransactionError              exactly-once delivery cannot go on (fenced by another
+    │                                 instance, a fatal producer error, offsets unreadable
+    │                                 at start): the service stops (exit code 1)
     ├── BrokerStartError              tools/broker.py: the local broker did not start
     └── ProduceError                  tools/produce.py: some lines were not delivered
 
@@ -139,3 +142,10 @@ class IndexIOError(IndexStoreError):
         self.path = path
         self.operation = operation
         self.detail = detail
+
+
+class TransactionError(StreamDedupError):
+    """The service's transactional producer cannot go on: another instance with the same
+    ``transactional.id`` fenced it, the producer hit a fatal error, or the group's offsets
+    could not be read at start-up. The service stops; the batch in hand is replayed from
+    its intent at the next start (:mod:`stream_dedup.service.transactions`)."""

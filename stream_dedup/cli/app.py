@@ -25,7 +25,13 @@ from stream_dedup.core.bands import datasketch_choice
 from stream_dedup.core.config import DedupConfig
 from stream_dedup.decode import DocumentFormat
 from stream_dedup.dedup import COMPILING_NOTICE, Deduplicator, kernels_cached
-from stream_dedup.errors import ConfigError, IndexStoreError, InputError, StreamDedupError
+from stream_dedup.errors import (
+    ConfigError,
+    IndexStoreError,
+    InputError,
+    StreamDedupError,
+    TransactionError,
+)
 from stream_dedup.index import open_index
 from stream_dedup.index.params import IndexParams
 from stream_dedup.index.rocks import RocksBackend
@@ -261,6 +267,9 @@ def main(argv: Sequence[str] | None = None, out: IO[str] | None = None) -> int:
     except InputError as exc:
         print(f"error: {exc}", file=err)
         return 2
+    except TransactionError as exc:  # run stopped; its last batch is replayed at the next start
+        print(f"error: {exc}", file=err)
+        return 1
     except BrokenPipeError:
         # The reader of our output went away (`... | head`): nothing to report. Point
         # stdout at /dev/null so the interpreter's final flush does not fail again.

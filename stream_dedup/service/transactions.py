@@ -23,18 +23,14 @@ from collections.abc import Callable, Mapping
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 
-from stream_dedup.errors import StreamDedupError
+from stream_dedup.errors import TransactionError
 from stream_dedup.logs import fields
+from stream_dedup.service.events import OutRecord
 from stream_dedup.service.kafka import BrokerWatch, DeliveryAbandonedError, EventProducer
 
 log = logging.getLogger("stream_dedup.service.transactions")
 
 Ranges = Mapping[tuple[str, int], tuple[int, int]]
-
-
-class TransactionError(StreamDedupError):
-    """The transactional producer cannot go on (fenced by another instance, or a fatal
-    error): stop; the batch is replayed from its intent at the next start."""
 
 
 def _error(exc: KafkaException) -> KafkaError | None:
@@ -84,8 +80,29 @@ class TransactionalProducer(EventProducer):
     commits_offsets = True
 
     def begin(self) -> None:
-        self._producer.begin_transaction()
+        try:
+            self._producer.begin_transaction()
+        except KafkaException as exc:
+            raise TransactionError(f"cannot begin a transaction: {exc}") from exc
         self._open = True
+
+    def produce(self, rec: OutRecord) -> None:
+        """Queue one record in the transaction.
+
+        A fatal error (this producer was fenced) is a :class:`TransactionError`, never a
+        record to dead-letter; a transaction that must be aborted keeps the record for
+        :meth:`deliver`, whose commit then fails, aborts and produces every record again.
+        """
+        try:
+            super().produce(rec)
+        except KafkaException as exc:
+            err = _error(exc)
+            if err is not None and err.fatal():
+                raise TransactionError(f"the transaction cannot take records: {exc}") from exc
+            if err is not None and err.txn_requires_abort():
+                self._inflight.append(rec)
+                return
+            raise
 
     def deliver(
         self,
@@ -154,7 +171,12 @@ class TransactionalProducer(EventProducer):
         try:
             self._producer.abort_transaction(max(retry_in_s, 5.0))
         except KafkaException as exc:
-            raise TransactionError(f"cannot abort the transaction: {exc}") from exc
+            # A producer fenced by a newer one with the same transactional.id sees its
+            # transaction fail and then cannot abort it either: only stopping is left.
+            raise TransactionError(
+                f"the transaction failed ({err.str()}) and could not be aborted ({exc}); "
+                "if another instance uses this transactional.id, only one may run"
+            ) from exc
         self._open = False
         self._failed.clear()
         self._on_outcome("aborted")

@@ -194,6 +194,11 @@ class ServiceThread:
             time.sleep(0.05)
         raise AssertionError(f"{name} stayed at {self.metric(name)}, expected {value}")
 
+    def join(self, timeout_s: float) -> None:
+        """Wait for the service to stop by itself (an error, say)."""
+        self._thread.join(timeout_s)
+        assert not self._thread.is_alive(), "the service did not stop by itself"
+
     def stop(self, timeout_s: float = 30.0) -> int:
         self.service.stop()
         self._thread.join(timeout_s)

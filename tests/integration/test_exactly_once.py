@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
 
-from stream_dedup.errors import IndexIOError
+from stream_dedup.errors import IndexIOError, TransactionError
 from stream_dedup.index import open_index
 from stream_dedup.service import loop
 
@@ -191,3 +191,43 @@ def test_the_marker_reader_keeps_committed_records_and_drops_aborted_and_open_on
     assert [v for _k, v in log.committed] == [b"plain", b"c1", b"c2", b"c3"]
     assert (log.commits, log.aborts, log.aborted) == (2, 2, 2)
     second.abort_transaction(10)
+
+
+def test_an_instance_fenced_by_a_newer_one_stops_and_the_newer_one_delivers_once(
+    bootstrap: str, topics: Topics, tmp_path: Path
+) -> None:
+    """Another producer registers the service's ``transactional.id`` (a second deployment
+    by mistake, or a restarted instance while the old one still runs): the old instance's
+    next transaction is refused, it stops with :class:`TransactionError` without
+    dead-lettering anything, and the next start delivers the rest once."""
+    docs = kijiji_documents(4 * BATCH)
+    path = tmp_path / "index"
+    config = make_config(
+        bootstrap, topics, path, batch={"max_messages": BATCH}, service={"delivery": "exactly-once"}
+    )
+    produce_json(bootstrap, topics.input, docs[: 2 * BATCH])
+    svc = ServiceThread(config).start()
+    svc.wait_for("stream_dedup_index_documents", 2 * BATCH)
+
+    newer = Producer(
+        {"bootstrap.servers": bootstrap, "transactional.id": f"stream-dedup-{topics.group}"}
+    )
+    newer.init_transactions(10)  # fences the running instance
+    produce_json(bootstrap, topics.input, docs[2 * BATCH :])
+    svc.join(timeout_s=60)  # it stops by itself
+    assert isinstance(svc.error, TransactionError), svc.error
+    assert "fence" in str(svc.error).lower()
+    assert svc.service.metrics.dead_letters.labels("processing_error")._value.get() == 0
+    index = open_index(path, None)
+    try:
+        assert index.counter("documents") == 2 * BATCH
+    finally:
+        index.close()
+
+    svc = ServiceThread(config).start()  # fences the other producer in turn
+    svc.wait_for("stream_dedup_index_documents", len(docs))
+    assert svc.stop() == 0
+    out = outputs(bootstrap, topics, len(docs))
+    counts = Counter(ev["id"] for ev in out)
+    assert set(counts) == {d["id"] for d in docs} and set(counts.values()) == {1}
+    assert read_committed(bootstrap, topics.dlq).committed == []
