@@ -23,9 +23,10 @@ from confluent_kafka import Consumer, KafkaError, Message, TopicPartition
 
 from stream_dedup.index.store import Ranges
 from stream_dedup.logs import fields
+from stream_dedup.service.broker_watch import LogThrottle
 from stream_dedup.service.checkpoint import intent_reached, position, split_intent
 from stream_dedup.service.config import BatchConfig
-from stream_dedup.service.kafka import LogThrottle, raise_if_fatal
+from stream_dedup.service.kafka import raise_if_fatal
 from stream_dedup.service.ordering import PartitionMerge, RecordTime
 
 log = logging.getLogger("stream_dedup.service")

@@ -18,7 +18,7 @@ already have its setting's type (``max_messages = "2000"`` is a string, an error
 quotes are a mistake worth pointing out); environment variables and flags can only be
 strings, so theirs are parsed (``STREAM_DEDUP_BATCH__MAX_MESSAGES=2000``). The ``[kafka]``
 table's dotted librdkafka keys pass through to the client (see
-:mod:`stream_dedup.service.kafka` for how they merge with ours); :func:`load_config` has
+:mod:`stream_dedup.service.kafka_settings` for how they merge with ours); :func:`load_config` has
 librdkafka itself check them, so a misspelt key fails here and not when ``run`` connects.
 """
 
@@ -555,11 +555,11 @@ def load_config(
     """File < environment < flags (``overrides``, parsed as text), validated.
 
     The ``[kafka]`` settings are checked by librdkafka itself (see
-    :func:`stream_dedup.service.kafka.check_client_config`), so that ``config check``
+    :func:`stream_dedup.service.kafka_settings.check_client_config`), so that ``config check``
     rejects what ``run`` would die on, and ``run`` stops before opening the index.
     """
     # Imported here: the Kafka client is not loaded by modules that only read settings.
-    from stream_dedup.service.kafka import check_client_config
+    from stream_dedup.service.kafka_settings import check_client_config
 
     layers: list[Mapping[str, Any]] = [read_file(path) if path is not None else {}]
     layers.append(read_env(os.environ if environ is None else environ))

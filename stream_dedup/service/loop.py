@@ -39,6 +39,7 @@ from stream_dedup.index.params import IndexParams
 from stream_dedup.logs import fields
 from stream_dedup.service import gc_tuning
 from stream_dedup.service.batches import Batcher
+from stream_dedup.service.broker_watch import BrokerWatch
 from stream_dedup.service.checkpoint import (
     Checkpoint,
     batch_ranges,
@@ -48,12 +49,7 @@ from stream_dedup.service.config import ServiceConfig
 from stream_dedup.service.decide import Decider
 from stream_dedup.service.http import HttpEndpoints
 from stream_dedup.service.inputs import Decoded, InputDecoder, MessageBatch
-from stream_dedup.service.kafka import (
-    BrokerWatch,
-    DeliveryAbandonedError,
-    EventProducer,
-    build_consumer,
-)
+from stream_dedup.service.kafka import DeliveryAbandonedError, EventProducer, build_consumer
 from stream_dedup.service.metrics import Metrics
 from stream_dedup.service.ordering import RecordTime, time_order
 from stream_dedup.service.prefetch.ahead import SketchAhead

@@ -20,12 +20,8 @@ from typing import Any
 from confluent_kafka import KafkaError, KafkaException, Message, Producer
 
 from stream_dedup.errors import StreamDedupError
-from stream_dedup.service.kafka import (
-    BrokerWatch,
-    LibrdkafkaLog,
-    client_config,
-    python_client_keys,
-)
+from stream_dedup.service.broker_watch import BrokerWatch, LibrdkafkaLog
+from stream_dedup.service.kafka_settings import client_config, python_client_keys
 
 log = logging.getLogger("stream_dedup.tools.produce")
 

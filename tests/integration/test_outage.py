@@ -27,8 +27,9 @@ from typing import Any
 import pytest
 from confluent_kafka import Producer
 
+from stream_dedup.service.broker_watch import BrokerWatch
 from stream_dedup.service.events import OutRecord
-from stream_dedup.service.kafka import BrokerWatch, EventProducer
+from stream_dedup.service.kafka import EventProducer
 from stream_dedup.tools.broker import EmbeddedBroker, free_port
 from stream_dedup.tools.generate import StreamSpec, write_jsonl
 

@@ -21,7 +21,8 @@ from pathlib import Path
 
 import pytest
 
-from stream_dedup.service.kafka import BrokerWatch, build_consumer
+from stream_dedup.service.broker_watch import BrokerWatch
+from stream_dedup.service.kafka import build_consumer
 from stream_dedup.tools.broker import EmbeddedBroker, free_port
 
 from .support import (

@@ -15,7 +15,7 @@ from stream_dedup.service.config import (
     parse_assignments,
     read_env,
 )
-from stream_dedup.service.kafka import client_config
+from stream_dedup.service.kafka_settings import client_config
 
 DOCUMENTED = Path(__file__).resolve().parents[2] / "config" / "stream-dedup.toml"
 
