@@ -9,7 +9,7 @@ from typing import IO, Any
 from stream_dedup.cli.run import add_set_option
 from stream_dedup.logs import setup_logging
 from stream_dedup.offline import open_input
-from stream_dedup.service.config import load_config, parse_assignments
+from stream_dedup.service.config_loading import load_config, parse_assignments
 from stream_dedup.tools.demo import DemoOptions, run_demo
 
 

@@ -8,7 +8,8 @@ from dataclasses import asdict, fields
 from typing import IO, Any
 
 from stream_dedup.index.snapshot import restore, snapshot
-from stream_dedup.service.config import ServiceConfig, load_config
+from stream_dedup.service.config import ServiceConfig
+from stream_dedup.service.config_loading import load_config
 
 
 def cmd_snapshot(args: argparse.Namespace, out: IO[str], err: IO[str]) -> int:

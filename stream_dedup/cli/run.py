@@ -14,7 +14,7 @@ from typing import IO, Any
 
 from stream_dedup.errors import IndexLockedError
 from stream_dedup.logs import setup_logging
-from stream_dedup.service.config import load_config, parse_assignments
+from stream_dedup.service.config_loading import load_config, parse_assignments
 
 log = logging.getLogger("stream_dedup.service")
 

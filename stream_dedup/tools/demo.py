@@ -23,7 +23,7 @@ from typing import IO, Any
 from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
 
 from stream_dedup.dedup import COMPILING_NOTICE, kernels_cached
-from stream_dedup.service.config import load_config
+from stream_dedup.service.config_loading import load_config
 from stream_dedup.tools.broker import (
     TANSU_CONSUMER_SETTINGS,
     EmbeddedBroker,

@@ -12,7 +12,8 @@ from stream_dedup.cli.detector_options import detector_config
 from stream_dedup.core.config import DedupConfig
 from stream_dedup.errors import ConfigError
 from stream_dedup.index.params import IndexParams
-from stream_dedup.service.config import ServiceConfig, load_config
+from stream_dedup.service.config import ServiceConfig
+from stream_dedup.service.config_loading import load_config
 
 FIELDS = {f.name: f for f in dataclasses.fields(DedupConfig)}
 #: A value other than the default, for every parameter.

@@ -21,7 +21,8 @@ from prometheus_client import CollectorRegistry
 from stream_dedup.cli.app import main as cli_main
 from stream_dedup.index import keys, open_index
 from stream_dedup.index.records import decode_doc
-from stream_dedup.service.config import ServiceConfig, build_config
+from stream_dedup.service.config import ServiceConfig
+from stream_dedup.service.config_loading import build_config
 from stream_dedup.service.loop import DeduplicatorFactory, Service, default_deduplicator
 from stream_dedup.tools.broker import create_topics
 from tests.corpus import kijiji_contents

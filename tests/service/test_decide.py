@@ -20,7 +20,8 @@ from stream_dedup.errors import IndexIOError
 from stream_dedup.index import DedupIndex, RocksBackend
 from stream_dedup.index.params import IndexParams
 from stream_dedup.models import Document
-from stream_dedup.service.config import ServiceConfig, build_config
+from stream_dedup.service.config import ServiceConfig
+from stream_dedup.service.config_loading import build_config
 from stream_dedup.service.decide import Decider
 from stream_dedup.service.events import DLQ_REASON, Source
 from stream_dedup.service.inputs import Decoded

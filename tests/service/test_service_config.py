@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from stream_dedup.errors import ConfigError
-from stream_dedup.service.config import (
-    ServiceConfig,
+from stream_dedup.service.config import ServiceConfig
+from stream_dedup.service.config_loading import (
     build_config,
     load_config,
     parse_assignments,
