@@ -57,13 +57,13 @@ def test_kill_9_with_several_partitions_replays_identical_events(
         write_jsonl(StreamSpec(documents=DOCUMENTS, seed=29), fh)
     docs: list[dict[str, Any]] = [json.loads(line) for line in stream.read_text().splitlines()]
 
-    def feed() -> None:  # ~70 documents/s, round-robin, so near-duplicates cross partitions
+    def feed() -> None:  # ~60 documents/s, round-robin, so near-duplicates cross partitions
         for i in range(0, len(docs), 40):
             for p in range(PARTITIONS):
                 chunk = docs[i + p : i + 40 : PARTITIONS]
                 records = ((None, json.dumps(d).encode(), None) for d in chunk)
                 produce(bootstrap, topics.input, records, partition=p)
-            time.sleep(1.0)
+            time.sleep(0.6)
 
     port = free_port()
     settings = process_config(bootstrap, topics, tmp_path / "index", port)
