@@ -47,6 +47,8 @@ class TransactionalProducer(EventProducer):
     ``"committed"`` or ``"aborted"`` for each transaction that ends (for the metrics).
     """
 
+    commits_offsets = True
+
     def __init__(
         self,
         user: Mapping[str, str],
@@ -77,8 +79,6 @@ class TransactionalProducer(EventProducer):
                         action="check the broker; exactly-once delivery needs Kafka >= 2.5",
                     ),
                 )
-
-    commits_offsets = True
 
     def begin(self) -> None:
         try:
@@ -165,10 +165,6 @@ class TransactionalProducer(EventProducer):
             return
 
     def _abort(self, err: KafkaError, retry_in_s: float) -> None:
-        log.warning(
-            "transaction aborted; producing the batch again in a new one",
-            extra=fields(error=err.str(), records=len(self._inflight), retry_in_s=retry_in_s),
-        )
         try:
             self._producer.abort_transaction(max(retry_in_s, 5.0))
         except KafkaException as exc:
@@ -181,6 +177,10 @@ class TransactionalProducer(EventProducer):
         self._open = False
         self._failed.clear()
         self._on_outcome("aborted")
+        log.warning(
+            "transaction aborted; producing the batch again in a new one",
+            extra=fields(error=err.str(), records=len(self._inflight), retry_in_s=retry_in_s),
+        )
 
     def _reproduce(self) -> None:
         """The aborted transaction's records again, in a new transaction."""
