@@ -34,7 +34,7 @@ from stream_dedup.core import lookup_keys as _lookup_keys
 from stream_dedup.core import match as _match
 from stream_dedup.core.config import DedupConfig
 from stream_dedup.core.hashing import U32, U64
-from stream_dedup.core.match import I64, Matches, match_batch
+from stream_dedup.core.match import I64, NO_CLOCK, Expiry, Matches, match_batch
 from stream_dedup.core.sketch import Sketch, sketch
 from stream_dedup.errors import IndexCorruptError
 from stream_dedup.index import keys
@@ -84,6 +84,12 @@ class BatchResult:
     counter_deltas: dict[str, int]
     stats: BatchStats
     bucket_fingerprints: U64 = field(default_factory=lambda: np.empty(0, dtype=np.uint64))
+    #: The epoch the batch writes to, its clock change points (docnums, clocks) and the
+    #: stream's clock after it (see :mod:`stream_dedup.index.retention`); ``None``: as
+    #: the index is (an empty batch).
+    epoch: int | None = None
+    points: tuple[I64, I64] | None = None
+    clock: int | None = None
 
 
 #: Said before the first batch when the compiled kernels are not in numba's cache yet.
@@ -164,6 +170,9 @@ class Deduplicator:
             offsets,
             ordered=result.bucket_puts,
             ordered_fingerprints=result.bucket_fingerprints,
+            epoch=result.epoch,
+            points=result.points,
+            clock=result.clock,
         )
 
     def sketch(self, docs: Sequence[Document]) -> Sketch:
@@ -202,13 +211,31 @@ class Deduplicator:
                 if at_live is not None and (stored[i] is not None or first_at[vkey] != i):
                     fresh[at_live] = False
         text_group, group_docnum = _text_groups(xkeys, xread)
-        at, held = self.index.read_buckets_present(bkeys, sk.bucket_fingerprints)
+        epoch = self.index.batch_epoch()
+        present = self.index.read_buckets_present(bkeys, sk.bucket_fingerprints)
+        mine = [(at, held) for e, at, held in present if e == epoch]
+        older = [(at, held) for e, at, held in present if e != epoch]
+        at, held = mine[0] if mine else ([], [])
         slot, committed = _bucket_slots(len(bkeys), sk.bucket_shared, at, held)
+        old = _older_members(len(bkeys), slot, older) if older else None
 
-        wanted = set(group_docnum[group_docnum >= 0].tolist())
-        wanted.update(np.unique(committed[2]).tolist())
+        cutoff = self.index.cutoff()  # nothing older is held by any document of the batch
+        wanted = set(group_docnum[group_docnum >= cutoff].tolist())
+        members = [committed[2]] if old is None else [committed[2], old[2]]
+        wanted.update(m for m in np.unique(np.concatenate(members)).tolist() if m >= cutoff)
         records = self._fetch_records(sorted(wanted))
         first_docnum = self.index.counter("indexed")
+        timeline = self.index.timeline
+        doc_clock = _clocks(docs, timeline.clock)
+        retention = self.index.retention
+        expiry = Expiry(
+            doc_clock[live] if n_live else np.empty(0, np.int64),
+            timeline.points_doc,
+            timeline.points_clock,
+            retention.window,
+            retention.max_documents,
+            epoch != timeline.current.number,
+        )
         if self._exact:
             q_flat, q_at, q_len = sk.set_flat, sk.set_at, sk.set_len
         else:
@@ -231,6 +258,8 @@ class Deduplicator:
             first_docnum=first_docnum,
             payloads=(q_flat, q_at, q_len),
             records=_payloads(records),
+            older=old,
+            expiry=expiry,
         )
 
         stats = BatchStats(
@@ -289,10 +318,12 @@ class Deduplicator:
             verdicts.append(verdict)
         bucket_puts, written = _bucket_puts(bkeys, sk.bucket_order, slot, found, nb)
         fps = sk.bucket_fingerprints[written]
-        return BatchResult(verdicts, puts, bucket_puts, deltas, stats, fps)
+        clock = int(doc_clock[-1]) if n_docs else timeline.clock
+        points = (found.points_doc, found.points_clock)
+        return BatchResult(verdicts, puts, bucket_puts, deltas, stats, fps, epoch, points, clock)
 
     def _fetch_records(self, docnums: list[int]) -> dict[int, DocRecord]:
-        raw = self.index.read([keys.doc_key(n) for n in docnums])
+        raw = self.index.read_documents(docnums)
         out: dict[int, DocRecord] = {}
         for n, value in zip(docnums, raw, strict=True):
             if value is None:
@@ -314,6 +345,37 @@ def _text_groups(
         if raw is not None:
             docnum[group[p]] = int.from_bytes(raw, "little")
     return group, docnum
+
+
+def _clocks(docs: Sequence[Document], committed: int) -> I64:
+    """The stream's clock as each of ``docs`` is decided: the latest time so far, in whole
+    seconds, starting from the ``committed`` clock (``NO_CLOCK`` while none is known)."""
+    seconds = np.fromiter(
+        (NO_CLOCK if d.time is None else d.time // 1000 for d in docs),
+        dtype=np.int64,
+        count=len(docs),
+    )
+    if not seconds.size:
+        return seconds
+    seconds[0] = max(int(seconds[0]), committed)
+    return np.maximum.accumulate(seconds)
+
+
+def _older_members(
+    n_keys: int, slot: npt.NDArray[np.intp], older: list[tuple[list[int], list[bytes]]]
+) -> tuple[I64, I64, npt.NDArray[np.uint64]]:
+    """The members older live epochs hold per bucket key, as ``(at, len, members)``
+    (epochs oldest first, each :meth:`DedupIndex.read_buckets_present`'s ``at``/``held``),
+    joined per key; a key shared by several positions is read at its slot."""
+    pos = np.concatenate([np.asarray(at, dtype=np.int64) for at, _ in older])
+    raws = [raw for _, held in older for raw in held]
+    order = np.argsort(pos, kind="stable").tolist()  # per key, epochs stay oldest first
+    joined = b"".join([raws[i] for i in order])
+    sizes = np.fromiter(map(len, raws), dtype=np.int64, count=len(raws)) >> 3
+    lengths = np.bincount(pos, weights=sizes, minlength=n_keys).astype(np.int64)
+    at_ = np.cumsum(lengths) - lengths
+    # A repeated key reads at its first position (its slot), as committed members do.
+    return at_[slot], lengths[slot], np.frombuffer(joined, dtype="<u8")
 
 
 def _bucket_slots(

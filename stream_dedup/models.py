@@ -22,10 +22,16 @@ _DUPLICATE = VerdictKind.DUPLICATE
 
 @dataclass(frozen=True, slots=True)
 class Document:
-    """One document of the stream: a stable id and the text to compare."""
+    """One document of the stream: a stable id, the text to compare, and its time.
+
+    ``time`` is in Unix milliseconds (the Kafka message timestamp, or a field of the
+    record); ``None`` when unknown. Retention measures the stream's clock on it
+    (:mod:`stream_dedup.index.retention`); nothing else depends on it.
+    """
 
     id: str
     content: str
+    time: int | None = None
 
 
 @dataclass(frozen=True, slots=True, init=False)

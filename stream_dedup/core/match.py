@@ -53,6 +53,7 @@ class Matches:
     ``content_at[slot]`` for ``content_len[slot]`` members, the final contents of every
     bucket slot the batch appended to that is more than one new member (``content_len``
     is 0 for the others, whose contents are the one docnum appended).
+    ``points_doc``/``points_clock`` are the clock change points of the documents indexed.
     """
 
     match: I64
@@ -67,6 +68,10 @@ class Matches:
     contents: I64
     content_at: I64
     content_len: I64
+    #: The clock change points the batch added (docnums, clocks): see
+    #: :mod:`stream_dedup.index.retention`.
+    points_doc: I64
+    points_clock: I64
 
 
 @numba.njit(**_JIT)  # type: ignore[untyped-decorator]
@@ -151,6 +156,9 @@ def _match_batch(
     com_at: Any,
     com_len: Any,
     com_members: Any,
+    old_at: Any,
+    old_len: Any,
+    old_members: Any,
     bands: int,
     max_members: int,
     max_candidates: int,
@@ -165,6 +173,14 @@ def _match_batch(
     r_flat: Any,
     r_at: Any,
     r_len: Any,
+    doc_clock: Any,
+    pt_doc: Any,
+    pt_clock: Any,
+    n_pts: int,
+    window: int,
+    max_docs: int,
+    no_clock: int,
+    point_first: bool,
 ) -> tuple[Any, ...]:
     """The pass over the batch; :func:`match_batch` documents the arguments and results.
 
@@ -196,10 +212,20 @@ def _match_batch(
     for p in range(n):
         if not fresh[p]:
             continue
+        # The first docnum still held for this document (retention.first_held).
+        lo = 0
+        if window > 0 and doc_clock[p] != no_clock and n_pts > 0:
+            j = np.searchsorted(pt_clock[:n_pts], doc_clock[p] - window)
+            if j == n_pts:
+                lo = next_docnum
+            elif j > 0:
+                lo = pt_doc[j]
+        if max_docs > 0:
+            lo = max(lo, next_docnum - max_docs)
         g = text_group[p]
         found = -1
         best_sim = -1.0
-        if group_docnum[g] >= 0:
+        if group_docnum[g] >= lo and group_docnum[g] >= 0:
             found = group_docnum[g]
             best_sim = 1.0
             n_cand[p] = 1
@@ -212,13 +238,16 @@ def _match_batch(
                 c = com_len[s]
                 if app_count[s] > 0:
                     c = min(max_members, c + app_count[s])
-                size += c
+                size += c + old_len[s]
             if size > 0:
                 if size > scratch.size:
                     scratch = np.empty(2 * size, dtype=np.int64)
                 k = 0
                 for b in range(bands):
                     s = slot[p * bands + b]
+                    for i in range(old_at[s], old_at[s] + old_len[s]):
+                        scratch[k] = old_members[i]
+                        k += 1
                     total = com_len[s] + app_count[s]
                     skip = max(0, total - max_members) if app_count[s] > 0 else 0
                     k = _members_into(
@@ -226,6 +255,9 @@ def _match_batch(
                         app_head[s], app_doc, app_next,
                     )  # fmt: skip
                 members = np.sort(scratch[:k])
+                if lo > 0:  # expired members are no candidates
+                    members = members[np.searchsorted(members, lo) :]
+                    k = members.size
                 # Distinct members and how many of the document's bands each shares.
                 starts = np.empty(k, dtype=np.int64)
                 u = 0
@@ -270,9 +302,16 @@ def _match_batch(
             next_docnum += 1
             docnum[p] = num
             pos_of[num - first_docnum] = p
-            if group_docnum[g] < 0:
+            if group_docnum[g] < lo or group_docnum[g] < 0:  # none held with this text
                 group_docnum[g] = num
                 new_text[p] = True
+            c = doc_clock[p]
+            if c != no_clock and (
+                n_pts == 0 or c > pt_clock[n_pts - 1] or (point_first and num == first_docnum)
+            ):
+                pt_doc[n_pts] = num
+                pt_clock[n_pts] = c
+                n_pts += 1
             for b in range(bands):
                 s = slot[p * bands + b]
                 held = com_len[s]
@@ -310,7 +349,7 @@ def _match_batch(
         )  # fmt: skip
     return (
         match, similarity, n_cand, n_ver, docnum, new_text,
-        exact_hits, truncated, evictions, contents, content_at, content_len,
+        exact_hits, truncated, evictions, contents, content_at, content_len, n_pts,
     )  # fmt: skip
 
 
@@ -325,6 +364,27 @@ def _read_only(values: npt.NDArray[Any], dtype: str) -> npt.NDArray[Any]:
     view = np.ascontiguousarray(values, dtype=dtype).view()
     view.flags.writeable = False
     return view
+
+
+#: The clock before any document time is known (retention.NO_CLOCK).
+NO_CLOCK = -(1 << 62)
+
+
+@dataclass(frozen=True, slots=True)
+class Expiry:
+    """What the matching pass needs to apply retention (see
+    :mod:`stream_dedup.index.retention`): per live document its clock (the stream's clock
+    when it is decided, whole seconds, ``NO_CLOCK`` if none is known), the committed
+    change points (docnums, clocks), the window in seconds and the most documents held
+    (0: no limit), and whether the batch opens a new epoch (its first indexed document
+    then starts a change point, whatever its clock)."""
+
+    doc_clock: I64
+    points_doc: I64
+    points_clock: I64
+    window: int = 0
+    max_documents: int = 0
+    new_epoch: bool = False
 
 
 def match_batch(
@@ -343,6 +403,8 @@ def match_batch(
     first_docnum: int,
     payloads: tuple[npt.NDArray[np.uint32], I64, I64],
     records: tuple[npt.NDArray[np.uint64], npt.NDArray[np.uint32], I64, I64],
+    older: tuple[I64, I64, npt.NDArray[np.uint64]] | None = None,
+    expiry: Expiry | None = None,
 ) -> Matches:
     """Decide a batch's live documents in order (see the module docstring).
 
@@ -351,12 +413,28 @@ def match_batch(
     the index holds for that text, or -1 (updated in place as documents are indexed).
     Per bucket key (``bands`` per live document, row-major): ``slot``, the first key
     position with the same key, and ``committed = (at, len, members)``, the members the
-    index holds for that key as a range of ``members`` (``len`` 0: no such bucket).
-    ``payloads = (flat, at, len)`` are the live documents' verification payloads (sets or
-    signatures), and ``records = (docnums, flat, at, len)`` those of every committed
-    document a bucket or an exact text names, ``docnums`` ascending.
+    index holds for that key in the epoch the batch writes to, as a range of ``members``
+    (``len`` 0: no such bucket); ``older``, the same for the members older live epochs
+    hold (candidates, never rewritten). ``payloads = (flat, at, len)`` are the live
+    documents' verification payloads (sets or signatures), and ``records = (docnums,
+    flat, at, len)`` those of every committed document a bucket or an exact text names
+    and that may still be held, ``docnums`` ascending. ``expiry`` applies retention
+    (none: every document is held); a candidate or exact text below a document's cutoff
+    is passed over.
     """
     com_at, com_len, com_members = committed
+    n_keys = len(slot)
+    if older is None:
+        older = (np.zeros(n_keys, np.int64), np.zeros(n_keys, np.int64), np.empty(0, np.uint64))
+    old_at, old_len, old_members = older
+    n = len(fresh)
+    if expiry is None:
+        none = np.empty(0, np.int64)
+        expiry = Expiry(np.full(n, NO_CLOCK, np.int64), none, none)
+    n_pts = expiry.points_doc.size
+    pt_doc = np.empty(n_pts + n, dtype=np.int64)
+    pt_clock = np.empty(n_pts + n, dtype=np.int64)
+    pt_doc[:n_pts], pt_clock[:n_pts] = expiry.points_doc, expiry.points_clock
     q_flat, q_at, q_len = payloads
     r_docnums, r_flat, r_at, r_len = records
     u32, i64 = "<u4", "<i8"
@@ -365,13 +443,16 @@ def match_batch(
         np.array(group_docnum, dtype=np.int64),  # updated as the pass indexes texts
         _read_only(slot, i64), _read_only(com_at, i64), _read_only(com_len, i64),
         _read_only(com_members, i64),
+        _read_only(old_at, i64), _read_only(old_len, i64), _read_only(old_members, i64),
         bands, max_members, max_candidates, float(threshold), exact, index_all, first_docnum,
         _read_only(q_flat, u32), _read_only(q_at, i64), _read_only(q_len, i64),
         _read_only(r_docnums, i64), _read_only(r_flat, u32), _read_only(r_at, i64),
         _read_only(r_len, i64),
+        _read_only(expiry.doc_clock, i64), pt_doc, pt_clock, n_pts,
+        int(expiry.window), int(expiry.max_documents), NO_CLOCK, bool(expiry.new_epoch),
     )  # fmt: skip
-    m, sim, cand, ver, docnum, new_text, hits, truncated, evictions, contents, at, length = out
+    m, sim, cand, ver, docnum, new_text, hits, truncated, evictions, contents, at, length, end = out
     return Matches(
         m, sim, cand, ver, docnum, new_text, int(hits), int(truncated), int(evictions),
-        contents, at, length,
+        contents, at, length, pt_doc[n_pts:end].copy(), pt_clock[n_pts:end].copy(),
     )  # fmt: skip

@@ -8,6 +8,12 @@ The atomic write comes in two halves, :meth:`Backend.prepare` and :meth:`Backend
 preparing a batch's write (ordering ~40,000 keys and copying them into a RocksDB
 ``WriteBatch``) is most of its cost and changes nothing, so the service prepares while the
 broker acknowledges the batch's events, and applies only once they are confirmed.
+
+Records that belong to a document (the kinds of :data:`stream_dedup.index.keys.SCOPED`) live
+in an *epoch* (:mod:`stream_dedup.index.retention`), named by the ``epoch`` argument; the
+index's own keys ignore it. An epoch is dropped whole (:meth:`Backend.drop_epoch`), which
+is what makes retention cheap: a backend keeps each epoch apart so that dropping one
+costs nothing per key.
 """
 
 from __future__ import annotations
@@ -43,8 +49,9 @@ class Backend(Protocol):
         """Where the data lives (a path, or ``":memory:"``), for messages."""
         ...
 
-    def get_many(self, keys: Sequence[bytes]) -> list[bytes | None]:
-        """Values for ``keys`` in order, ``None`` where absent (one batched read)."""
+    def get_many(self, keys: Sequence[bytes], epoch: int = 0) -> list[bytes | None]:
+        """Values for ``keys`` in order, ``None`` where absent (one batched read); with an
+        ``epoch`` other than 0, ``keys`` are records of that epoch only."""
         ...
 
     def write(self, puts: Mapping[bytes, bytes]) -> None:
@@ -52,9 +59,13 @@ class Backend(Protocol):
         ...
 
     def prepare(
-        self, puts: Mapping[bytes, bytes], ordered: OrderedPuts = NO_ORDERED_PUTS
+        self,
+        puts: Mapping[bytes, bytes],
+        ordered: OrderedPuts = NO_ORDERED_PUTS,
+        epoch: int = 0,
     ) -> PreparedWrite:
-        """Build the atomic write of ``puts`` without applying it (nothing becomes visible).
+        """Build the atomic write of ``puts`` without applying it (nothing becomes visible);
+        the records that belong to an epoch go to ``epoch``.
 
         ``ordered`` are more puts, already in ascending key order and with no key of
         ``puts``: the band buckets, most of a batch's keys, which need no sorting.
@@ -67,12 +78,22 @@ class Backend(Protocol):
         """Apply a prepared write atomically, as :meth:`write` would; once only."""
         ...
 
-    def scan_prefix(self, prefix: bytes) -> Iterator[tuple[bytes, bytes]]:
-        """Every (key, value) whose key starts with ``prefix``, in key order."""
+    def scan_prefix(self, prefix: bytes, epoch: int = 0) -> Iterator[tuple[bytes, bytes]]:
+        """Every (key, value) whose key starts with ``prefix``, in key order: of epoch 0
+        and the index's own keys, or of the records of another ``epoch``."""
         ...
 
-    def scan_keys(self, prefix: bytes) -> Iterator[bytes]:
-        """Every key that starts with ``prefix``, in key order (values not read)."""
+    def scan_keys(self, prefix: bytes, epoch: int = 0) -> Iterator[bytes]:
+        """Every key that starts with ``prefix``, in key order (values not read), as
+        :meth:`scan_prefix` selects them."""
+        ...
+
+    def epochs(self) -> list[int]:
+        """The epochs that have records stored (0 always), ascending."""
+        ...
+
+    def drop_epoch(self, epoch: int) -> None:
+        """Delete every record of ``epoch``, in bulk."""
         ...
 
     def size_bytes(self) -> int:

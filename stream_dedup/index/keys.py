@@ -9,6 +9,12 @@
     o <topic, UTF-8> 0x00 <partition: u32 BE> -> next input offset to consume, uint64 LE
     i                                   -> batch intent: JSON [[topic, partition, start, end], ...]
                                            of the batch being emitted; empty once committed
+    E                                   -> epoch table and stream clock (retention.py), JSON
+    k <first docnum of a batch: u64 BE> -> the batch's clock change points (retention.py)
+
+The kinds ``b``, ``d``, ``k``, ``v`` and ``x`` belong to a document, and live in the epoch
+the document was decided in (:data:`SCOPED`; see :mod:`stream_dedup.index.retention`); the
+others are the index's own and live outside every epoch.
 
 Docnums are dense internal numbers in arrival order, so "earliest" is "smallest docnum"
 and a bucket stays eight bytes per member.
@@ -29,9 +35,30 @@ from stream_dedup.core.lookup_keys import (
 )
 
 __all__ = [
-    "BUCKET", "COUNTER", "DOC", "EXACT", "INTENT", "META", "OFFSET", "PACKED_BUCKET_KEY", "VERDICT",
-    "bucket_keys", "bucket_order", "bucket_shared", "counter_key", "doc_key", "exact_key",
-    "offset_key", "packed_bucket_keys", "parse_bucket_keys", "parse_offset_key", "verdict_key",
+    "BUCKET",
+    "COUNTER",
+    "DOC",
+    "EPOCHS",
+    "EXACT",
+    "INTENT",
+    "META",
+    "OFFSET",
+    "PACKED_BUCKET_KEY",
+    "POINTS",
+    "SCOPED",
+    "VERDICT",
+    "bucket_keys",
+    "bucket_order",
+    "bucket_shared",
+    "counter_key",
+    "doc_key",
+    "exact_key",
+    "offset_key",
+    "packed_bucket_keys",
+    "parse_bucket_keys",
+    "parse_offset_key",
+    "points_key",
+    "verdict_key",
 ]  # fmt: skip
 
 META = b"M"
@@ -40,6 +67,14 @@ DOC = b"d"
 VERDICT = b"v"
 OFFSET = b"o"
 INTENT = b"i"
+EPOCHS = b"E"
+POINTS = b"k"
+#: First bytes of the kinds of record that belong to an epoch.
+SCOPED = frozenset(b"bdkvx")
+
+
+def points_key(first_docnum: int) -> bytes:
+    return POINTS + first_docnum.to_bytes(8, "big")
 
 
 def counter_key(name: str) -> bytes:

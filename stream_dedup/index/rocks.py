@@ -23,6 +23,13 @@ batch spans both families and stays atomic. An index of the older layout (docume
 default family) is moved over when it is opened for writing, a chunk per atomic write, so
 an interrupted move resumes at the next open; a read-only view reads whichever layout it
 finds.
+
+Epochs (:mod:`stream_dedup.index.retention`): epoch 0 is the layout above; epoch ``n`` keeps
+its records in two column families of its own, ``epoch-<n>`` (buckets, exact texts,
+verdicts, change points) and ``epoch-<n>-docs``, created when its first batch is prepared and
+dropped whole when it expires: RocksDB deletes their files at once, with no compaction.
+The index's own keys (metadata, counters, offsets, intent, epoch table) stay in the
+default family. Every family is listed and opened at start, as RocksDB requires.
 """
 
 from __future__ import annotations
@@ -36,6 +43,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from itertools import islice, repeat
 from operator import itemgetter
 from pathlib import Path
+from typing import Any
 
 from rocksdict import (
     AccessType,
@@ -57,7 +65,7 @@ from stream_dedup.errors import (
     IndexStoreError,
 )
 from stream_dedup.index.backend import NO_ORDERED_PUTS, OrderedPuts
-from stream_dedup.index.keys import DOC
+from stream_dedup.index.keys import DOC, SCOPED
 
 log = logging.getLogger("stream_dedup.index")
 
@@ -76,6 +84,30 @@ _KEY = itemgetter(0)
 _SORTED_RUNS = 12
 #: Write-ahead log files kept for reuse (see _options).
 _RECYCLED_LOGS = 4
+#: Write-ahead log bytes after which RocksDB flushes the families holding the oldest log:
+#: an old epoch's family, no longer written, would otherwise keep every log since its
+#: last write from being recycled.
+_MAX_WAL_BYTES = 256 << 20
+#: Key ranges of the records that belong to an epoch, in the default family (epoch 0).
+_SCOPED_RANGES = [(bytes([k]), bytes([k + 1])) for k in sorted(SCOPED) if bytes([k]) != DOC]
+
+
+def epoch_family(epoch: int) -> str:
+    """The column family of epoch ``epoch``'s records other than documents."""
+    return f"epoch-{epoch}"
+
+
+def epoch_docs_family(epoch: int) -> str:
+    """The column family of epoch ``epoch``'s document records."""
+    return f"epoch-{epoch}-docs"
+
+
+def _epoch_number(family: str) -> int | None:
+    """The epoch a column family belongs to (``None``: not an epoch family)."""
+    if not family.startswith("epoch-"):
+        return None
+    number = family[len("epoch-") :].removesuffix("-docs")
+    return int(number) if number.isdigit() else None
 
 
 def _options() -> Options:
@@ -114,6 +146,7 @@ def _options() -> Options:
     opts.set_level_zero_file_num_compaction_trigger(_SORTED_RUNS)
     opts.increase_parallelism(2)
     opts.set_recycle_log_file_num(_RECYCLED_LOGS)
+    opts.set_max_total_wal_size(_MAX_WAL_BYTES)
     opts.set_write_buffer_size(4 << 20)
     opts.set_memtable_whole_key_filtering(True)
     opts.set_memtable_prefix_bloom_ratio(0.05)
@@ -183,8 +216,16 @@ class RocksBackend:
         opts.create_missing_column_families(True)
         families = {DOCS_FAMILY: _docs_options()}
         try:
+            present = (
+                Rdict.list_cf(self._path, Options(raw_mode=True))
+                if (Path(self._path) / "CURRENT").exists()
+                else []
+            )
+            for name in present:
+                number = _epoch_number(name)
+                if number is not None:
+                    families[name] = _docs_options() if name.endswith("-docs") else _options()
             if read_only:
-                present = Rdict.list_cf(self._path, Options(raw_mode=True))
                 families = {f: o for f, o in families.items() if f in present}
                 self._db = Rdict(
                     self._path, opts, column_families=families, access_type=AccessType.read_only()
@@ -202,8 +243,18 @@ class RocksBackend:
                 ) from exc
             raise IndexStoreError(f"cannot open RocksDB index at {self._path}: {text}") from exc
         # An old-layout index opened read-only keeps its documents in the default family.
-        self._docs = self._db.get_column_family(DOCS_FAMILY) if families else self._db
-        self._docs_handle = self._db.get_column_family_handle(DOCS_FAMILY) if families else None
+        has_docs = DOCS_FAMILY in families
+        self._docs = self._db.get_column_family(DOCS_FAMILY) if has_docs else self._db
+        self._docs_handle = self._db.get_column_family_handle(DOCS_FAMILY) if has_docs else None
+        #: Epoch -> (records family, documents family, their handles); epoch 0 is the
+        #: default layout (handle None: the default family).
+        self._epochs: dict[int, tuple[Rdict, Rdict, Any, Any]] = {
+            0: (self._db, self._docs, None, self._docs_handle)
+        }
+        for name in families:
+            number = _epoch_number(name)
+            if number is not None and number not in self._epochs:
+                self._open_epoch(number)
         self._write_opts = WriteOptions()
         self._write_opts.sync = sync
         if not read_only:
@@ -213,6 +264,59 @@ class RocksBackend:
                 if not _from_rocksdb(exc):
                     raise
                 raise self._failed("moving document records", exc) from exc
+
+    def _open_epoch(self, epoch: int) -> tuple[Rdict, Rdict, Any, Any]:
+        """The families of ``epoch``, created if they do not exist yet."""
+        names = epoch_family(epoch), epoch_docs_family(epoch)
+        handles: list[Any] = []
+        for name, options in zip(names, (_options(), _docs_options()), strict=True):
+            family: Rdict | None
+            try:
+                family = self._db.get_column_family(name)
+            except Exception:  # absent: created empty (unlisted until a commit names it)
+                family = None if self._read_only else self._db.create_column_family(name, options)
+            handles.append(family)
+        small, docs = handles
+        if small is None or docs is None:  # a read-only view of an epoch half created
+            raise IndexStoreError(f"{self._path}: epoch {epoch} has no column families")
+        entry = (
+            small,
+            docs,
+            self._db.get_column_family_handle(names[0]),
+            self._db.get_column_family_handle(names[1]),
+        )
+        self._epochs[epoch] = entry
+        return entry
+
+    def _epoch(self, epoch: int) -> tuple[Rdict, Rdict, Any, Any]:
+        entry = self._epochs.get(epoch)
+        return entry if entry is not None else self._open_epoch(epoch)
+
+    def epochs(self) -> list[int]:
+        """The epochs whose records are stored (0 always), ascending."""
+        return sorted(self._epochs)
+
+    def drop_epoch(self, epoch: int) -> None:
+        """Delete every record of ``epoch``: its families dropped whole, or, for epoch 0,
+        range deletes of the kinds that belong to an epoch (compaction reclaims them)."""
+        try:
+            if epoch == 0:
+                for lo, hi in _SCOPED_RANGES:
+                    self._db.delete_range(lo, hi)
+                self._docs.delete_range(DOC, _DOC_END)
+                return
+            entry = self._epochs.pop(epoch, None)
+            if entry is None:
+                return
+            for family in entry[:2]:
+                family.close()
+            del entry
+            self._db.drop_column_family(epoch_family(epoch))
+            self._db.drop_column_family(epoch_docs_family(epoch))
+        except Exception as exc:
+            if not _from_rocksdb(exc):
+                raise
+            raise self._failed(f"dropping epoch {epoch}", exc) from exc
 
     def _failed(self, operation: str, exc: Exception) -> IndexStoreError:
         """The package's error for rocksdict's ``exc`` raised while doing ``operation``."""
@@ -259,22 +363,26 @@ class RocksBackend:
     def location(self) -> str:
         return self._path
 
-    def get_many(self, keys: Sequence[bytes]) -> list[bytes | None]:
+    def get_many(self, keys: Sequence[bytes], epoch: int = 0) -> list[bytes | None]:
         try:
-            return self._get_many_routed(keys)
+            return self._get_many_routed(keys, epoch)
         except Exception as exc:
             if not _from_rocksdb(exc):
                 raise
             raise self._failed(f"reading {len(keys)} key(s)", exc) from exc
 
-    def _get_many_routed(self, keys: Sequence[bytes]) -> list[bytes | None]:
+    def _get_many_routed(self, keys: Sequence[bytes], epoch: int) -> list[bytes | None]:
+        small, docs_family, _, _ = self._epoch(epoch) if epoch else self._epochs[0]
+        if epoch and any(key[0] not in SCOPED for key in keys):
+            raise ValueError("only keys that belong to an epoch are read from one")
         docs = [i for i, key in enumerate(keys) if key[:1] == DOC]
         if not docs:
-            return self._get_many(self._db, keys)
+            return self._get_many(small, keys)
         if len(docs) == len(keys):
-            return self._get_many(self._docs, keys)
-        values = self._get_many(self._db, keys)  # documents: absent here, filled in below
-        for i, value in zip(docs, self._get_many(self._docs, [keys[i] for i in docs]), strict=True):
+            return self._get_many(docs_family, keys)
+        values = self._get_many(small, keys)  # documents: absent here, filled in below
+        found = self._get_many(docs_family, [keys[i] for i in docs])
+        for i, value in zip(docs, found, strict=True):
             values[i] = value
         return values
 
@@ -292,10 +400,14 @@ class RocksBackend:
         self.apply(self.prepare(puts))
 
     def prepare(
-        self, puts: Mapping[bytes, bytes], ordered: OrderedPuts = NO_ORDERED_PUTS
+        self,
+        puts: Mapping[bytes, bytes],
+        ordered: OrderedPuts = NO_ORDERED_PUTS,
+        epoch: int = 0,
     ) -> WriteBatch:
         # In key order: the memtable's skiplist then continues each insert from the last
         # one, which makes a batch of ~20k keys several times cheaper to apply.
+        _, _, small, docs_handle = self._epoch(epoch)
         batch = WriteBatch(raw_mode=True)
         put = batch.put
         keys = sorted(puts)  # keys alone: sorting (key, value) pairs is several times dearer
@@ -304,13 +416,22 @@ class RocksBackend:
         docs, others = keys[lo:hi], keys[:lo] + keys[hi:]
         value = puts.__getitem__
         # map() drives the ~40,000 puts from C: a Python for loop costs as much again.
-        deque(map(put, others, map(value, others)), maxlen=0)
-        deque(map(put, docs, map(value, docs), repeat(self._docs_handle)), maxlen=0)
+        if small is None:
+            deque(map(put, others, map(value, others)), maxlen=0)
+        else:  # the index's own keys stay in the default family
+            own = [k for k in others if k[0] not in SCOPED]
+            mine = [k for k in others if k[0] in SCOPED]
+            deque(map(put, own, map(value, own)), maxlen=0)
+            deque(map(put, mine, map(value, mine), repeat(small)), maxlen=0)
+        deque(map(put, docs, map(value, docs), repeat(docs_handle)), maxlen=0)
         ordered_keys = ordered.keys
         at = bisect_left(ordered_keys, DOC)  # they are in key order: one probe finds any
         if at < len(ordered_keys) and ordered_keys[at] < _DOC_END:
             raise ValueError("ordered puts may not hold document records")
-        deque(map(put, ordered_keys, ordered.values), maxlen=0)
+        if small is None:
+            deque(map(put, ordered_keys, ordered.values), maxlen=0)
+        else:
+            deque(map(put, ordered_keys, ordered.values, repeat(small)), maxlen=0)
         return batch
 
     def apply(self, prepared: WriteBatch) -> None:
@@ -321,12 +442,16 @@ class RocksBackend:
                 raise
             raise self._failed("writing a batch", exc) from exc
 
-    def scan_prefix(self, prefix: bytes) -> Iterator[tuple[bytes, bytes]]:
+    def scan_prefix(self, prefix: bytes, epoch: int = 0) -> Iterator[tuple[bytes, bytes]]:
+        small, docs, _, _ = self._epochs.get(epoch) or self._empty_epoch(epoch)
         if prefix[:1] == DOC:
-            return self._scan(self._docs, prefix)
-        if not prefix and self._docs is not self._db:
-            return heapq.merge(self._scan(self._db, b""), self._scan(self._docs, b""), key=_KEY)
-        return self._scan(self._db, prefix)
+            return self._scan(docs, prefix)
+        if not prefix and docs is not small:
+            return heapq.merge(self._scan(small, b""), self._scan(docs, b""), key=_KEY)
+        return self._scan(small, prefix)
+
+    def _empty_epoch(self, epoch: int) -> tuple[Rdict, Rdict, Any, Any]:
+        raise KeyError(f"{self._path} holds no epoch {epoch}")
 
     def _scan(self, family: Rdict, prefix: bytes) -> Iterator[tuple[bytes, bytes]]:
         try:
@@ -344,12 +469,13 @@ class RocksBackend:
                 raise
             raise self._failed(f"scanning records under prefix {prefix!r}", exc) from exc
 
-    def scan_keys(self, prefix: bytes) -> Iterator[bytes]:
+    def scan_keys(self, prefix: bytes, epoch: int = 0) -> Iterator[bytes]:
+        small, docs, _, _ = self._epochs.get(epoch) or self._empty_epoch(epoch)
         if prefix[:1] == DOC:
-            return self._scan_keys(self._docs, prefix)
-        if not prefix and self._docs is not self._db:
-            return heapq.merge(self._scan_keys(self._db, b""), self._scan_keys(self._docs, b""))
-        return self._scan_keys(self._db, prefix)
+            return self._scan_keys(docs, prefix)
+        if not prefix and docs is not small:
+            return heapq.merge(self._scan_keys(small, b""), self._scan_keys(docs, b""))
+        return self._scan_keys(small, prefix)
 
     def _scan_keys(self, family: Rdict, prefix: bytes) -> Iterator[bytes]:
         # Keys only, iterated on rocksdict's side up to the prefix's end: several times
@@ -397,8 +523,13 @@ class RocksBackend:
     def sequence(self) -> int:
         return int(self._db.latest_sequence_number())
 
-    def _families(self) -> tuple[Rdict, ...]:
-        return (self._db,) if self._docs is self._db else (self._db, self._docs)
+    def _families(self) -> list[Rdict]:
+        out: list[Rdict] = []
+        for small, docs, _, _ in self._epochs.values():
+            out.append(small)
+            if docs is not small:
+                out.append(docs)
+        return out
 
     @property
     def db(self) -> Rdict:
@@ -416,8 +547,12 @@ class RocksBackend:
             raise self._failed("flushing memtables", exc) from exc
 
     def close(self) -> None:
-        if self._docs is not self._db:
-            self._docs.close()
+        for epoch, (small, docs, _, _) in self._epochs.items():
+            if docs is not small:
+                docs.close()
+            if epoch:
+                small.close()
         # A column family handle keeps the database open, lock included, while it lives.
+        self._epochs.clear()
         self._docs_handle = None
         self._db.close()

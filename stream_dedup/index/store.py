@@ -10,16 +10,19 @@ the *batch intent* (:meth:`DedupIndex.write_intent`); the commit that stores the
 clears it in the same write. An intent found at start-up names exactly the batch whose
 events may already be out, so the service can decide that same batch again. Ranges are
 plain ``(topic, partition) -> (start, end)`` pairs: the index knows nothing of Kafka.
+
+Retention (:mod:`stream_dedup.index.retention`): the records of documents live in epochs;
+reads go to every live epoch, a batch writes to one, and the commit that lets an epoch go
+is the same atomic write as the batch's, after which the epoch is dropped whole. An epoch
+left behind by a crash between the two, or created for a batch never committed, is
+dropped by the next commit.
 """
 
 from __future__ import annotations
 
 import json
-import logging
-import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from itertools import islice
 from pathlib import Path
 
 import numpy as np
@@ -28,19 +31,22 @@ from stream_dedup.core.hashing import U64
 from stream_dedup.errors import IndexMismatchError, IndexStoreError
 from stream_dedup.index import keys
 from stream_dedup.index.backend import NO_ORDERED_PUTS, Backend, OrderedPuts, PreparedWrite
-from stream_dedup.index.filter import KeyFilter, bucket_fingerprints, key_fingerprints
+from stream_dedup.index.epoch_filters import FILTER_FILE, LOOKUP_KINDS, EpochFilters
+from stream_dedup.index.filter import bucket_fingerprints, key_fingerprints
 from stream_dedup.index.memory import MemoryBackend
 from stream_dedup.index.params import IndexParams
+from stream_dedup.index.retention import (
+    I64,
+    NO_CLOCK,
+    NO_RETENTION,
+    Retention,
+    Timeline,
+    decode_points,
+    encode_points,
+)
 from stream_dedup.index.rocks import RocksBackend
 
-log = logging.getLogger("stream_dedup.index")
-
-#: Keys fingerprinted at a time while the key filter is built.
-_FILTER_CHUNK = 1 << 18
-#: The key filter saved beside a RocksDB index when its writer closes it (see load_filter).
-FILTER_FILE = "keyfilter.bin"
-#: Keys read through the key filter besides the band buckets: verdicts and exact texts.
-_LOOKUP_KINDS = frozenset({keys.VERDICT, keys.EXACT})
+__all__ = ["COUNTERS", "FILTER_FILE", "DedupIndex", "IndexStats", "PendingCommit", "open_index"]
 
 #: Counters kept in the index, updated in the same write as the records they count.
 COUNTERS = ("documents", "indexed", "duplicates", "empty")
@@ -60,6 +66,16 @@ class IndexStats:
     duplicates: int
     empty: int
     size_bytes: int
+    #: Documents the index holds (indexed and not expired), and those expired so far.
+    held: int = 0
+    expired: int = 0
+    #: Unix time (seconds) of the oldest document held, and of the stream's clock
+    #: (``None``: no document time known).
+    oldest_time: int | None = None
+    clock: int | None = None
+    #: Live epochs, and the retention in force.
+    epochs: int = 1
+    retention: Retention = NO_RETENTION
 
 
 @dataclass(slots=True)
@@ -70,13 +86,25 @@ class PendingCommit:
     counters: dict[str, int]
     after_writes: int
     fingerprints: U64
+    epoch: int
+    timeline: Timeline
+    #: Epochs the commit lets go: dropped once it is applied.
+    dead: list[int]
 
 
 class DedupIndex:
-    """One open index. Not thread-safe; one process writes an index (RocksDB's lock)."""
+    """One open index. Not thread-safe; one process writes an index (RocksDB's lock).
 
-    def __init__(self, backend: Backend, params: IndexParams | None) -> None:
+    ``retention`` says how much of the stream it holds (see
+    :mod:`stream_dedup.index.retention`); it is not one of the index's parameters, so it
+    may change from one opening to the next.
+    """
+
+    def __init__(
+        self, backend: Backend, params: IndexParams | None, retention: Retention = NO_RETENTION
+    ) -> None:
         self._backend = backend
+        self.retention = retention
         stored_raw = backend.get_many([keys.META])[0]
         if stored_raw is None:
             if params is None:
@@ -98,9 +126,24 @@ class DedupIndex:
             name: int.from_bytes(v, "little") if v else 0
             for name, v in zip(COUNTERS, raw, strict=True)
         }
+        self._timeline = self._load_timeline()
         self._intent_pending = self.intent() is not None
         self._writes = 0  # batch writes so far: a prepared commit is valid for one value
-        self._filter: KeyFilter | None = None  # built on first use: see load_filter
+        self._filters = EpochFilters(backend)  # loaded on first use: see load_filter
+        self._tidied = False  # epochs the table does not list are dropped at the first commit
+
+    def _load_timeline(self) -> Timeline:
+        raw = self._backend.get_many([keys.EPOCHS])[0]
+        if raw is None:
+            return Timeline.fresh()
+        present = set(self._backend.epochs())
+        body = Timeline.from_bytes(raw, np.empty(0, np.int64), np.empty(0, np.int64))
+        records: list[bytes] = []
+        for epoch in body.numbers():
+            if epoch in present:
+                records.extend(v for _, v in self._backend.scan_prefix(keys.POINTS, epoch))
+        points_doc, points_clock = decode_points(records)
+        return Timeline(body.epochs, body.clock, points_doc, points_clock)
 
     @property
     def params(self) -> IndexParams:
@@ -110,145 +153,124 @@ class DedupIndex:
     def location(self) -> str:
         return self._backend.location
 
+    @property
+    def timeline(self) -> Timeline:
+        """The live epochs, the stream's clock and its change points, as committed."""
+        return self._timeline
+
     def counter(self, name: str) -> int:
         """A committed counter (see :data:`COUNTERS`)."""
         return self._counters[name]
 
+    def cutoff(self) -> int:
+        """The first docnum the index holds now: every document before it has expired."""
+        return self._timeline.cutoff(self.retention, self._counters["indexed"])
+
+    def batch_epoch(self) -> int:
+        """The epoch the next batch writes to (see :meth:`Timeline.batch_epoch`)."""
+        return self._timeline.batch_epoch(self.retention, self._counters["indexed"])
+
     def read(self, keys_: Sequence[bytes]) -> list[bytes | None]:
-        """One batched read of committed values."""
+        """One batched read of the index's own keys (and epoch 0's records)."""
         return self._backend.get_many(keys_)
 
-    def read_lookups(self, lookup_keys: Sequence[bytes]) -> list[bytes | None]:
-        """Committed values of verdict and exact-text keys (``None``: absent).
+    def read_documents(self, docnums: Sequence[int]) -> list[bytes | None]:
+        """The document records of ``docnums`` (ascending), each from its epoch."""
+        if len(self._timeline.epochs) == 1:
+            epoch = self._timeline.current.number
+            return self._backend.get_many([keys.doc_key(n) for n in docnums], epoch)
+        out: list[bytes | None] = []
+        by_epoch: dict[int, list[int]] = {}
+        for n in docnums:
+            by_epoch.setdefault(self._timeline.epoch_of(n), []).append(n)
+        for epoch, nums in by_epoch.items():  # epochs ascending, as docnums are
+            out.extend(self._backend.get_many([keys.doc_key(n) for n in nums], epoch))
+        return out
 
-        Through the key filter, like :meth:`read_buckets`; the answer is what :meth:`read`
-        would give.
+    def read_lookups(self, lookup_keys: Sequence[bytes]) -> list[bytes | None]:
+        """Committed values of verdict and exact-text keys (``None``: absent), from the
+        newest live epoch that holds each.
+
+        Through the key filters, like :meth:`read_buckets`.
         """
-        if not {k[:1] for k in lookup_keys} <= _LOOKUP_KINDS:
+        if not {k[:1] for k in lookup_keys} <= LOOKUP_KINDS:
             raise ValueError("read_lookups reads verdict and exact-text keys only")
-        return self._read_filtered(lookup_keys, key_fingerprints(lookup_keys))
+        values: list[bytes | None] = [None] * len(lookup_keys)
+        fps = key_fingerprints(lookup_keys)
+        for _, where, found in self._read_epochs(lookup_keys, fps):
+            for i, value in zip(where, found, strict=True):
+                values[i] = value
+        return values
 
     def read_buckets(
         self, bucket_keys: Sequence[bytes], fingerprints: U64 | None = None
     ) -> list[bytes | None]:
-        """Committed band buckets for ``bucket_keys`` (``None``: no such bucket).
+        """Committed band buckets for ``bucket_keys``, every live epoch's members joined
+        oldest first (``None``: no such bucket).
 
-        Only the keys the key filter cannot rule out are read (see
-        :mod:`stream_dedup.index.filter`); the answer is what :meth:`read` would give.
-        ``fingerprints`` are the keys' :func:`bucket_fingerprints` when the caller has them.
+        Only the keys the key filters cannot rule out are read (see
+        :mod:`stream_dedup.index.filter`). ``fingerprints`` are the keys'
+        :func:`bucket_fingerprints` when the caller has them.
         """
         if fingerprints is None:
             fingerprints = bucket_fingerprints(bucket_keys)
-        elif fingerprints.size != len(bucket_keys):
-            raise ValueError("one fingerprint per bucket key is needed")
-        return self._read_filtered(bucket_keys, fingerprints)
+        values: list[bytes | None] = [None] * len(bucket_keys)
+        for _, where, found in self.read_buckets_present(bucket_keys, fingerprints):
+            for i, value in zip(where, found, strict=True):
+                old = values[i]
+                values[i] = value if old is None else old + value
+        return values
 
     def read_buckets_present(
         self, bucket_keys: Sequence[bytes], fingerprints: U64
-    ) -> tuple[list[int], list[bytes]]:
-        """:meth:`read_buckets` as the positions of the buckets the index holds and their
-        contents: a batch's ~36,000 keys find a few hundred, and a list of every answer
-        would be mostly ``None``s to walk past."""
+    ) -> list[tuple[int, list[int], list[bytes]]]:
+        """Per live epoch, oldest first: the epoch, the positions of the buckets it holds
+        and their contents. A batch's ~36,000 keys find a few hundred, and a list of every
+        answer would be mostly ``None``s to walk past."""
         if fingerprints.size != len(bucket_keys):
             raise ValueError("one fingerprint per bucket key is needed")
-        where = np.flatnonzero(self.load_filter().may_hold(fingerprints)).tolist()
-        if not where:
-            return [], []
-        read = self._backend.get_many([bucket_keys[i] for i in where])
-        found = [(i, v) for i, v in zip(where, read, strict=True) if v is not None]
-        return [i for i, _ in found], [v for _, v in found]
+        return self._read_epochs(bucket_keys, fingerprints)
 
-    def _read_filtered(self, wanted: Sequence[bytes], fingerprints: U64) -> list[bytes | None]:
-        maybe = np.flatnonzero(self.load_filter().may_hold(fingerprints))
-        values: list[bytes | None] = [None] * len(wanted)
-        if maybe.size:
-            where = maybe.tolist()
-            for i, value in zip(
-                where, self._backend.get_many([wanted[i] for i in where]), strict=True
-            ):
-                values[i] = value
-        return values
+    def _read_epochs(
+        self, wanted: Sequence[bytes], fingerprints: U64
+    ) -> list[tuple[int, list[int], list[bytes]]]:
+        filters = self.load_filter()
+        out: list[tuple[int, list[int], list[bytes]]] = []
+        for epoch in self._timeline.numbers():
+            where = np.flatnonzero(filters.may_hold(epoch, fingerprints)).tolist()
+            if not where:
+                continue
+            read = self._backend.get_many([wanted[i] for i in where], epoch)
+            found = [(i, v) for i, v in zip(where, read, strict=True) if v is not None]
+            if found:
+                out.append((epoch, [i for i, _ in found], [v for _, v in found]))
+        return out
 
-    def load_filter(self, progress: Callable[[int], None] | None = None) -> KeyFilter:
-        """The key filter: the one saved when the index was last closed, if nothing was
-        written since, else built from a scan of the index's lookup keys.
+    def load_filter(self, progress: Callable[[int], None] | None = None) -> EpochFilters:
+        """The key filters of the live epochs: those saved when the index was last
+        closed, if nothing was written since, else built from a scan of each epoch's
+        lookup keys (see :mod:`stream_dedup.index.epoch_filters`).
 
-        A filter is saved by :meth:`close` (the file :data:`FILTER_FILE` beside the
-        index), stamped with the index's write sequence number; it is loaded only at the
-        same number, so any write since (a crash after more batches, another program)
-        means a scan. The file is removed once read: from then on it would describe an
-        index that has moved on, until the next close saves it again.
-
-        A built filter is sized for twice the keys the index can hold now (``bands``
+        A built filter is sized for twice the keys its epoch can hold now (``bands``
         buckets, a verdict and an exact-text key per indexed document, a verdict per
-        other one). Every later write adds its lookup keys (:meth:`apply`), so the filter
+        other one). Every later write adds its lookup keys (:meth:`apply`), so a filter
         never misses a committed key. ``progress`` is called with the keys added so far
-        after every chunk of the scan (a fraction of a second each), so a long build can
+        after every chunk of a scan (a fraction of a second each), so a long build can
         be reported and kept alive.
         """
-        if self._filter is not None:
-            return self._filter
-        started = time.perf_counter()
-        saved = self._load_saved_filter()
-        if saved is not None:
-            self._filter = saved
-            _log_filter("key filter loaded", saved, started)
-            return saved
-        c = self._counters
-        filt = KeyFilter(2 * (c["indexed"] * (self._params.bands + 1) + c["documents"]))
-        for kind in (keys.BUCKET, *sorted(_LOOKUP_KINDS)):
-            fingerprint = bucket_fingerprints if kind == keys.BUCKET else key_fingerprints
-            scan = self._backend.scan_keys(kind)
-            while chunk := list(islice(scan, _FILTER_CHUNK)):
-                filt.add(fingerprint(chunk))
-                if progress is not None:
-                    progress(filt.count)
-        self._filter = filt
-        if filt.count:
-            _log_filter("key filter built from the index", filt, started)
-        return filt
+        if not self._filters.loaded:
+            self._filters.load(self._capacities(), progress)
+        return self._filters
 
-    def _load_saved_filter(self) -> KeyFilter | None:
-        """The filter :meth:`close` saved, if it describes the index as it is; the file
-        is removed either way."""
-        path = self._backend.sidecar(FILTER_FILE)
-        if path is None or not path.exists():
-            return None
-        try:
-            return KeyFilter.load(path, self._backend.sequence())
-        except (OSError, ValueError) as exc:
-            log.info(
-                "saved key filter not used; building it from the index",
-                extra={"fields": {"file": str(path), "reason": str(exc)}},
-            )
-            return None
-        finally:
-            path.unlink(missing_ok=True)
-
-    def _save_filter(self) -> None:
-        """Save the key filter for the next opening (see :meth:`load_filter`)."""
-        path = self._backend.sidecar(FILTER_FILE)
-        if self._filter is None or path is None:
-            return
-        started = time.perf_counter()
-        try:
-            self._filter.save(path, self._backend.sequence())
-        except OSError as exc:
-            log.warning(
-                "could not save the key filter; the next start builds it from the index",
-                extra={"fields": {"file": str(path), "error": str(exc)}},
-            )
-            return
-        log.info(
-            "key filter saved",
-            extra={
-                "fields": {
-                    "file": str(path),
-                    "bytes": self._filter.nbytes,
-                    "seconds": round(time.perf_counter() - started, 3),
-                }
-            },
-        )
+    def _capacities(self) -> dict[int, int]:
+        """Epoch -> the keys a filter built for it is sized for."""
+        c, per_doc = self._counters, self._params.bands + 1
+        epochs = self._timeline.epochs
+        out: dict[int, int] = {}
+        for i, epoch in enumerate(epochs):
+            end = epochs[i + 1].first if i + 1 < len(epochs) else c["indexed"]
+            out[epoch.number] = 2 * ((end - epoch.first) * per_doc + c["documents"] // len(epochs))
+        return out
 
     def commit(
         self,
@@ -271,14 +293,19 @@ class DedupIndex:
         *,
         ordered: OrderedPuts = NO_ORDERED_PUTS,
         ordered_fingerprints: U64 | None = None,
+        epoch: int | None = None,
+        points: tuple[I64, I64] | None = None,
+        clock: int | None = None,
     ) -> PendingCommit:
         """The write :meth:`commit` would make, built but not applied (see :meth:`apply`).
 
         ``ordered`` are more puts in ascending key order (see
         :meth:`~stream_dedup.index.backend.Backend.prepare`), and ``ordered_fingerprints``
-        their keys' :func:`bucket_fingerprints` when the caller has them. Nothing may be
-        written to the index between ``prepare`` and ``apply``: the counters and the intent
-        to clear are read now.
+        their keys' :func:`bucket_fingerprints` when the caller has them. The batch's
+        records go to ``epoch`` (by default :meth:`batch_epoch`), ``points`` are its clock
+        change points (docnums, clocks) and ``clock`` the stream's clock after it. Nothing
+        may be written to the index between ``prepare`` and ``apply``: the counters, the
+        epochs and the intent to clear are read now.
         """
         batch = dict(puts)
         new_counters = dict(self._counters)
@@ -289,6 +316,22 @@ class DedupIndex:
             batch[keys.offset_key(topic, partition)] = offset.to_bytes(8, "little")
         if self._intent_pending:
             batch[keys.INTENT] = b""  # the backend has no delete; empty means "none"
+        epoch = self.batch_epoch() if epoch is None else epoch
+        empty = np.empty(0, dtype=np.int64)
+        new_doc, new_clock = points if points is not None else (empty, empty)
+        if new_doc.size:
+            batch[keys.points_key(int(new_doc[0]))] = encode_points(new_doc, new_clock)
+        timeline, dead = self._timeline.after(
+            epoch,
+            self._counters["indexed"],
+            new_doc,
+            new_clock,
+            self._timeline.clock if clock is None else clock,
+            new_counters["indexed"],
+            self.retention,
+        )
+        if timeline.to_bytes() != self._timeline.to_bytes():
+            batch[keys.EPOCHS] = timeline.to_bytes()
         # Every lookup key written reaches the filter, however it was handed in.
         buckets: list[bytes] = []
         lookups: list[bytes] = []
@@ -296,7 +339,7 @@ class DedupIndex:
             kind = key[:1]
             if kind == keys.BUCKET:
                 buckets.append(key)
-            elif kind in _LOOKUP_KINDS:
+            elif kind in LOOKUP_KINDS:
                 lookups.append(key)
         if ordered_fingerprints is None:
             ordered_fingerprints = bucket_fingerprints(ordered.keys)
@@ -304,22 +347,42 @@ class DedupIndex:
             raise ValueError("one fingerprint per ordered put is needed")
         fps = [bucket_fingerprints(buckets), key_fingerprints(lookups), ordered_fingerprints]
         return PendingCommit(
-            self._backend.prepare(batch, ordered),
+            self._backend.prepare(batch, ordered, epoch),
             new_counters,
             self._writes,
             np.concatenate(fps),
+            epoch,
+            timeline,
+            dead,
         )
 
     def apply(self, pending: PendingCommit) -> None:
-        """Apply a prepared commit: the atomic write, and the new counters in memory."""
+        """Apply a prepared commit: the atomic write, the new counters and epochs in
+        memory, then the epochs it let go dropped."""
         if pending.after_writes != self._writes:
             raise RuntimeError("the index was written after this commit was prepared")
         self._backend.apply(pending.write)
-        if self._filter is not None:  # not built yet: its scan will see these keys
-            self._filter.add(pending.fingerprints)
+        if self._filters.loaded:  # not loaded yet: its scan will see these keys
+            self._filters.add(pending.epoch, pending.fingerprints, self._new_filter_size())
         self._counters = pending.counters
+        self._timeline = pending.timeline
         self._intent_pending = False
         self._writes += 1
+        live = set(pending.timeline.numbers())
+        gone = list(pending.dead)
+        if not self._tidied:
+            gone += [e for e in self._backend.epochs() if e not in live and e not in gone]
+            self._tidied = True
+        for epoch in gone:
+            self._backend.drop_epoch(epoch)
+            self._filters.drop(epoch)
+
+    def _new_filter_size(self) -> int:
+        """Keys a new epoch's filter is sized for: those of an epoch like the last one
+        (a filter outgrowing its size stacks a larger one on top)."""
+        epochs = self._timeline.epochs
+        docs = epochs[-1].first - epochs[-2].first if len(epochs) > 1 else 0
+        return 2 * (self._params.bands + 2) * max(1, docs)
 
     def write_intent(self, ranges: Ranges) -> None:
         """Record the input ranges of the batch about to be emitted (one small atomic put).
@@ -351,12 +414,14 @@ class DedupIndex:
         return self._backend.size_bytes()
 
     def filter_bytes(self) -> int:
-        """Memory held by the key filter (0 until it is built)."""
-        filt = self._filter
-        return 0 if filt is None else filt.nbytes
+        """Memory held by the key filters (0 until they are loaded)."""
+        return self._filters.nbytes
 
     def stats(self) -> IndexStats:
         c = self._counters
+        timeline = self._timeline
+        cutoff = self.cutoff()
+        oldest = timeline.clock_at(cutoff) if cutoff < c["indexed"] else NO_CLOCK
         return IndexStats(
             location=self.location,
             params=self._params,
@@ -365,30 +430,31 @@ class DedupIndex:
             duplicates=c["duplicates"],
             empty=c["empty"],
             size_bytes=self.size_bytes(),
+            held=c["indexed"] - cutoff,
+            expired=cutoff,
+            oldest_time=None if oldest == NO_CLOCK else oldest,
+            clock=None if timeline.clock == NO_CLOCK else timeline.clock,
+            epochs=len(timeline.epochs),
+            retention=self.retention,
         )
 
     def close(self) -> None:
-        """Close the index; a writer saves its key filter first (see :meth:`load_filter`)."""
-        self._save_filter()
+        """Close the index; a writer saves its key filters first (see :meth:`load_filter`)."""
+        if self._filters.loaded:
+            self._filters.save()
         self._backend.close()
 
 
-def _log_filter(message: str, filt: KeyFilter, started: float) -> None:
-    """Log how large a key filter is and how long it took (since ``started``) to get."""
-    fields = {
-        "keys": filt.count,
-        "bytes": filt.nbytes,
-        "seconds": round(time.perf_counter() - started, 3),
-    }
-    log.info(message, extra={"fields": fields})
-
-
 def open_index(
-    path: str | Path | None, params: IndexParams | None, *, sync: bool = False
+    path: str | Path | None,
+    params: IndexParams | None,
+    *,
+    sync: bool = False,
+    retention: Retention = NO_RETENTION,
 ) -> DedupIndex:
     """Open (or create) the index at ``path``; ``None`` means a fresh in-memory index.
 
     With ``params=None`` an existing index is opened with whatever parameters it stores.
     """
     backend: Backend = MemoryBackend() if path is None else RocksBackend(path, sync=sync)
-    return DedupIndex(backend, params)
+    return DedupIndex(backend, params, retention)

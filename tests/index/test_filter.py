@@ -16,6 +16,7 @@ from stream_dedup.core.config import DedupConfig
 from stream_dedup.dedup import Deduplicator
 from stream_dedup.index import Backend, DedupIndex, RocksBackend, keys
 from stream_dedup.index.backend import OrderedPuts
+from stream_dedup.index.epoch_filters import EpochFilters
 from stream_dedup.index.filter import (
     BITS_PER_KEY,
     FILE_MAGIC,
@@ -201,7 +202,7 @@ def test_a_closed_index_reopens_with_its_saved_filter_and_a_stale_one_is_rebuilt
     # killed), then the stale file is put back: it is not used.
     writer = Deduplicator(DedupIndex(RocksBackend(tmp_path / "index"), None), DedupConfig())
     writer.process(docs[800:])
-    writer.index._filter = None  # nothing to save, like a killed writer
+    writer.index._filters = EpochFilters(writer.index._backend)  # nothing to save, as if killed
     writer.index.close()
     assert not saved.exists()
     stale.rename(saved)

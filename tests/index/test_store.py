@@ -133,6 +133,8 @@ class RecordingBackend:
         self.scan_prefix = inner.scan_prefix
         self.size_bytes = inner.size_bytes
         self.close = inner.close
+        self.epochs = inner.epochs
+        self.drop_epoch = inner.drop_epoch
 
     def write(self, puts: Mapping[bytes, bytes]) -> None:
         if self.fail_next:
@@ -142,11 +144,12 @@ class RecordingBackend:
         self.inner.write(puts)
 
     def prepare(
-        self, puts: Mapping[bytes, bytes], ordered: OrderedPuts = NO_ORDERED_PUTS
+        self, puts: Mapping[bytes, bytes], ordered: OrderedPuts = NO_ORDERED_PUTS, epoch: int = 0
     ) -> dict[bytes, bytes]:
         # A plain dict of the puts, as the in-memory backend prepares them (it keeps no
         # state for that); apply() then records and forwards it as one write.
-        return MemoryBackend().prepare(puts, ordered)
+        assert epoch == 0, "this index keeps no retention"
+        return MemoryBackend().prepare(puts, ordered)[1]
 
     def apply(self, prepared: dict[bytes, bytes]) -> None:
         self.write(prepared)

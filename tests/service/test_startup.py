@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from stream_dedup.index import store
+from stream_dedup.index import epoch_filters, store
 from stream_dedup.models import Document
 from stream_dedup.service import loop as service_module
 from stream_dedup.service.config import IndexConfig, ServiceConfig
@@ -32,7 +32,7 @@ def test_the_key_filter_is_built_with_progress_and_heartbeats(
     saved = tmp_path / "index" / store.FILTER_FILE
     saved.unlink()  # as a killed service leaves it: no saved filter
 
-    monkeypatch.setattr(store, "_FILTER_CHUNK", 1000)  # a progress call per 1,000 keys
+    monkeypatch.setattr(epoch_filters, "_FILTER_CHUNK", 1000)  # a progress call per 1,000 keys
     monkeypatch.setattr(service_module, "_FILTER_LOG_EVERY", 3000)
     svc = Service(config)
     svc._last_beat = time.monotonic() - 1000  # as if start-up had taken long already
