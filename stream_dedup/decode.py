@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from typing import Any
 
 import orjson
@@ -28,6 +29,10 @@ class DocumentFormat:
     id_field: str = "id"
     content_fields: tuple[str, ...] = ("title", "text")
     joiner: str = "\n"
+    #: A field holding the document's time (epoch milliseconds or ISO-8601; naive means
+    #: UTC), which retention measures; empty: documents have no time. A record whose
+    #: field is missing or unreadable keeps the stream's clock where it is.
+    time_field: str = ""
 
     def __post_init__(self) -> None:
         if not self.id_field:
@@ -65,7 +70,25 @@ def document_from_object(obj: Any, fmt: DocumentFormat, raw: bytes | None = None
     if not parts:
         wanted = ", ".join(repr(f) for f in fmt.content_fields)
         raise DecodeError("missing_content", f"none of the content fields {wanted} present", raw)
-    return Document(doc_id, fmt.joiner.join(parts))
+    time = parse_time(obj.get(fmt.time_field)) if fmt.time_field else None
+    return Document(doc_id, fmt.joiner.join(parts), time)
+
+
+def parse_time(raw: object) -> int | None:
+    """Epoch milliseconds from a number (already milliseconds) or an ISO-8601 string."""
+    if isinstance(raw, bool):
+        return None
+    if isinstance(raw, int | float):
+        return int(raw) if raw == raw and abs(raw) < 1e16 else None
+    if isinstance(raw, str):
+        try:
+            parsed = datetime.fromisoformat(raw.strip())
+        except ValueError:
+            return None
+        if parsed.tzinfo is None:
+            parsed = parsed.replace(tzinfo=UTC)
+        return int(parsed.timestamp() * 1000)
+    return None
 
 
 def _parse(raw: bytes | str, id_field: str) -> Any:

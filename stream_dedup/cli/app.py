@@ -13,6 +13,7 @@ import os
 import sys
 from collections.abc import Sequence
 from contextlib import ExitStack
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import IO
 
@@ -34,6 +35,7 @@ from stream_dedup.errors import (
 )
 from stream_dedup.index import open_index
 from stream_dedup.index.params import IndexParams
+from stream_dedup.index.retention import Retention, parse_duration
 from stream_dedup.index.rocks import RocksBackend
 from stream_dedup.index.store import DedupIndex
 from stream_dedup.malloc_tuning import keep_freed_memory
@@ -48,11 +50,36 @@ def _open_for_dedup(args: argparse.Namespace) -> tuple[DedupIndex, DedupConfig]:
         stored = probe.params.dedup_config()
         probe.close()
     config = detector_config(args, stored)
-    return open_index(args.index, IndexParams.of(config)), config
+    index = open_index(args.index, IndexParams.of(config))
+    try:
+        index.retention = _retention(args, index.retention)
+    except ConfigError:
+        index.close()
+        raise
+    return index, config
+
+
+def _retention(args: argparse.Namespace, stored: Retention) -> Retention:
+    """The retention ``--retention`` and ``--max-documents`` ask for; what is not given
+    stays as the index stores it."""
+    window = (
+        stored.window if args.retention is None else parse_duration(args.retention, "--retention")
+    )
+    most = stored.max_documents if args.max_documents is None else args.max_documents
+    return Retention(window, most)
 
 
 def cmd_dedup(args: argparse.Namespace, out: IO[str], err: IO[str]) -> int:
-    fmt = DocumentFormat(args.id_field, tuple(args.content_fields.split(",")))
+    fmt = DocumentFormat(
+        args.id_field, tuple(args.content_fields.split(",")), time_field=args.time_field or ""
+    )
+    if args.retention not in (None, "", "none", "off", "0") and not args.time_field:
+        print(
+            "error: --retention measures the documents' time: name the field that holds it "
+            "with --time-field (epoch milliseconds or ISO-8601), or use --max-documents",
+            file=err,
+        )
+        return 2
     index, config = _open_for_dedup(args)
     try:
         dedup = Deduplicator(index, config)
@@ -157,10 +184,21 @@ def cmd_stats(args: argparse.Namespace, out: IO[str], err: IO[str]) -> int:
         ("duplicates", s.duplicates),
         ("empty", s.empty),
         ("size on disk", f"{s.size_bytes:,} bytes ({s.size_bytes / 2**20:.1f} MiB)"),
+        ("retention", s.retention.describe()),
+        ("held", f"{s.held:,} documents in {s.epochs} epoch(s); {s.expired:,} expired"),
+        ("stream clock", _when(s.clock)),
+        ("oldest held", _when(s.oldest_time)),
     ]
     for name, value in rows:
         print(f"{name:<20}{value}", file=out)
     return 0
+
+
+def _when(seconds: int | None) -> str:
+    """A Unix time as ISO-8601 UTC, or a dash when unknown."""
+    if seconds is None:
+        return "-"
+    return datetime.fromtimestamp(seconds, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def cmd_generate(args: argparse.Namespace, out: IO[str], err: IO[str]) -> int:
@@ -193,6 +231,22 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--id-field", default="id", help="field holding the document id (id)")
     p.add_argument(
         "--content-fields", default="title,text", help="comma-separated text fields (title,text)"
+    )
+    p.add_argument(
+        "--time-field",
+        help="field holding the document's time (epoch ms or ISO-8601), for --retention",
+    )
+    p.add_argument(
+        "--retention",
+        metavar="DURATION",
+        help="hold documents for this long on the documents' time (30d, 12h, none); "
+        "default: what the index stores, else none",
+    )
+    p.add_argument(
+        "--max-documents",
+        type=int,
+        metavar="N",
+        help="hold at most the N newest documents (0: no limit); default: as stored",
     )
     p.add_argument("--batch-size", type=int, default=1000, help="documents per batch (1000)")
     p.add_argument(

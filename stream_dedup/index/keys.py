@@ -10,6 +10,7 @@
     i                                   -> batch intent: JSON [[topic, partition, start, end], ...]
                                            of the batch being emitted; empty once committed
     E                                   -> epoch table and stream clock (retention.py), JSON
+    R                                   -> the retention in force (retention.py), JSON
     k <first docnum of a batch: u64 BE> -> the batch's clock change points (retention.py)
 
 The kinds ``b``, ``d``, ``k``, ``v`` and ``x`` belong to a document, and live in the epoch
@@ -68,6 +69,7 @@ VERDICT = b"v"
 OFFSET = b"o"
 INTENT = b"i"
 EPOCHS = b"E"
+RETENTION = b"R"
 POINTS = b"k"
 #: First bytes of the kinds of record that belong to an epoch.
 SCOPED = frozenset(b"bdkvx")

@@ -125,6 +125,17 @@ class Retention:
             return True
         return bool(self.window) and span >= max(1, self.window // SLICES)
 
+    def to_bytes(self) -> bytes:
+        return json.dumps({"window": self.window, "max_documents": self.max_documents}).encode()
+
+    @classmethod
+    def from_bytes(cls, raw: bytes) -> Retention:
+        try:
+            body = json.loads(raw)
+            return cls(int(body["window"]), int(body["max_documents"]))
+        except (ValueError, KeyError, TypeError, ConfigError) as exc:
+            raise IndexCorruptError(f"the index's retention record does not parse: {exc}") from exc
+
     def describe(self) -> str:
         parts = []
         if self.window:

@@ -90,21 +90,27 @@ class PendingCommit:
     timeline: Timeline
     #: Epochs the commit lets go: dropped once it is applied.
     dead: list[int]
+    #: The retention the commit stores.
+    retention: Retention
 
 
 class DedupIndex:
     """One open index. Not thread-safe; one process writes an index (RocksDB's lock).
 
     ``retention`` says how much of the stream it holds (see
-    :mod:`stream_dedup.index.retention`); it is not one of the index's parameters, so it
-    may change from one opening to the next.
+    :mod:`stream_dedup.index.retention`). The index stores the retention it was last
+    committed under and uses it when ``retention`` is ``None``; a different one given
+    here applies from the next batch and is stored with it. It is not one of the
+    parameters checked at opening: changing it needs no re-indexing.
     """
 
     def __init__(
-        self, backend: Backend, params: IndexParams | None, retention: Retention = NO_RETENTION
+        self,
+        backend: Backend,
+        params: IndexParams | None,
+        retention: Retention | None = None,
     ) -> None:
         self._backend = backend
-        self.retention = retention
         stored_raw = backend.get_many([keys.META])[0]
         if stored_raw is None:
             if params is None:
@@ -127,6 +133,11 @@ class DedupIndex:
             for name, v in zip(COUNTERS, raw, strict=True)
         }
         self._timeline = self._load_timeline()
+        raw_retention = backend.get_many([keys.RETENTION])[0]
+        self._stored_retention = (
+            NO_RETENTION if raw_retention is None else Retention.from_bytes(raw_retention)
+        )
+        self.retention = self._stored_retention if retention is None else retention
         self._intent_pending = self.intent() is not None
         self._writes = 0  # batch writes so far: a prepared commit is valid for one value
         self._filters = EpochFilters(backend)  # loaded on first use: see load_filter
@@ -332,6 +343,8 @@ class DedupIndex:
         )
         if timeline.to_bytes() != self._timeline.to_bytes():
             batch[keys.EPOCHS] = timeline.to_bytes()
+        if self.retention != self._stored_retention:
+            batch[keys.RETENTION] = self.retention.to_bytes()
         # Every lookup key written reaches the filter, however it was handed in.
         buckets: list[bytes] = []
         lookups: list[bytes] = []
@@ -354,6 +367,7 @@ class DedupIndex:
             epoch,
             timeline,
             dead,
+            self.retention,
         )
 
     def apply(self, pending: PendingCommit) -> None:
@@ -366,6 +380,7 @@ class DedupIndex:
             self._filters.add(pending.epoch, pending.fingerprints, self._new_filter_size())
         self._counters = pending.counters
         self._timeline = pending.timeline
+        self._stored_retention = pending.retention
         self._intent_pending = False
         self._writes += 1
         live = set(pending.timeline.numbers())
@@ -450,11 +465,12 @@ def open_index(
     params: IndexParams | None,
     *,
     sync: bool = False,
-    retention: Retention = NO_RETENTION,
+    retention: Retention | None = None,
 ) -> DedupIndex:
     """Open (or create) the index at ``path``; ``None`` means a fresh in-memory index.
 
-    With ``params=None`` an existing index is opened with whatever parameters it stores.
+    With ``params=None`` an existing index is opened with whatever parameters it stores;
+    with ``retention=None``, with the retention it stores (see :class:`DedupIndex`).
     """
     backend: Backend = MemoryBackend() if path is None else RocksBackend(path, sync=sync)
     return DedupIndex(backend, params, retention)

@@ -19,6 +19,7 @@ from typing import Any
 from stream_dedup.core.config import DedupConfig
 from stream_dedup.decode import DocumentFormat, MessageFormat
 from stream_dedup.errors import ConfigError
+from stream_dedup.index.retention import Retention, parse_duration
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,14 +79,27 @@ class OutputConfig:
 
 @dataclass(frozen=True, slots=True)
 class IndexConfig:
-    """Where the RocksDB index lives; ``sync`` fsyncs every commit (survives power loss)."""
+    """Where the RocksDB index lives; ``sync`` fsyncs every commit (survives power loss).
+
+    ``retention`` (a duration: ``"30d"``, ``"12h"``; ``"none"``) and ``max_documents``
+    (0: no limit) bound what the index holds, on the documents' time (see
+    :mod:`stream_dedup.index.retention`). They are not index parameters: changing them
+    needs no re-indexing.
+    """
 
     path: str = "data/index"
     sync: bool = False
+    retention: str = "none"
+    max_documents: int = 0
 
     def __post_init__(self) -> None:
         if not self.path:
             raise ConfigError("index.path", "name the index directory")
+        self.policy()  # a bad duration or count is a ConfigError now, not at start
+
+    def policy(self) -> Retention:
+        """The retention these settings ask for."""
+        return Retention(parse_duration(self.retention), self.max_documents)
 
 
 @dataclass(frozen=True, slots=True)

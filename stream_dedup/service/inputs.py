@@ -25,6 +25,7 @@ from stream_dedup.decode import DecodeOutcome, MessageFormat, decode_messages
 from stream_dedup.errors import DecodeError
 from stream_dedup.models import Document
 from stream_dedup.service.events import Source
+from stream_dedup.service.ordering import RecordTime
 
 #: What the worker is given for a batch: values, and keys and positions (text records).
 DecodeRequest = tuple[
@@ -83,8 +84,11 @@ class Decoded:
 class InputDecoder:
     """Decodes batches of messages for one input format."""
 
-    def __init__(self, message_format: MessageFormat) -> None:
+    def __init__(self, message_format: MessageFormat, time_of: RecordTime | None = None) -> None:
+        """``time_of`` gives a record's time (by default its message timestamp), which
+        becomes its document's time (:attr:`~stream_dedup.models.Document.time`)."""
         self.message_format = message_format
+        self.time_of = time_of if time_of is not None else RecordTime()
 
     def read(self, batch: Sequence[Message]) -> MessageBatch:
         """``batch`` (already in time order) with its messages' sources."""
@@ -106,11 +110,14 @@ class InputDecoder:
     def assemble(self, records: MessageBatch, decoded: DecodeOutcome) -> Decoded:
         """The :class:`Decoded` batch from ``records`` and what decoding them gave."""
         ids, contents, errors = decoded
-        docs = list(map(Document, ids, contents))
         sources = records.sources
+        at = self.time_of.at
+        times = [t if (t := at(s.value, s.timestamp)) > 0 else None for s in sources]
         if not errors:
-            return Decoded(records.batch, docs, sources, [])
+            return Decoded(records.batch, list(map(Document, ids, contents, times)), sources, [])
         bad = {i for i, _, _ in errors}
+        times = [t for i, t in enumerate(times) if i not in bad]
+        docs = list(map(Document, ids, contents, times))
         undecodable = [
             (sources[i], DecodeError(reason, detail, sources[i].value))
             for i, reason, detail in errors

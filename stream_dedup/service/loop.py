@@ -87,22 +87,21 @@ class Service:
         self.metrics = Metrics(self.registry)
         dedup_config = config.dedup
         self.index = open_index(
-            config.index.path, IndexParams.of(dedup_config), sync=config.index.sync
+            config.index.path,
+            IndexParams.of(dedup_config),
+            sync=config.index.sync,
+            retention=config.index.policy(),
         )
         self.dedup = deduplicator(self.index, config)
-        self.metrics.index_source = lambda: (
-            self.index.counter("documents"),
-            self.index.size_bytes(),
-            self.index.filter_bytes(),
-        )
-        self._inputs = InputDecoder(config.input.message_format())
+        self.metrics.index_source = lambda: (self.index.stats(), self.index.filter_bytes())
+        self._time_of = RecordTime(config.input.time_field)
+        self._inputs = InputDecoder(config.input.message_format(), self._time_of)
         self._outputs = Decider(config, self.dedup, self.metrics)
         self._stop = threading.Event()
         self._stop_requested_at: float | None = None
         self._last_beat = time.monotonic()
         self._filter_logged = 0
         self._index_open = True
-        self._time_of = RecordTime(config.input.time_field)
         self._batches = Batcher(config.batch, self.index.intent(), self._stop, self._time_of)
         strategy = config.kafka.get("partition.assignment.strategy", "")
         self._rebalance = Rebalance(

@@ -33,7 +33,12 @@ stream_dedup_rebalances_total{kind}             counter    partition assign / re
 stream_dedup_assigned_partitions                gauge      partitions held now
 stream_dedup_index_documents                    gauge      documents decided in the index
 stream_dedup_index_size_bytes                   gauge      index size on disk
-stream_dedup_index_filter_bytes                 gauge      memory of the index's key filter
+stream_dedup_index_filter_bytes                 gauge      memory of the index's key filters
+stream_dedup_index_held_documents               gauge      documents held (indexed, not expired)
+stream_dedup_index_evicted_documents_total      counter    documents expired by retention
+stream_dedup_index_oldest_document_timestamp_s. gauge      Unix time of the oldest held document
+stream_dedup_index_clock_timestamp_seconds      gauge      the stream's clock (latest doc time)
+stream_dedup_index_epochs                       gauge      live epochs (retention slices)
 stream_dedup_consumer_lag_messages{topic,part.}  gauge      lag from librdkafka statistics
 stream_dedup_decision_lag_seconds{edge}         gauge      now - time of last batch's oldest/newest
 stream_dedup_reorder_waiting_messages           gauge      consumed, held by the time-ordered merge
@@ -55,11 +60,12 @@ from prometheus_client import (
     Histogram,
     disable_created_metrics,
 )
-from prometheus_client.core import GaugeMetricFamily, HistogramMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString
 
 from stream_dedup.errors import DecodeError
+from stream_dedup.index.store import IndexStats
 from stream_dedup.models import VerdictKind
 
 PREFIX = "stream_dedup"
@@ -120,23 +126,46 @@ class _ScrapeCollector(Collector):
     def __init__(self, metrics: Metrics) -> None:
         self._m = metrics
 
-    def collect(self) -> Iterator[GaugeMetricFamily]:
+    def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
         docs = GaugeMetricFamily(
             f"{PREFIX}_index_documents", "Documents decided and recorded in the index."
         )
         size = GaugeMetricFamily(f"{PREFIX}_index_size_bytes", "Index size on disk, in bytes.")
+        filters = GaugeMetricFamily(
+            f"{PREFIX}_index_filter_bytes", "Memory held by the index's key filters, in bytes."
+        )
         held = GaugeMetricFamily(
-            f"{PREFIX}_index_filter_bytes", "Memory held by the index's key filter, in bytes."
+            f"{PREFIX}_index_held_documents",
+            "Documents the index holds: indexed and not expired by retention.",
+        )
+        evicted = CounterMetricFamily(
+            f"{PREFIX}_index_evicted_documents", "Documents expired by retention."
+        )
+        oldest = GaugeMetricFamily(
+            f"{PREFIX}_index_oldest_document_timestamp_seconds",
+            "Unix time (stream clock) at which the oldest held document was decided.",
+        )
+        clock = GaugeMetricFamily(
+            f"{PREFIX}_index_clock_timestamp_seconds",
+            "The stream's clock: the latest document time decided, Unix seconds.",
+        )
+        epochs = GaugeMetricFamily(
+            f"{PREFIX}_index_epochs", "Live epochs of the index (slices of the retention)."
         )
         source = self._m.index_source
         if source is not None:
-            n_docs, n_bytes, n_filter = source()
-            docs.add_metric([], n_docs)
-            size.add_metric([], n_bytes)
-            held.add_metric([], n_filter)
-        yield docs
-        yield size
-        yield held
+            stats, n_filter = source()
+            docs.add_metric([], stats.documents)
+            size.add_metric([], stats.size_bytes)
+            filters.add_metric([], n_filter)
+            held.add_metric([], stats.held)
+            evicted.add_metric([], stats.expired)
+            if stats.oldest_time is not None:
+                oldest.add_metric([], stats.oldest_time)
+            if stats.clock is not None:
+                clock.add_metric([], stats.clock)
+            epochs.add_metric([], stats.epochs)
+        yield from (docs, size, filters, held, evicted, oldest, clock, epochs)
         lag = GaugeMetricFamily(
             f"{PREFIX}_consumer_lag_messages",
             "Messages behind the partition end, from librdkafka statistics.",
@@ -154,7 +183,8 @@ class Metrics:
         disable_created_metrics()  # type: ignore[no-untyped-call]
         self.registry = registry
         #: (documents, bytes on disk, key filter bytes) of the index, read at scrape time.
-        self.index_source: Callable[[], tuple[int, int, int]] | None = None
+        #: The index's stats and key-filter bytes, read at scrape time.
+        self.index_source: Callable[[], tuple[IndexStats, int]] | None = None
         self._lag: dict[tuple[str, int], int] = {}
         self._lag_lock = threading.Lock()
         p = PREFIX

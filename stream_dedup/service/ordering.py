@@ -35,9 +35,10 @@ import json
 import time
 from collections import deque
 from collections.abc import Callable, Iterable
-from datetime import UTC, datetime
 
 from confluent_kafka import TIMESTAMP_NOT_AVAILABLE, Message
+
+from stream_dedup.decode import parse_time
 
 TpKey = tuple[str, int]
 
@@ -62,12 +63,16 @@ class RecordTime:
         self.field = field
 
     def __call__(self, msg: Message) -> int:
+        ts_type, ts = msg.timestamp()
+        return self.at(msg.value(), ts if ts_type != TIMESTAMP_NOT_AVAILABLE else None)
+
+    def at(self, value: bytes | str | None, timestamp: int | None) -> int:
+        """The time of a record with this value and message timestamp (0: none known)."""
         if self.field:
-            parsed = self._from_field(msg.value())
+            parsed = self._from_field(value)
             if parsed is not None:
                 return parsed
-        ts_type, ts = msg.timestamp()
-        return ts if ts_type != TIMESTAMP_NOT_AVAILABLE else 0
+        return timestamp if timestamp is not None else 0
 
     def _from_field(self, value: bytes | str | None) -> int | None:
         """The field's time, or None when it is missing or cannot be read."""
@@ -79,23 +84,6 @@ class RecordTime:
             return None
         raw = obj.get(self.field) if isinstance(obj, dict) else None
         return parse_time(raw)
-
-
-def parse_time(raw: object) -> int | None:
-    """Epoch milliseconds from a number (already milliseconds) or an ISO-8601 string."""
-    if isinstance(raw, bool):
-        return None
-    if isinstance(raw, int | float):
-        return int(raw) if raw == raw and abs(raw) < 1e16 else None
-    if isinstance(raw, str):
-        try:
-            parsed = datetime.fromisoformat(raw.strip())
-        except ValueError:
-            return None
-        if parsed.tzinfo is None:
-            parsed = parsed.replace(tzinfo=UTC)
-        return int(parsed.timestamp() * 1000)
-    return None
 
 
 def time_order(msgs: Iterable[Message], time_of: Callable[[Message], int]) -> list[Message]:

@@ -6,9 +6,10 @@ get re-wrapped by a CMS, quotes turn into HTML entities, someone fixes (or makes
 This generator produces such a stream, deterministically for a seed, so tests, the demo
 and the benchmarks share one realistic source without shipping a corpus.
 
-Each record is a JSON object ``{"id", "title", "text", "publisher", "story", "kind"}``:
-``story`` is the id of the original a re-run derives from (its own id for an original),
-``kind`` names the edits applied. These labels describe how a record was made, not whether
+Each record is a JSON object ``{"id", "title", "text", "publisher", "story", "kind",
+"published"}``: ``story`` is the id of the original a re-run derives from (its own id for
+an original), ``kind`` names the edits applied, ``published`` is the record's time
+(ISO-8601 UTC, ``seconds_apart`` after the one before, from 2026-11-01; for retention). These labels describe how a record was made, not whether
 it is a near-duplicate at a given threshold: heavy edits can take a re-run below any
 threshold, so quality tests compute exact ground truth rather than trusting the labels.
 """
@@ -19,6 +20,7 @@ import json
 import random
 from collections.abc import Iterator
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import IO, Any
 
 _WORDS = tuple(
@@ -65,6 +67,18 @@ class StreamSpec:
     rerun_rate: float = 0.45
     seed: int = 7
     paragraphs: tuple[int, int] = (4, 7)
+    #: Seconds between two records' ``published`` times.
+    seconds_apart: int = 30
+
+
+#: The ``published`` time of the first record (2026-11-01T00:00:00Z), Unix seconds.
+START = 1_793_491_200
+
+
+def published(n: int, spec: StreamSpec) -> str:
+    """The ``published`` time of record ``n``."""
+    when = datetime.fromtimestamp(START + n * spec.seconds_apart, UTC)
+    return when.strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def _name(rng: random.Random) -> str:
@@ -177,6 +191,7 @@ def generate(spec: StreamSpec) -> Iterator[dict[str, Any]]:
                 "publisher": publisher,
                 "story": story_id,
                 "kind": "+".join(edits),
+                "published": published(n, spec),
             }
             continue
         title, paras = _original(rng, spec)
@@ -188,6 +203,7 @@ def generate(spec: StreamSpec) -> Iterator[dict[str, Any]]:
             "publisher": publisher,
             "story": doc_id,
             "kind": "original",
+            "published": published(n, spec),
         }
 
 
