@@ -9,9 +9,10 @@ and the benchmarks share one realistic source without shipping a corpus.
 Each record is a JSON object ``{"id", "title", "text", "publisher", "story", "kind",
 "published"}``: ``story`` is the id of the original a re-run derives from (its own id for
 an original), ``kind`` names the edits applied, ``published`` is the record's time
-(ISO-8601 UTC, ``seconds_apart`` after the one before, from 2026-11-01; for retention). These labels describe how a record was made, not whether
-it is a near-duplicate at a given threshold: heavy edits can take a re-run below any
-threshold, so quality tests compute exact ground truth rather than trusting the labels.
+(ISO-8601 UTC, ``seconds_apart`` after the one before, from 2026-11-01; for retention).
+These labels describe how a record was made, not whether it is a near-duplicate at a
+given threshold: heavy edits can take a re-run below any threshold, so quality tests
+compute exact ground truth rather than trusting the labels.
 """
 
 from __future__ import annotations
