@@ -17,8 +17,15 @@ CPU is read per thread from ``/proc`` (Linux), so other load on the machine infl
 figures less than wall time, but does not leave them untouched: compare runs taken
 alternately, and medians.
 
+With ``--max-documents N`` or ``--retention DURATION`` the index holds a window
+(:mod:`stream_dedup.index.retention`; the generated records are 30 s apart on their
+``published`` time, so ``--retention 833h`` is 100,000 documents): once the window is
+full, size and cost per document should stop growing. Columns ``held`` and ``epochs`` show
+the window; ``rss MB`` the process's resident memory.
+
     .venv/bin/python bench/bench_growth.py                  # 300,000 documents
     .venv/bin/python bench/bench_growth.py -n 100000 --every 25000 --json out/growth.json
+    .venv/bin/python bench/bench_growth.py -n 1000000 --every 100000 --max-documents 100000
 """
 
 from __future__ import annotations
@@ -36,9 +43,11 @@ from pathlib import Path
 from typing import Any
 
 from stream_dedup.core.config import DedupConfig
+from stream_dedup.decode import parse_time
 from stream_dedup.dedup import Deduplicator
 from stream_dedup.index import open_index
 from stream_dedup.index.params import IndexParams
+from stream_dedup.index.retention import Retention, parse_duration
 from stream_dedup.malloc_tuning import keep_freed_memory
 from stream_dedup.models import Document
 from stream_dedup.service import gc_tuning
@@ -62,6 +71,12 @@ def other_threads_cpu() -> float:
     return total / _TICK
 
 
+def rss_bytes() -> int:
+    """Resident memory of this process (from /proc)."""
+    pages = int(Path("/proc/self/statm").read_text().split()[1])
+    return pages * os.sysconf("SC_PAGE_SIZE")
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("-n", "--documents", type=int, default=300_000)
@@ -70,6 +85,8 @@ def main() -> int:
     p.add_argument("--seed", type=int, default=7)
     p.add_argument("--index-dir", help="where the index is built (default: a temporary dir)")
     p.add_argument("--json", metavar="FILE", help="also write the intervals as JSON")
+    p.add_argument("--max-documents", type=int, default=0, help="hold the newest N (0: all)")
+    p.add_argument("--retention", default="none", help="hold this long on the records' time")
     args = p.parse_args()
     if not sys.platform.startswith("linux"):
         p.error("per-thread CPU is read from /proc: Linux only")
@@ -82,12 +99,13 @@ def main() -> int:
     rows: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="bench-growth-") as tmp:
         path = Path(args.index_dir or tmp) / "index"
-        index = open_index(path, IndexParams.of(config))
+        retention = Retention(parse_duration(args.retention), args.max_documents)
+        index = open_index(path, IndexParams.of(config), retention=retention)
         dedup = Deduplicator(index, config)
         dedup.warm_up()
         print(
             f"{'documents':>10} {'main us/doc':>12} {'background':>11} {'candidates':>11} "
-            f"{'verified':>9} {'index MB':>9}"
+            f"{'verified':>9} {'index MB':>9} {'held':>9} {'epochs':>6} {'rss MB':>7}"
         )
         done = 0
         main_cpu = candidates = verified = 0.0
@@ -96,7 +114,10 @@ def main() -> int:
         gc_tuning.enter()
         try:
             while batch := list(itertools.islice(stream, args.batch)):
-                docs = [Document(r["id"], r["title"] + "\n\n" + r["text"]) for r in batch]
+                docs = [
+                    Document(r["id"], r["title"] + "\n\n" + r["text"], parse_time(r["published"]))
+                    for r in batch
+                ]
                 sketched = dedup.sketch(docs)
                 gc_tuning.collect_due()
                 cpu = time.thread_time()
@@ -116,6 +137,9 @@ def main() -> int:
                         "candidates_per_doc": round(candidates / n, 2),
                         "verifications_per_doc": round(verified / n, 2),
                         "index_mb": round(index.size_bytes() / 1e6, 1),
+                        "held": index.stats().held,
+                        "epochs": len(index.timeline.epochs),
+                        "rss_mb": round(rss_bytes() / 1e6),
                         "elapsed_s": round(time.time() - started, 1),
                     }
                     rows.append(row)
@@ -123,7 +147,8 @@ def main() -> int:
                     print(
                         f"{row['documents']:>10,} {row['main_us_per_doc']:>12} "
                         f"{row['background_us_per_doc']:>11} {row['candidates_per_doc']:>11} "
-                        f"{row['verifications_per_doc']:>9} {row['index_mb']:>9}",
+                        f"{row['verifications_per_doc']:>9} {row['index_mb']:>9} "
+                        f"{row['held']:>9,} {row['epochs']:>6} {row['rss_mb']:>7}",
                         flush=True,
                     )
         finally:
@@ -134,6 +159,7 @@ def main() -> int:
             "date": datetime.now(UTC).isoformat(timespec="seconds"),
             "cpus": os.cpu_count(),
             "batch": args.batch,
+            "retention": retention.describe(),
             "intervals": rows,
         }
         Path(args.json).write_text(json.dumps(out, indent=2), encoding="utf-8")

@@ -174,9 +174,10 @@ def _match_batch(
     r_at: Any,
     r_len: Any,
     doc_clock: Any,
+    cp_doc: Any,
+    cp_clock: Any,
     pt_doc: Any,
     pt_clock: Any,
-    n_pts: int,
     window: int,
     max_docs: int,
     no_clock: int,
@@ -209,17 +210,26 @@ def _match_batch(
     evictions = 0
     scratch = np.empty(64, dtype=np.int64)
     next_docnum = first_docnum
+    n_pts = 0
     for p in range(n):
         if not fresh[p]:
             continue
         # The first docnum still held for this document (retention.first_held).
+        # Change points: the committed ones (cp_*), then the batch's (pt_*, n_pts so far).
         lo = 0
-        if window > 0 and doc_clock[p] != no_clock and n_pts > 0:
-            j = np.searchsorted(pt_clock[:n_pts], doc_clock[p] - window)
-            if j == n_pts:
-                lo = next_docnum
-            elif j > 0:
-                lo = pt_doc[j]
+        if window > 0 and doc_clock[p] != no_clock and cp_doc.size + n_pts > 0:
+            t = doc_clock[p] - window
+            j = np.searchsorted(cp_clock, t)
+            if j < cp_doc.size:
+                if j > 0:
+                    lo = cp_doc[j]
+            else:
+                k = np.searchsorted(pt_clock[:n_pts], t)
+                if k < n_pts:
+                    if cp_doc.size + k > 0:
+                        lo = pt_doc[k]
+                else:
+                    lo = next_docnum
         if max_docs > 0:
             lo = max(lo, next_docnum - max_docs)
         g = text_group[p]
@@ -306,9 +316,12 @@ def _match_batch(
                 group_docnum[g] = num
                 new_text[p] = True
             c = doc_clock[p]
-            if c != no_clock and (
-                n_pts == 0 or c > pt_clock[n_pts - 1] or (point_first and num == first_docnum)
-            ):
+            last = c - 1
+            if n_pts > 0:
+                last = pt_clock[n_pts - 1]
+            elif cp_clock.size > 0:
+                last = cp_clock[cp_clock.size - 1]
+            if c != no_clock and (c > last or (point_first and num == first_docnum)):
                 pt_doc[n_pts] = num
                 pt_clock[n_pts] = c
                 n_pts += 1
@@ -431,10 +444,8 @@ def match_batch(
     if expiry is None:
         none = np.empty(0, np.int64)
         expiry = Expiry(np.full(n, NO_CLOCK, np.int64), none, none)
-    n_pts = expiry.points_doc.size
-    pt_doc = np.empty(n_pts + n, dtype=np.int64)
-    pt_clock = np.empty(n_pts + n, dtype=np.int64)
-    pt_doc[:n_pts], pt_clock[:n_pts] = expiry.points_doc, expiry.points_clock
+    pt_doc = np.empty(n, dtype=np.int64)  # the batch's change points
+    pt_clock = np.empty(n, dtype=np.int64)
     q_flat, q_at, q_len = payloads
     r_docnums, r_flat, r_at, r_len = records
     u32, i64 = "<u4", "<i8"
@@ -448,11 +459,12 @@ def match_batch(
         _read_only(q_flat, u32), _read_only(q_at, i64), _read_only(q_len, i64),
         _read_only(r_docnums, i64), _read_only(r_flat, u32), _read_only(r_at, i64),
         _read_only(r_len, i64),
-        _read_only(expiry.doc_clock, i64), pt_doc, pt_clock, n_pts,
+        _read_only(expiry.doc_clock, i64),
+        _read_only(expiry.points_doc, i64), _read_only(expiry.points_clock, i64), pt_doc, pt_clock,
         int(expiry.window), int(expiry.max_documents), NO_CLOCK, bool(expiry.new_epoch),
     )  # fmt: skip
     m, sim, cand, ver, docnum, new_text, hits, truncated, evictions, contents, at, length, end = out
     return Matches(
         m, sim, cand, ver, docnum, new_text, int(hits), int(truncated), int(evictions),
-        contents, at, length, pt_doc[n_pts:end].copy(), pt_clock[n_pts:end].copy(),
+        contents, at, length, pt_doc[:end].copy(), pt_clock[:end].copy(),
     )  # fmt: skip

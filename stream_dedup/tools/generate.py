@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import random
+from collections import deque
 from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -177,12 +178,14 @@ def _rerun(
 def generate(spec: StreamSpec) -> Iterator[dict[str, Any]]:
     """Yield ``spec.documents`` records in stream order (see the module docstring)."""
     rng = random.Random(spec.seed)
-    stories: list[tuple[str, str, list[str]]] = []
+    # Only the last 200 stories are ever re-run: older ones are not kept (a long stream
+    # would otherwise hold every original in memory).
+    stories: deque[tuple[str, str, list[str]]] = deque(maxlen=200)
     for n in range(spec.documents):
         doc_id = f"doc-{n:06d}"
         publisher = rng.choice(_PUBLISHERS)
         if stories and rng.random() < spec.rerun_rate:
-            recent = stories[-200:]
+            recent = stories
             story_id, title, paras = recent[min(int(rng.expovariate(0.05)), len(recent) - 1)]
             title, text, edits = _rerun(rng, title, paras, publisher)
             yield {

@@ -366,12 +366,15 @@ def decision_order(index_path: Path) -> list[str]:
     return [decode_doc(r).doc_id for r in raw if r is not None]
 
 
-def offline_reference(docs: list[dict[str, str]], tmp_path: Path) -> dict[str, dict[str, object]]:
-    """Verdicts of the offline ``dedup`` command on the same documents, by id."""
+def offline_reference(
+    docs: list[dict[str, str]], tmp_path: Path, *options: str
+) -> dict[str, dict[str, object]]:
+    """Verdicts of the offline ``dedup`` command (with ``options``) on the same documents,
+    by id."""
     source = tmp_path / "docs.jsonl"
     source.write_text("".join(json.dumps(d) + "\n" for d in docs), encoding="utf-8")
     out = tmp_path / "verdicts.jsonl"
-    assert cli_main(["dedup", str(source), "-o", str(out), "-q"]) == 0
+    assert cli_main(["dedup", str(source), "-o", str(out), "-q", *options]) == 0
     lines = [json.loads(line) for line in out.read_text(encoding="utf-8").splitlines()]
     return {v["id"]: v for v in lines}
 

@@ -1,7 +1,8 @@
 """``kill -9`` at random moments while documents flow, in both delivery modes.
 
 At-least-once: nothing is lost and a replayed batch is byte-identical to its first
-emission. Exactly-once: a ``read_committed`` reader sees one event per document and one
+emission. The index holds a window (``index.max_documents``), so epochs open and are
+dropped across the kills, and verdicts must still equal the offline run's. Exactly-once: a ``read_committed`` reader sees one event per document and one
 dead letter per bad message, however often the service is killed (the reader applies the
 log's transaction markers itself, :mod:`.committed_reader`, so that the check holds on a
 broker that does not filter aborted transactions for its consumers).
@@ -44,6 +45,9 @@ DOCUMENTS = 3000
 KILLS = 20
 #: One message in this many is not JSON: it must reach the dead-letter topic.
 BAD_EVERY = 100
+#: The index holds the newest this many documents (retention): epochs open and are
+#: dropped throughout the kills, and copies of stories older than that are unique.
+MAX_DOCUMENTS = 400
 
 
 def stream_messages(tmp_path: Path) -> tuple[list[dict[str, Any]], list[bytes]]:
@@ -64,7 +68,7 @@ def stream_messages(tmp_path: Path) -> tuple[list[dict[str, Any]], list[bytes]]:
 def test_kill_9_loop(bootstrap: str, topics: Topics, tmp_path: Path, delivery: str) -> None:
     docs, messages = stream_messages(tmp_path)
     bad = [m for m in messages if m.startswith(b'{"id": "bad-')]
-    reference = offline_reference(docs, tmp_path)
+    reference = offline_reference(docs, tmp_path, "--max-documents", str(MAX_DOCUMENTS))
 
     def feed() -> None:  # ~40 messages/s, so messages keep flowing across the kills
         for i in range(0, len(messages), 10):
@@ -74,6 +78,7 @@ def test_kill_9_loop(bootstrap: str, topics: Topics, tmp_path: Path, delivery: s
     port = free_port()
     settings = process_config(bootstrap, topics, tmp_path / "index", port)
     settings["service"]["delivery"] = delivery
+    settings["index"]["max_documents"] = MAX_DOCUMENTS
     config = write_toml(tmp_path / "stream-dedup.toml", settings)
     log = tmp_path / "service.log"
     script = tmp_path / "slow_commit.py"
@@ -97,6 +102,11 @@ def test_kill_9_loop(bootstrap: str, topics: Topics, tmp_path: Path, delivery: s
             90,
             "all documents",
         )
+        assert scrape(port, "stream_dedup_index_held_documents") == MAX_DOCUMENTS
+        assert scrape(port, "stream_dedup_index_evicted_documents_total") == (
+            DOCUMENTS - MAX_DOCUMENTS
+        )
+        assert (scrape(port, "stream_dedup_index_epochs") or 0) <= 10
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=25) == 0
     finally:
