@@ -43,7 +43,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from itertools import islice, repeat
 from operator import itemgetter
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from rocksdict import (
     AccessType,
@@ -84,12 +84,20 @@ _KEY = itemgetter(0)
 _SORTED_RUNS = 12
 #: Write-ahead log files kept for reuse (see _options).
 _RECYCLED_LOGS = 4
-#: Write-ahead log bytes after which RocksDB flushes the families holding the oldest log:
-#: an old epoch's family, no longer written, would otherwise keep every log since its
-#: last write from being recycled.
-_MAX_WAL_BYTES = 256 << 20
+#: Write-ahead log bytes after which RocksDB flushes the families holding the oldest log
+#: (about eight batches of news). With retention the default family takes only the
+#: index's own small keys, so its memtable fills slowly and, unflushed, would keep every
+#: log file since its last flush from being recycled.
+_MAX_WAL_BYTES = 64 << 20
 #: Key ranges of the records that belong to an epoch, in the default family (epoch 0).
 _SCOPED_RANGES = [(bytes([k]), bytes([k + 1])) for k in sorted(SCOPED) if bytes([k]) != DOC]
+
+
+class PreparedBatch(NamedTuple):
+    """A prepared write: the batch, and the epoch its records go to."""
+
+    batch: WriteBatch
+    epoch: int
 
 
 def epoch_family(epoch: int) -> str:
@@ -257,6 +265,7 @@ class RocksBackend:
                 self._open_epoch(number)
         self._write_opts = WriteOptions()
         self._write_opts.sync = sync
+        self._writing: int | None = None  # the epoch the last write went to
         if not read_only:
             try:
                 self._move_documents()
@@ -404,7 +413,7 @@ class RocksBackend:
         puts: Mapping[bytes, bytes],
         ordered: OrderedPuts = NO_ORDERED_PUTS,
         epoch: int = 0,
-    ) -> WriteBatch:
+    ) -> PreparedBatch:
         # In key order: the memtable's skiplist then continues each insert from the last
         # one, which makes a batch of ~20k keys several times cheaper to apply.
         _, _, small, docs_handle = self._epoch(epoch)
@@ -432,15 +441,33 @@ class RocksBackend:
             deque(map(put, ordered_keys, ordered.values), maxlen=0)
         else:
             deque(map(put, ordered_keys, ordered.values, repeat(small)), maxlen=0)
-        return batch
+        return PreparedBatch(batch, epoch)
 
-    def apply(self, prepared: WriteBatch) -> None:
+    def apply(self, prepared: PreparedBatch) -> None:
+        batch, epoch = prepared
         try:
-            self._db.write(prepared, self._write_opts)
+            self._db.write(batch, self._write_opts)
+            if epoch and epoch != self._writing:  # epoch 0's writes are the index's own keys
+                self._writing = epoch
+                self._flush_idle(epoch)
         except Exception as exc:
             if not _from_rocksdb(exc):
                 raise
             raise self._failed("writing a batch", exc) from exc
+
+    def _flush_idle(self, current: int) -> None:
+        """Start flushing the memtables of epochs no longer written (not waiting for it).
+
+        An epoch's families stop receiving writes when the next epoch opens; what their
+        memtables hold would otherwise keep every write-ahead log file since their last
+        write from being recycled, up to :data:`_MAX_WAL_BYTES` of log.
+        """
+        for epoch, (small, docs, _, _) in self._epochs.items():
+            if epoch in (0, current):
+                continue
+            for family in (small, docs):
+                if family.property_int_value("rocksdb.num-entries-active-mem-table"):
+                    family.flush(wait=False)
 
     def scan_prefix(self, prefix: bytes, epoch: int = 0) -> Iterator[tuple[bytes, bytes]]:
         small, docs, _, _ = self._epochs.get(epoch) or self._empty_epoch(epoch)
