@@ -49,7 +49,7 @@ def _count_keys(path: Path) -> int:
     try:
         if view.get_many([keys.META])[0] is None:
             raise IndexStoreError(f"{path} holds no stream-dedup index metadata")
-        return sum(1 for _ in view.scan_keys(b""))
+        return sum(1 for epoch in view.epochs() for _ in view.scan_keys(b"", epoch))
     finally:
         view.close()
 
@@ -77,7 +77,8 @@ def snapshot(
 def _copy_live(src: Path, target: Path, progress: Callable[[int], None] | None) -> SnapshotInfo:
     """Copy every key of a running index through a read-only view (see module docstring).
 
-    The copy is written in the current layout, whichever layout the running index has.
+    The copy is written in the current layout, whichever layout the running index has,
+    epoch by epoch (:mod:`stream_dedup.index.retention`).
     """
     view = RocksBackend(src, read_only=True)
     copied = 0
@@ -86,12 +87,13 @@ def _copy_live(src: Path, target: Path, progress: Callable[[int], None] | None) 
             raise IndexStoreError(f"{src} holds no stream-dedup index metadata")
         out = RocksBackend(target)
         try:
-            scan = view.scan_prefix(b"")
-            while chunk := dict(islice(scan, _COPY_BATCH)):
-                out.write(chunk)
-                copied += len(chunk)
-                if progress is not None:
-                    progress(copied)
+            for epoch in view.epochs():
+                scan = view.scan_prefix(b"", epoch)
+                while chunk := dict(islice(scan, _COPY_BATCH)):
+                    out.apply(out.prepare(chunk, epoch=epoch))
+                    copied += len(chunk)
+                    if progress is not None:
+                        progress(copied)
             out.flush()
         finally:
             out.close()

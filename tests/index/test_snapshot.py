@@ -17,22 +17,63 @@ from stream_dedup.dedup import Deduplicator
 from stream_dedup.errors import IndexLockedError, IndexStoreError
 from stream_dedup.index import open_index
 from stream_dedup.index.params import IndexParams
-from stream_dedup.index.snapshot import restore, snapshot
+from stream_dedup.index.retention import Retention
+from stream_dedup.index.snapshot import SnapshotInfo, _copy_live, restore, snapshot
 from stream_dedup.models import Document
 
 
-def _build(path: Path, n: int = 50) -> list[str]:
+def _build(path: Path, n: int = 50, retention: Retention | None = None) -> list[str]:
     cfg = DedupConfig()
-    index = open_index(path, IndexParams.of(cfg))
+    index = open_index(path, IndexParams.of(cfg), retention=retention)
     try:
         docs = [
             Document(f"d{i}", f"story number {i % 10} about the harbour and the river")
             for i in range(n)
         ]
-        verdicts = Deduplicator(index, cfg).process(docs, offsets={("news", 0): n}).verdicts
+        dedup = Deduplicator(index, cfg)
+        verdicts = []
+        for lo in range(0, n, 10):
+            batch = docs[lo : lo + 10]
+            verdicts += dedup.process(batch, offsets={("news", 0): lo + len(batch)}).verdicts
         return [v.verdict.value for v in verdicts]
     finally:
         index.close()
+
+
+#: Probes of the built index: a copy of a held story, and one of a story expired under
+#: RETENTION (held without it).
+PROBES = [
+    Document("p-held", "story number 5 about the harbour and the river"),
+    Document("p-new", "a story about the mountains that no document of the index told"),
+]
+RETENTION = Retention(max_documents=12)
+
+
+def _probe(path: Path) -> list[tuple[str, str | None]]:
+    index = open_index(path, None)
+    try:
+        stats = index.stats()
+        verdicts = Deduplicator(index, index.params.dedup_config()).decide(PROBES).verdicts
+        return [(str(stats.held), None)] + [(v.verdict.value, v.duplicate_of) for v in verdicts]
+    finally:
+        index.close()
+
+
+@pytest.mark.parametrize("retention", [None, RETENTION], ids=["all", "retention"])
+def test_snapshots_of_an_index_decide_as_the_index_does(
+    tmp_path: Path, retention: Retention | None
+) -> None:
+    _build(tmp_path / "idx", retention=retention)
+    expected = _probe(tmp_path / "idx")
+    snapshot(tmp_path / "idx", tmp_path / "checkpoint")
+    assert _probe(tmp_path / "checkpoint") == expected
+    # A live copy (the path taken while a service holds the index) copies every epoch.
+    info = snapshot_live(tmp_path / "idx", tmp_path / "live")
+    assert info.method.startswith("live copy")
+    assert _probe(tmp_path / "live") == expected
+    restore(tmp_path / "live", tmp_path / "restored")
+    assert _probe(tmp_path / "restored") == expected
+    assert expected[0][0] == ("12" if retention else "50")
 
 
 def test_snapshot_of_stopped_index_is_a_checkpoint_with_everything(tmp_path: Path) -> None:
@@ -145,3 +186,8 @@ def test_cli_restore_says_where_the_old_index_is_kept(tmp_path: Path) -> None:
         assert f"kept at {tmp_path / aside} " in out.getvalue()
         assert (tmp_path / aside / "CURRENT").exists()
     assert main(args[:-1], out=StringIO()) == 3  # without --force: refused
+
+
+def snapshot_live(src: Path, dest: Path) -> SnapshotInfo:
+    """The live copy :func:`snapshot` makes of a locked index, of an unlocked one."""
+    return _copy_live(src, dest, None)

@@ -1,11 +1,12 @@
 """``kill -9`` at random moments while documents flow, in both delivery modes.
 
 At-least-once: nothing is lost and a replayed batch is byte-identical to its first
-emission. The index holds a window (``index.max_documents``), so epochs open and are
-dropped across the kills, and verdicts must still equal the offline run's. Exactly-once: a ``read_committed`` reader sees one event per document and one
+emission. Exactly-once: a ``read_committed`` reader sees one event per document and one
 dead letter per bad message, however often the service is killed (the reader applies the
 log's transaction markers itself, :mod:`.committed_reader`, so that the check holds on a
-broker that does not filter aborted transactions for its consumers).
+broker that does not filter aborted transactions for its consumers). In both, the index
+holds a window (``index.max_documents``), so epochs open and are dropped across the
+kills, and verdicts must still equal the offline run's.
 """
 
 from __future__ import annotations
