@@ -206,14 +206,6 @@ class Timeline:
     def numbers(self) -> list[int]:
         return [e.number for e in self.epochs]
 
-    def epoch_of(self, docnum: int) -> int:
-        """The number of the live epoch ``docnum`` was indexed in."""
-        firsts = [e.first for e in self.epochs]
-        at = int(np.searchsorted(firsts, docnum, side="right")) - 1
-        if at < 0:
-            raise IndexCorruptError(f"document {docnum} precedes every live epoch")
-        return self.epochs[at].number
-
     def batch_epoch(self, retention: Retention, next_docnum: int) -> int:
         """The epoch the next batch writes to: the current one, or a new one when it is
         full (or is epoch 0 and retention is on). Decided from committed state only, so a

@@ -28,7 +28,7 @@ from pathlib import Path
 import numpy as np
 
 from stream_dedup.core.hashing import U64
-from stream_dedup.errors import IndexMismatchError, IndexStoreError
+from stream_dedup.errors import IndexCorruptError, IndexMismatchError, IndexStoreError
 from stream_dedup.index import keys
 from stream_dedup.index.backend import NO_ORDERED_PUTS, Backend, OrderedPuts, PreparedWrite
 from stream_dedup.index.epoch_filters import FILTER_FILE, LOOKUP_KINDS, EpochFilters
@@ -188,14 +188,19 @@ class DedupIndex:
     def read_documents(self, docnums: Sequence[int]) -> list[bytes | None]:
         """The document records of ``docnums`` (ascending), each from its epoch."""
         if len(self._timeline.epochs) == 1:
-            epoch = self._timeline.current.number
-            return self._backend.get_many([keys.doc_key(n) for n in docnums], epoch)
+            only = self._timeline.current.number
+            return self._backend.get_many([keys.doc_key(n) for n in docnums], only)
+        epochs = self._timeline.epochs
+        firsts = np.array([e.first for e in epochs], dtype=np.int64)
+        where = np.searchsorted(firsts, np.asarray(docnums, dtype=np.int64), side="right") - 1
+        if where.size and where[0] < 0:
+            raise IndexCorruptError(f"document {docnums[0]} precedes every live epoch")
         out: list[bytes | None] = []
-        by_epoch: dict[int, list[int]] = {}
-        for n in docnums:
-            by_epoch.setdefault(self._timeline.epoch_of(n), []).append(n)
-        for epoch, nums in by_epoch.items():  # epochs ascending, as docnums are
-            out.extend(self._backend.get_many([keys.doc_key(n) for n in nums], epoch))
+        bounds = np.searchsorted(where, np.arange(len(epochs) + 1))  # docnums are ascending
+        for i, epoch in enumerate(epochs):
+            nums = docnums[bounds[i] : bounds[i + 1]]
+            if nums:
+                out.extend(self._backend.get_many([keys.doc_key(n) for n in nums], epoch.number))
         return out
 
     def read_lookups(self, lookup_keys: Sequence[bytes]) -> list[bytes | None]:
