@@ -13,11 +13,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from rocksdict import WriteBatch
 
 from stream_dedup.errors import IndexIOError
 from stream_dedup.index import DedupIndex, RocksBackend, open_index
 from stream_dedup.index.params import IndexParams
+from stream_dedup.index.rocks import PreparedBatch
 from stream_dedup.service import loop
 
 from .support import (
@@ -53,7 +53,7 @@ class FailingWrites(RocksBackend):
     def write(self, puts: Mapping[bytes, bytes]) -> None:
         RocksBackend.apply(self, self.prepare(puts))
 
-    def apply(self, prepared: WriteBatch) -> None:
+    def apply(self, prepared: PreparedBatch) -> None:
         if self.stored >= self.ok:
             raise IndexIOError(
                 self.location, "writing a batch", "IO error: No space left on device"
@@ -62,9 +62,11 @@ class FailingWrites(RocksBackend):
         self.stored += 1
 
 
-def open_failing(path: Any, params: IndexParams | None, *, sync: bool = False) -> DedupIndex:
+def open_failing(
+    path: Any, params: IndexParams | None, *, sync: bool = False, retention: Any = None
+) -> DedupIndex:
     """:func:`open_index` of the service, over :class:`FailingWrites`."""
-    return DedupIndex(FailingWrites(path, STORED_BATCHES, sync=sync), params)
+    return DedupIndex(FailingWrites(path, STORED_BATCHES, sync=sync), params, retention)
 
 
 def test_a_failing_index_write_stops_the_service_and_the_batch_is_replayed(
