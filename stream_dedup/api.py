@@ -53,6 +53,7 @@ from stream_dedup.dedup import Deduplicator
 from stream_dedup.errors import ConfigError, DecodeError, IndexMismatchError, IndexStoreError
 from stream_dedup.index import keys
 from stream_dedup.index.params import IndexParams
+from stream_dedup.index.retention import Retention, parse_duration
 from stream_dedup.index.store import DedupIndex, open_index
 from stream_dedup.models import Document, Verdict
 
@@ -104,6 +105,11 @@ class Detector:
     :class:`~stream_dedup.errors.IndexMismatchError` (naming each difference) instead of
     silently mixing incompatible data.
 
+    ``retention`` (a duration such as ``"30d"``, or seconds) and ``max_documents`` bound
+    what the index holds (see :mod:`stream_dedup.index.retention`); left out, an existing
+    index keeps the retention it stores. The window is measured on the documents' time:
+    give :meth:`add_many` :class:`~stream_dedup.models.Document` objects with ``time``.
+
     ``batch_size`` is how many documents :meth:`add_many` decides and commits at a time;
     ``sync=True`` fsyncs every commit of an on-disk index (surviving a machine crash, not
     only a killed process, at the cost of one fsync per commit).
@@ -125,6 +131,8 @@ class Detector:
         config: DedupConfig | None = None,
         batch_size: int = DEFAULT_BATCH_SIZE,
         sync: bool = False,
+        retention: str | int | None = None,
+        max_documents: int | None = None,
         **params: Any,
     ) -> None:
         if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
@@ -136,6 +144,14 @@ class Detector:
         _check_names(params)
         self._batch_size = batch_size
         self._index, self._config = _open(path, config, params, sync=sync)
+        try:
+            stored = self._index.retention
+            window = stored.window if retention is None else parse_duration(retention, "retention")
+            most = stored.max_documents if max_documents is None else max_documents
+            self._index.retention = Retention(window, most)
+        except ConfigError:
+            self._index.close()
+            raise
         self._dedup = Deduplicator(self._index, self._config)
         self._closed = False
 

@@ -367,3 +367,21 @@ def test_the_package_exports_the_api() -> None:
         check=True,
     )
     assert run.stdout.strip() == "stream_dedup.api"
+
+
+def test_retention_bounds_what_a_detector_holds(tmp_path: Path) -> None:
+    texts = [" ".join(f"w{i}x{j} story{i}" for j in range(40)) for i in range(6)]
+    hour = 3_600_000
+    with Detector(tmp_path / "idx", retention="2h", max_documents=4) as detector:
+        detector.add_many(Document(f"d{i}", t, i * hour) for i, t in enumerate(texts[:5]))
+        # Newest four (d1..d4), and within two hours of the clock (d2, d3, d4 at 2..4 h).
+        assert [detector.query(t).is_duplicate for t in texts[:5]] == [
+            False, False, True, True, True,
+        ]  # fmt: skip
+        assert detector.index.stats().held == 3
+    with Detector(tmp_path / "idx") as reopened:  # the stored retention is kept
+        assert reopened.index.retention.window == 7200
+        assert reopened.index.retention.max_documents == 4
+        assert reopened.query(texts[2]).is_duplicate
+    with pytest.raises(ConfigError, match="retention"):
+        Detector(retention="two hours")
