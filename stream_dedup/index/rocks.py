@@ -12,24 +12,12 @@ failed read or write. Each is raised on as :class:`~stream_dedup.errors.IndexIOE
 caller tells a broken index from a bug by type: the service stops on the former instead of
 blaming, and dead-lettering, the documents of the batch it was deciding.
 
-Layout: document records (``d`` keys, ~85% of an index's bytes) live in a column family of
-their own, ``docs``; every other key is in the default one. Docnums grow with arrival, so
-each flush of ``docs`` holds a key range of its own and compaction moves those files down
-the levels without rewriting them. Sharing a key space with the random band-bucket keys,
-every compaction rewrote them, so most of RocksDB's background work went to copying
-records that never change. The split is invisible above this class: keys are routed by
-their first byte, and a prefix scan of ``b""`` merges both families in key order. A write
-batch spans both families and stays atomic. An index of the older layout (documents in the
-default family) is moved over when it is opened for writing, a chunk per atomic write, so
-an interrupted move resumes at the next open; a read-only view reads whichever layout it
-finds.
-
-Epochs (:mod:`stream_dedup.index.retention`): epoch 0 is the layout above; epoch ``n`` keeps
-its records in two column families of its own, ``epoch-<n>`` (buckets, exact texts,
-verdicts, change points) and ``epoch-<n>-docs``, created when its first batch is prepared and
-dropped whole when it expires: RocksDB deletes their files at once, with no compaction.
-The index's own keys (metadata, counters, offsets, intent, epoch table) stay in the
-default family. Every family is listed and opened at start, as RocksDB requires.
+Layout: the column families, and why records are split among them, are described in
+:mod:`stream_dedup.index.rocks_families`. Keys are routed to a family by their first byte
+and epoch, so the split is invisible above this class; a write batch spans families and
+stays atomic. An index of the older layout (documents in the default family) is moved
+over when it is opened for writing, a chunk per atomic write, so an interrupted move
+resumes at the next open; a read-only view reads whichever layout it finds.
 """
 
 from __future__ import annotations
@@ -47,10 +35,7 @@ from typing import Any, NamedTuple
 
 from rocksdict import (
     AccessType,
-    BlockBasedOptions,
     DbClosedError,
-    DBCompactionStyle,
-    DBCompressionType,
     Options,
     Rdict,
     ReadOptions,
@@ -66,12 +51,18 @@ from stream_dedup.errors import (
 )
 from stream_dedup.index.backend import NO_ORDERED_PUTS, OrderedPuts
 from stream_dedup.index.keys import DOC, SCOPED
+from stream_dedup.index.rocks_families import (
+    DOCS_FAMILY,
+    docs_options,
+    epoch_docs_family,
+    epoch_family,
+    epoch_number,
+    small_options,
+)
 
 log = logging.getLogger("stream_dedup.index")
 
 _READ_CHUNK = 512
-#: The column family of document records (see the module docstring).
-DOCS_FAMILY = "docs"
 #: Document records moved per atomic write when an index of the old layout is opened.
 _MOVE_CHUNK = 2000
 #: Records between two progress lines of such a move.
@@ -80,15 +71,6 @@ _MOVE_REPORT = 200_000
 _DOC_END = bytes([DOC[0] + 1])
 #: The key of a (key, value) pair, to merge the two families' scans in key order.
 _KEY = itemgetter(0)
-#: Sorted runs of the default family before universal compaction merges some (see _options).
-_SORTED_RUNS = 12
-#: Write-ahead log files kept for reuse (see _options).
-_RECYCLED_LOGS = 4
-#: Write-ahead log bytes after which RocksDB flushes the families holding the oldest log
-#: (about eight batches of news). With retention the default family takes only the
-#: index's own small keys, so its memtable fills slowly and, unflushed, would keep every
-#: log file since its last flush from being recycled.
-_MAX_WAL_BYTES = 64 << 20
 #: Key ranges of the records that belong to an epoch, in the default family (epoch 0).
 _SCOPED_RANGES = [(bytes([k]), bytes([k + 1])) for k in sorted(SCOPED) if bytes([k]) != DOC]
 
@@ -98,84 +80,6 @@ class PreparedBatch(NamedTuple):
 
     batch: WriteBatch
     epoch: int
-
-
-def epoch_family(epoch: int) -> str:
-    """The column family of epoch ``epoch``'s records other than documents."""
-    return f"epoch-{epoch}"
-
-
-def epoch_docs_family(epoch: int) -> str:
-    """The column family of epoch ``epoch``'s document records."""
-    return f"epoch-{epoch}-docs"
-
-
-def _epoch_number(family: str) -> int | None:
-    """The epoch a column family belongs to (``None``: not an epoch family)."""
-    if not family.startswith("epoch-"):
-        return None
-    number = family[len("epoch-") :].removesuffix("-docs")
-    return int(number) if number.isdigit() else None
-
-
-def _options() -> Options:
-    """Options of the default family: band buckets, verdicts, exact texts, counters, offsets.
-
-    Most band buckets a document looks up do not exist, so whole-key bloom filters, in the
-    memtable and in every SST file, answer those misses without searching the memtable's
-    skiplist or reading data blocks. The 4 MiB memtable holds about two batches of these
-    small keys: a batch's ~36,000 random bucket keys are inserted into a skiplist that
-    stays small. At 16 MiB it held eight batches and applying a batch cost markedly more
-    CPU; at 2 MiB it flushed so often that compaction cost more than it saved.
-
-    Compaction is *universal* (tiered), started at 12 sorted runs. A document writes ~19
-    small keys here, spread at random over the key space, so under leveled compaction
-    every compaction out of level 0 would overlap, and rewrite, the whole level below it;
-    while this family is under ``max_bytes_for_level_base`` (256 MiB, about 450,000 news
-    articles) that level is all of it, so each compaction would cost more as the index
-    grew. Universal compaction merges runs of similar size, so a key is rewritten about
-    log(n) times instead, and the cost per document stays flat as the index grows
-    (``bench/bench_growth.py``; docs/benchmarks.md). A read checks one bloom filter per
-    run, and reads here are few: the key filter of :mod:`stream_dedup.index.filter`
-    answers most misses. Nothing is compressed: LZ4 shrinks these keys (random hashes and
-    docnums) by only ~2%, for CPU at every flush and compaction.
-
-    Write-ahead log files are recycled (:data:`_RECYCLED_LOGS`): a batch writes ~8 MB to
-    the log, mostly document records, and a recycled file's pages are already allocated,
-    so the write does not allocate them again, nor does an fsync (``index.sync``) update
-    the file's size in its inode each time, which makes applying a batch cheaper. Recovery
-    after a crash is unaffected: RocksDB's point-in-time recovery tells a recycled file's
-    new records from its old.
-    """
-    opts = Options(raw_mode=True)
-    opts.create_if_missing(True)
-    opts.set_compression_type(DBCompressionType.none())
-    opts.set_compaction_style(DBCompactionStyle.universal())
-    opts.set_level_zero_file_num_compaction_trigger(_SORTED_RUNS)
-    opts.increase_parallelism(2)
-    opts.set_recycle_log_file_num(_RECYCLED_LOGS)
-    opts.set_max_total_wal_size(_MAX_WAL_BYTES)
-    opts.set_write_buffer_size(4 << 20)
-    opts.set_memtable_whole_key_filtering(True)
-    opts.set_memtable_prefix_bloom_ratio(0.05)
-    table = BlockBasedOptions()
-    table.set_bloom_filter(10, False)
-    opts.set_block_based_table_factory(table)
-    return opts
-
-
-def _docs_options() -> Options:
-    """Options of the ``docs`` family: sequential keys, incompressible values.
-
-    A document record is read only after a band bucket named its docnum, so it is always
-    present and needs no bloom filter; its verification set is random 32-bit values, which
-    no compression shrinks. 16 MiB is about two batches of 2,000 news articles: flushes
-    start during a run rather than all at ``close``.
-    """
-    opts = Options(raw_mode=True)
-    opts.set_compression_type(DBCompressionType.none())
-    opts.set_write_buffer_size(16 << 20)
-    return opts
 
 
 def _upper_bound(prefix: bytes) -> bytes | None:
@@ -220,9 +124,9 @@ class RocksBackend:
         self._read_only = read_only
         if not read_only:
             Path(self._path).mkdir(parents=True, exist_ok=True)
-        opts = _options()
+        opts = small_options()
         opts.create_missing_column_families(True)
-        families = {DOCS_FAMILY: _docs_options()}
+        families = {DOCS_FAMILY: docs_options()}
         try:
             present = (
                 Rdict.list_cf(self._path, Options(raw_mode=True))
@@ -230,9 +134,9 @@ class RocksBackend:
                 else []
             )
             for name in present:
-                number = _epoch_number(name)
+                number = epoch_number(name)
                 if number is not None:
-                    families[name] = _docs_options() if name.endswith("-docs") else _options()
+                    families[name] = docs_options() if name.endswith("-docs") else small_options()
             if read_only:
                 families = {f: o for f, o in families.items() if f in present}
                 self._db = Rdict(
@@ -260,7 +164,7 @@ class RocksBackend:
             0: (self._db, self._docs, None, self._docs_handle)
         }
         for name in families:
-            number = _epoch_number(name)
+            number = epoch_number(name)
             if number is not None and number not in self._epochs:
                 self._open_epoch(number)
         self._write_opts = WriteOptions()
@@ -278,7 +182,7 @@ class RocksBackend:
         """The families of ``epoch``, created if they do not exist yet."""
         names = epoch_family(epoch), epoch_docs_family(epoch)
         handles: list[Any] = []
-        for name, options in zip(names, (_options(), _docs_options()), strict=True):
+        for name, options in zip(names, (small_options(), docs_options()), strict=True):
             family: Rdict | None
             try:
                 family = self._db.get_column_family(name)
@@ -460,7 +364,7 @@ class RocksBackend:
 
         An epoch's families stop receiving writes when the next epoch opens; what their
         memtables hold would otherwise keep every write-ahead log file since their last
-        write from being recycled, up to :data:`_MAX_WAL_BYTES` of log.
+        write from being recycled, up to :data:`~.rocks_families.MAX_WAL_BYTES` of log.
         """
         for epoch, (small, docs, _, _) in self._epochs.items():
             if epoch in (0, current):
