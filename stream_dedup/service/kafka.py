@@ -209,8 +209,23 @@ class EventProducer:
         self._watch.alive()
 
     def close(self, timeout_s: float) -> int:
-        """Flush what is left; returns the number of records still undelivered."""
-        remaining: int = self._producer.flush(timeout_s)
+        """Flush what is left; returns the number of records still undelivered.
+
+        A producer in a fatal state (fenced by a newer instance, say) fails its flush, and
+        confluent-kafka may then report it from inside a delivery callback as a
+        ``SystemError``. The service is stopping because of that state already: the error
+        is logged rather than raised, so it does not hide the one that stopped the
+        service, and what was not delivered is replayed at the next start.
+        """
+        try:
+            remaining: int = self._producer.flush(timeout_s)
+        except (KafkaException, SystemError) as exc:
+            left = len(self._producer)
+            log.warning(
+                "the producer could not flush at close",
+                extra={"fields": {"error": f"{type(exc).__name__}: {exc}", "records": left}},
+            )
+            return left
         return remaining
 
 

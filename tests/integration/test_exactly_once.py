@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 from collections import Counter
 from pathlib import Path
+from traceback import format_exception
 from typing import Any
 
 import pytest
@@ -215,7 +216,7 @@ def test_an_instance_fenced_by_a_newer_one_stops_and_the_newer_one_delivers_once
     newer.init_transactions(10)  # fences the running instance
     produce_json(bootstrap, topics.input, docs[2 * BATCH :])
     svc.join(timeout_s=60)  # it stops by itself
-    assert isinstance(svc.error, TransactionError), svc.error
+    assert isinstance(svc.error, TransactionError), "".join(format_exception(svc.error))
     assert "fence" in str(svc.error).lower()
     assert svc.service.metrics.dead_letters.labels("processing_error")._value.get() == 0
     index = open_index(path, None)
