@@ -53,7 +53,6 @@ from stream_dedup.dedup import Deduplicator
 from stream_dedup.errors import ConfigError, DecodeError, IndexMismatchError, IndexStoreError
 from stream_dedup.index import keys
 from stream_dedup.index.params import IndexParams
-from stream_dedup.index.retention import Retention, parse_duration
 from stream_dedup.index.store import DedupIndex, open_index
 from stream_dedup.models import Document, Verdict
 
@@ -145,10 +144,7 @@ class Detector:
         self._batch_size = batch_size
         self._index, self._config = _open(path, config, params, sync=sync)
         try:
-            stored = self._index.retention
-            window = stored.window if retention is None else parse_duration(retention, "retention")
-            most = stored.max_documents if max_documents is None else max_documents
-            self._index.retention = Retention(window, most)
+            self._index.retention = self._index.retention.updated(retention, max_documents)
         except ConfigError:
             self._index.close()
             raise

@@ -35,7 +35,6 @@ from stream_dedup.errors import (
 )
 from stream_dedup.index import open_index
 from stream_dedup.index.params import IndexParams
-from stream_dedup.index.retention import Retention, parse_duration
 from stream_dedup.index.rocks import RocksBackend
 from stream_dedup.index.store import DedupIndex
 from stream_dedup.malloc_tuning import keep_freed_memory
@@ -52,21 +51,11 @@ def _open_for_dedup(args: argparse.Namespace) -> tuple[DedupIndex, DedupConfig]:
     config = detector_config(args, stored)
     index = open_index(args.index, IndexParams.of(config))
     try:
-        index.retention = _retention(args, index.retention)
+        index.retention = index.retention.updated(args.retention, args.max_documents, "--retention")
     except ConfigError:
         index.close()
         raise
     return index, config
-
-
-def _retention(args: argparse.Namespace, stored: Retention) -> Retention:
-    """The retention ``--retention`` and ``--max-documents`` ask for; what is not given
-    stays as the index stores it."""
-    window = (
-        stored.window if args.retention is None else parse_duration(args.retention, "--retention")
-    )
-    most = stored.max_documents if args.max_documents is None else args.max_documents
-    return Retention(window, most)
 
 
 def cmd_dedup(args: argparse.Namespace, out: IO[str], err: IO[str]) -> int:

@@ -125,6 +125,17 @@ class Retention:
             return True
         return bool(self.window) and span >= max(1, self.window // SLICES)
 
+    def updated(
+        self, window: str | int | None, max_documents: int | None, key: str = "retention"
+    ) -> Retention:
+        """This retention with what is given replaced (``None``: kept): how the command
+        line and the Python API apply their options over what an index stores. ``window``
+        is a duration (:func:`parse_duration`); ``key`` names the option in errors."""
+        return Retention(
+            self.window if window is None else parse_duration(window, key),
+            self.max_documents if max_documents is None else max_documents,
+        )
+
     def to_bytes(self) -> bytes:
         return json.dumps({"window": self.window, "max_documents": self.max_documents}).encode()
 
