@@ -144,6 +144,22 @@ class IndexIOError(IndexStoreError):
         self.detail = detail
 
 
+class IndexUnreachableError(IndexIOError):
+    """The shared index's Redis could not be reached or refused a command."""
+
+    def __init__(self, location: str, operation: str, detail: str) -> None:
+        StreamDedupError.__init__(
+            self,
+            f"index on {location}: {operation} failed ({detail}). Check that Redis is up "
+            "and that index.redis.url (and password or TLS settings) reach it, then start "
+            "again: a batch not stored is consumed again, and a document already stored "
+            "gets its stored verdict back.",
+        )
+        self.path = location
+        self.operation = operation
+        self.detail = detail
+
+
 class TransactionError(StreamDedupError):
     """The service's transactional producer cannot go on: another instance with the same
     ``transactional.id`` fenced it, the producer hit a fatal error, or the group's offsets

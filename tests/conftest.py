@@ -3,37 +3,92 @@
 from __future__ import annotations
 
 import contextlib
+import itertools
 import logging
+import os
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from stream_dedup.index import Backend, DedupIndex, IndexParams, MemoryBackend, RocksBackend
+from stream_dedup.index.redis_backend import RedisBackend
+from tests import redis_servers
 from tests.corpus import kijiji_contents
 
 BackendFactory = Callable[[], Backend]
 IndexFactory = Callable[[IndexParams | None], DedupIndex]
 
 
-@pytest.fixture(params=["memory", "rocks"])
+@pytest.fixture(params=["memory", "rocks", "redis", "redis-cluster"])
 def backend_kind(request: pytest.FixtureRequest) -> str:
     """Which backend a parametrised test runs on."""
     kind: str = request.param
     return kind
 
 
+def _redis(
+    tmp_path_factory: pytest.TempPathFactory, env: str, start: Callable[[Path], Any]
+) -> Iterator[str]:
+    given = os.environ.get(env)
+    if given:
+        yield given
+        return
+    if redis_servers.redis_server_binary() is None:
+        pytest.skip("redis-server is not installed (apt-get install redis-server)")
+    with start(tmp_path_factory.mktemp(env.lower())) as url:
+        yield url
+
+
+@pytest.fixture(scope="session")
+def redis_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A real single-node Redis on loopback (or ``REDIS_URL``)."""
+    yield from _redis(tmp_path_factory, "REDIS_URL", redis_servers.single_node)
+
+
+@pytest.fixture(scope="session")
+def redis_cluster_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A real three-master Redis Cluster on loopback (or ``REDIS_CLUSTER_URL``)."""
+    yield from _redis(tmp_path_factory, "REDIS_CLUSTER_URL", redis_servers.cluster)
+
+
+_namespaces = itertools.count()
+
+
+def fresh_namespace() -> str:
+    """A namespace no test used before: each test's index starts empty on a shared server."""
+    return f"test-{os.getpid()}-{next(_namespaces)}"
+
+
 @pytest.fixture
-def backend_factory(backend_kind: str, tmp_path: Path) -> Iterator[BackendFactory]:
+def redis_backend_url(backend_kind: str, request: pytest.FixtureRequest) -> str | None:
+    """The Redis URL for the redis kinds of ``backend_kind``, else ``None``."""
+    if backend_kind == "redis":
+        url: str = request.getfixturevalue("redis_url")
+        return url
+    if backend_kind == "redis-cluster":
+        url = request.getfixturevalue("redis_cluster_url")
+        return url
+    return None
+
+
+@pytest.fixture
+def backend_factory(
+    backend_kind: str, tmp_path: Path, redis_backend_url: str | None
+) -> Iterator[BackendFactory]:
     """``make()`` opens a fresh, empty backend of ``backend_kind``; all are closed afterwards.
 
-    RocksDB backends live in their own directory under ``tmp_path``.
+    RocksDB backends live in their own directory under ``tmp_path``, Redis ones in a
+    namespace of their own.
     """
     opened: list[Backend] = []
 
     def make() -> Backend:
         backend: Backend
-        if backend_kind == "memory":
+        if redis_backend_url is not None:
+            backend = RedisBackend(redis_backend_url, namespace=fresh_namespace())
+        elif backend_kind == "memory":
             backend = MemoryBackend()
         else:
             backend = RocksBackend(tmp_path / f"rocks-{len(opened)}")

@@ -14,13 +14,19 @@ in an *epoch* (:mod:`stream_dedup.index.retention`), named by the ``epoch`` argu
 index's own keys ignore it. An epoch is dropped whole (:meth:`Backend.drop_epoch`), which
 is what makes retention cheap: a backend keeps each epoch apart so that dropping one
 costs nothing per key.
+
+A *shared* backend (Redis: :mod:`stream_dedup.index.redis_backend`) is written by several
+processes at once. They take turns through :meth:`Backend.exclusive`, and whatever one
+read before its turn may be stale inside it; the others have one writer and their
+``exclusive`` does nothing.
 """
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import Any, NamedTuple, Protocol
+from typing import Any, ClassVar, NamedTuple, Protocol
 
 #: A write built by :meth:`Backend.prepare`, opaque to everything but its backend.
 PreparedWrite = Any
@@ -43,6 +49,9 @@ NO_ORDERED_PUTS = OrderedPuts((), ())
 
 class Backend(Protocol):
     """An ordered byte-key store with atomic batch writes."""
+
+    #: Whether other processes write the store while this one has it open.
+    shared: ClassVar[bool]
 
     @property
     def location(self) -> str:
@@ -104,6 +113,11 @@ class Backend(Protocol):
         """Where a file derived from the data may be kept beside it (``None``: nowhere,
         e.g. in memory or in a read-only view). Such a file is a cache: never the only
         copy of anything."""
+        ...
+
+    def exclusive(self) -> contextlib.AbstractContextManager[None]:
+        """Hold the store against the other writers of a shared store for one
+        read-decide-write; reads inside see a whole state (never half a write)."""
         ...
 
     def sequence(self) -> int:

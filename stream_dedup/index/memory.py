@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
+from typing import ClassVar
 
 from stream_dedup.index.backend import NO_ORDERED_PUTS, OrderedPuts
 from stream_dedup.index.keys import SCOPED
@@ -13,6 +15,9 @@ class MemoryBackend:
     """Dicts with the :class:`~stream_dedup.index.backend.Backend` contract: one for the
     index's own keys and epoch 0, one per later epoch (dropped whole, as RocksDB drops an
     epoch's column families)."""
+
+    #: One process uses it: see :attr:`~stream_dedup.index.backend.Backend.shared`.
+    shared: ClassVar[bool] = False
 
     def __init__(self) -> None:
         self._data: dict[bytes, bytes] = {}
@@ -54,6 +59,9 @@ class MemoryBackend:
 
     def sidecar(self, name: str) -> Path | None:
         return None
+
+    def exclusive(self) -> contextlib.AbstractContextManager[None]:
+        return contextlib.nullcontext()
 
     def sequence(self) -> int:
         return self._writes

@@ -22,6 +22,7 @@ resumes at the next open; a read-only view reads whichever layout it finds.
 
 from __future__ import annotations
 
+import contextlib
 import heapq
 import logging
 import os
@@ -31,7 +32,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from itertools import islice, repeat
 from operator import itemgetter
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any, ClassVar, NamedTuple
 
 from rocksdict import (
     AccessType,
@@ -113,6 +114,9 @@ def _wal_bytes(path: str) -> int:
 
 class RocksBackend:
     """A RocksDB database in one directory."""
+
+    #: One process writes it (RocksDB's lock): see ``Backend.shared``.
+    shared: ClassVar[bool] = False
 
     def __init__(self, path: str | Path, *, sync: bool = False, read_only: bool = False) -> None:
         """Open (or create) the database at ``path``.
@@ -450,6 +454,9 @@ class RocksBackend:
 
     def sidecar(self, name: str) -> Path | None:
         return None if self._read_only else Path(self._path) / name
+
+    def exclusive(self) -> contextlib.AbstractContextManager[None]:
+        return contextlib.nullcontext()  # the database's lock already excludes others
 
     def sequence(self) -> int:
         return int(self._db.latest_sequence_number())

@@ -16,12 +16,18 @@ reads go to every live epoch, a batch writes to one, and the commit that lets an
 is the same atomic write as the batch's, after which the epoch is dropped whole. An epoch
 left behind by a crash between the two, or created for a batch never committed, is
 dropped by the next commit.
+
+A shared backend (Redis) is written by other instances too: a batch is decided and
+stored inside :meth:`DedupIndex.exclusive`, which re-reads the counters and epochs at
+its start, and no key filter is kept (another instance's writes would be missing from
+it), so every look-up key is read.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -111,6 +117,8 @@ class DedupIndex:
         retention: Retention | None = None,
     ) -> None:
         self._backend = backend
+        self._shared = backend.shared
+        self._asked_retention = retention
         stored_raw = backend.get_many([keys.META])[0]
         if stored_raw is None:
             if params is None:
@@ -127,6 +135,15 @@ class DedupIndex:
                 backend.close()
                 raise IndexMismatchError(backend.location, stored.differences(params))
             self._params = stored
+        self._load_state()
+        self._intent_pending = self.intent() is not None
+        self._writes = 0  # batch writes so far: a prepared commit is valid for one value
+        self._filters = EpochFilters(backend)  # loaded on first use: see load_filter
+        self._tidied = False  # epochs the table does not list are dropped at the first commit
+
+    def _load_state(self) -> None:
+        """Counters, epochs and retention as committed (by anyone, for a shared index)."""
+        backend = self._backend
         raw = backend.get_many([keys.counter_key(c) for c in COUNTERS])
         self._counters = {
             name: int.from_bytes(v, "little") if v else 0
@@ -137,11 +154,24 @@ class DedupIndex:
         self._stored_retention = (
             NO_RETENTION if raw_retention is None else Retention.from_bytes(raw_retention)
         )
-        self.retention = self._stored_retention if retention is None else retention
-        self._intent_pending = self.intent() is not None
-        self._writes = 0  # batch writes so far: a prepared commit is valid for one value
-        self._filters = EpochFilters(backend)  # loaded on first use: see load_filter
-        self._tidied = False  # epochs the table does not list are dropped at the first commit
+        asked = self._asked_retention
+        self.retention = self._stored_retention if asked is None else asked
+
+    @property
+    def shared(self) -> bool:
+        """Whether other instances write this index too (see :meth:`exclusive`)."""
+        return self._shared
+
+    @contextlib.contextmanager
+    def exclusive(self) -> Iterator[None]:
+        """Decide and store a batch of a shared index in here: the other instances wait,
+        and the counters and epochs are re-read first (another instance may have
+        committed since). For a single-writer index it only marks the section."""
+        with self._backend.exclusive():
+            if self._shared:
+                self._load_state()
+                self._writes += 1  # a commit prepared before this section is stale
+            yield
 
     def _load_timeline(self) -> Timeline:
         raw = self._backend.get_many([keys.EPOCHS])[0]
@@ -250,10 +280,13 @@ class DedupIndex:
     def _read_epochs(
         self, wanted: Sequence[bytes], fingerprints: U64
     ) -> list[tuple[int, list[int], list[bytes]]]:
-        filters = self.load_filter()
         out: list[tuple[int, list[int], list[bytes]]] = []
+        everything = list(range(len(wanted)))
         for epoch in self._timeline.numbers():
-            where = np.flatnonzero(filters.may_hold(epoch, fingerprints)).tolist()
+            if self._shared:  # no filter knows the other instances' keys
+                where = everything
+            else:
+                where = np.flatnonzero(self.load_filter().may_hold(epoch, fingerprints)).tolist()
             if not where:
                 continue
             read = self._backend.get_many([wanted[i] for i in where], epoch)
@@ -272,9 +305,9 @@ class DedupIndex:
         other one). Every later write adds its lookup keys (:meth:`apply`), so a filter
         never misses a committed key. ``progress`` is called with the keys added so far
         after every chunk of a scan (a fraction of a second each), so a long build can
-        be reported and kept alive.
+        be reported and kept alive. A shared index keeps no filter (nothing is loaded).
         """
-        if not self._filters.loaded:
+        if not self._filters.loaded and not self._shared:
             self._filters.load(self._capacities(), progress)
         return self._filters
 

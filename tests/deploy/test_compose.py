@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from pathlib import PurePosixPath
 from typing import Any
+from urllib.parse import urlsplit
 
 import pytest
 
@@ -16,6 +18,7 @@ from .support import (
     DOCKERFILE,
     PROMETHEUS_CONFIG,
     ROOT,
+    dockerfile_env,
     dockerfile_instructions,
     is_pinned,
     load_compose,
@@ -23,7 +26,10 @@ from .support import (
     project_version,
 )
 
-SERVICES = ("kafka", "kafka-init", "stream-dedup", "load-sample", "prometheus", "grafana")
+DEFAULT_SERVICES = ("kafka", "kafka-init", "stream-dedup", "load-sample", "prometheus", "grafana")
+#: Started only with ``--profile redis``: replicas sharing one index in Redis.
+REDIS_PROFILE = ("redis", "kafka-init-shared", "dedup-shared")
+SERVICES = DEFAULT_SERVICES + REDIS_PROFILE
 
 
 def service(name: str) -> dict[str, Any]:
@@ -54,6 +60,16 @@ def test_compose_file_parses_and_has_the_stack() -> None:
     assert "version" not in compose, "the Compose specification has no top-level version"
 
 
+def test_the_default_stack_has_no_profile_and_the_shared_index_is_profile_redis() -> None:
+    for name in DEFAULT_SERVICES:
+        assert "profiles" not in service(name), f"{name} would not start without a profile"
+    for name in REDIS_PROFILE:
+        assert service(name).get("profiles") == ["redis"], name
+    # nothing in the default stack waits for a service it would not start
+    for name in DEFAULT_SERVICES:
+        assert not set(service(name).get("depends_on") or ()) & set(REDIS_PROFILE), name
+
+
 @pytest.mark.parametrize("name", SERVICES)
 def test_every_service_has_a_pinned_image(name: str) -> None:
     image = service(name).get("image")
@@ -62,7 +78,7 @@ def test_every_service_has_a_pinned_image(name: str) -> None:
 
 
 def test_built_image_is_tagged_with_the_project_version() -> None:
-    for name in ("stream-dedup", "load-sample"):
+    for name in ("stream-dedup", "load-sample", "dedup-shared"):
         svc = service(name)
         assert svc["image"] == f"stream-dedup:{project_version()}"
         build = svc["build"]
@@ -188,3 +204,125 @@ def test_grafana_is_provisioned_with_the_datasource_and_dashboard() -> None:
     assert "/api/health" in " ".join(svc["healthcheck"]["test"])
     home = svc["environment"].get("GF_DASHBOARDS_DEFAULT_HOME_DASHBOARD_PATH")
     assert home is None or home == f"{dashboards_dir}/{DASHBOARD.name}"
+
+
+# --- profile `redis` -------------------------------------------------------------------
+
+
+def shared_env() -> dict[str, str]:
+    return {k: str(v) for k, v in service("dedup-shared")["environment"].items()}
+
+
+def test_redis_keeps_the_index_on_a_volume_and_answers_ping() -> None:
+    redis = service("redis")
+    assert redis["image"].startswith("redis:7")
+    command = redis["command"]
+    assert command[0] == "redis-server"
+    options = dict(zip(command[1::2], command[2::2], strict=True))
+    assert options["--appendonly"] == "yes", "the index must survive a Redis restart"
+    assert options.get("--maxmemory-policy", "noeviction") == "noeviction"
+    named_volume(redis, "/data")
+    assert "redis-cli ping" in " ".join(redis["healthcheck"]["test"])
+    assert redis["restart"] == "unless-stopped"
+    assert "ports" not in redis, "the stack reaches Redis as redis:6379"
+
+
+def test_shared_service_runs_replicas_of_the_service_image() -> None:
+    svc = service("dedup-shared")
+    main = service("stream-dedup")
+    assert svc["image"] == main["image"] and svc["build"] == main["build"]
+    assert "entrypoint" not in svc and "command" not in svc, "run as the image runs"
+    assert svc["deploy"]["replicas"] == 2
+    # replicas cannot share a fixed host port, a container name or an index directory
+    assert "ports" not in svc and "container_name" not in svc
+    assert "volumes" not in svc
+    assert svc["healthcheck"]["test"] == main["healthcheck"]["test"]
+    assert svc["stop_grace_period"] == main["stop_grace_period"]
+    assert svc["restart"] == "unless-stopped"
+
+
+def test_shared_service_uses_the_redis_index_backend() -> None:
+    env = shared_env()
+    assert env["STREAM_DEDUP_INDEX__BACKEND"] == "redis"
+    url = urlsplit(env["STREAM_DEDUP_INDEX__REDIS__URL"])
+    assert url.scheme == "redis"
+    assert url.hostname == "redis", "point the index at the redis service"
+    assert (url.port or 6379) == 6379
+    assert "STREAM_DEDUP_INDEX__PATH" not in env, "index.path is unused with backend redis"
+    delivery = env.get("STREAM_DEDUP_SERVICE__DELIVERY", "at-least-once")
+    assert delivery == "at-least-once", "exactly-once is refused with backend redis"
+
+
+def test_shared_replicas_form_a_group_of_their_own() -> None:
+    env = shared_env()
+    main = {k: str(v) for k, v in service("stream-dedup")["environment"].items()}
+    assert (
+        env["STREAM_DEDUP_KAFKA__BOOTSTRAP_SERVERS"]
+        == main["STREAM_DEDUP_KAFKA__BOOTSTRAP_SERVERS"]
+    )
+    assert env["STREAM_DEDUP_INPUT__TOPICS"] == main["STREAM_DEDUP_INPUT__TOPICS"] == "news"
+    # one group for both replicas (one environment), not stream-dedup's: a member with a
+    # RocksDB index of its own must not take partitions from the shared index
+    group = env["STREAM_DEDUP_KAFKA__GROUP_ID"]
+    assert group and group != main.get("STREAM_DEDUP_KAFKA__GROUP_ID", "stream-dedup")
+    assert env["STREAM_DEDUP_KAFKA__PARTITION_ASSIGNMENT_STRATEGY"] == "cooperative-sticky"
+
+
+def test_shared_service_writes_topics_of_its_own_created_before_it_starts() -> None:
+    env = shared_env()
+    outputs = [
+        env["STREAM_DEDUP_OUTPUT__UNIQUE_TOPIC"],
+        env["STREAM_DEDUP_OUTPUT__DUPLICATE_TOPIC"],
+        env["STREAM_DEDUP_OUTPUT__DLQ_TOPIC"],
+    ]
+    assert not {"news.unique", "news.duplicates", "news.dlq"} & set(outputs)
+    script = " ".join(service("kafka-init-shared")["entrypoint"])
+    words = set(re.split(r"[\s;]+", script))
+    assert set(outputs) <= words
+    assert "--if-not-exists" in script
+    assert service("kafka-init-shared")["restart"] == "no"
+
+
+def test_shared_service_waits_for_kafka_its_topics_and_redis() -> None:
+    deps = service("dedup-shared")["depends_on"]
+    assert deps["kafka"]["condition"] == "service_healthy"
+    assert deps["redis"]["condition"] == "service_healthy"
+    assert deps["kafka-init"]["condition"] == "service_completed_successfully"
+    assert deps["kafka-init-shared"]["condition"] == "service_completed_successfully"
+    assert service("kafka-init-shared")["depends_on"]["kafka"]["condition"] == "service_healthy"
+
+
+def test_shared_service_environment_loads_as_a_redis_backed_config() -> None:
+    """The image's ENV and the Compose environment, through the service's own loader."""
+    from stream_dedup.service.config import IndexConfig
+    from stream_dedup.service.config_loading import load_config
+
+    if "backend" not in {f.name for f in dataclasses.fields(IndexConfig)}:
+        pytest.skip("index.backend is not in this tree yet")
+    env = dockerfile_env(dockerfile_instructions())
+    env.update(shared_env())
+    config = load_config(ROOT / "config" / "stream-dedup.toml", environ=env)
+    assert config.index.backend == "redis"
+    assert config.index.redis.url == "redis://redis:6379/0"
+    assert config.kafka["group.id"] == "stream-dedup-shared"
+    assert config.kafka["partition.assignment.strategy"] == "cooperative-sticky"
+
+
+def test_prometheus_scrapes_every_shared_replica() -> None:
+    config = load_yaml(PROMETHEUS_CONFIG)
+    job = next(j for j in config["scrape_configs"] if j["job_name"] == "stream-dedup-shared")
+    assert job["scrape_interval"] == "5s"
+    assert job.get("metrics_path", "/metrics") == "/metrics"
+    (sd,) = job["dns_sd_configs"]
+    assert sd["names"] == ["dedup-shared"] and sd["type"] == "A" and sd["port"] == 9400
+    assert "static_configs" not in job, "a static name reaches one replica per scrape"
+    down = next(
+        rule
+        for group in load_yaml(PROMETHEUS_CONFIG.parent / "alerts.yml")["groups"]
+        for rule in group["rules"]
+        if rule.get("alert") == "StreamDedupDown"
+    )
+    match = re.search(r'job=~"([^"]+)"', down["expr"])
+    assert match, f"StreamDedupDown should cover both jobs: {down['expr']}"
+    for name in ("stream-dedup", "stream-dedup-shared"):
+        assert re.fullmatch(match.group(1), name), down["expr"]

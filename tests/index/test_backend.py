@@ -24,6 +24,9 @@ def backend(backend_factory: Callable[[], Backend]) -> Backend:
 def test_location(backend: Backend, backend_kind: str) -> None:
     if backend_kind == "memory":
         assert backend.location == ":memory:"
+    elif backend_kind.startswith("redis"):
+        assert backend.location.startswith("redis://127.0.0.1:")
+        assert "(namespace test-" in backend.location
     else:
         assert backend.location.endswith("rocks-0")
 

@@ -41,6 +41,13 @@ def false_positive_rate(filt: KeyFilter, seed: int) -> float:
     return float(filt.may_hold(bucket_fingerprints(probes)).mean())
 
 
+@pytest.fixture(params=["memory", "rocks"])
+def backend_kind(request: pytest.FixtureRequest) -> str:
+    """Key filters belong to single-writer backends: a shared index keeps none."""
+    kind: str = request.param
+    return kind
+
+
 def test_every_added_key_is_held_and_the_false_positive_rate_is_as_sized() -> None:
     filt = KeyFilter(0)
     added = random_keys(MIN_CAPACITY // 18, seed=1)  # fills the filter to its capacity

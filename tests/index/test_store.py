@@ -135,6 +135,8 @@ class RecordingBackend:
         self.close = inner.close
         self.epochs = inner.epochs
         self.drop_epoch = inner.drop_epoch
+        self.shared = inner.shared
+        self.exclusive = inner.exclusive
 
     def write(self, puts: Mapping[bytes, bytes]) -> None:
         if self.fail_next:

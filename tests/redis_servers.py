@@ -1,0 +1,129 @@
+"""Real Redis servers for the tests: one node, and a cluster of three masters, on loopback.
+
+Started from the Debian package ``redis-server`` (``.ci/run`` installs it when missing),
+in a temporary directory, on free ports, without persistence. ``REDIS_URL`` and
+``REDIS_CLUSTER_URL`` name servers to use instead.
+"""
+
+from __future__ import annotations
+
+import shutil
+import socket
+import subprocess
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import redis
+
+
+def free_port() -> int:
+    """A loopback port free now whose cluster bus port (+10000) is free too."""
+    while True:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = int(s.getsockname()[1])
+        if port + 10000 > 65535:
+            continue
+        with socket.socket() as bus:
+            try:
+                bus.bind(("127.0.0.1", port + 10000))
+            except OSError:
+                continue
+        return port
+
+
+def redis_server_binary() -> str | None:
+    return shutil.which("redis-server")
+
+
+def _start(directory: Path, port: int, *extra: str) -> subprocess.Popen[bytes]:
+    directory.mkdir(parents=True, exist_ok=True)
+    binary = redis_server_binary()
+    assert binary is not None
+    args = [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", ""]
+    args += ["--appendonly", "no", "--dir", str(directory), *extra]
+    with (directory / "server.log").open("wb") as log:  # the server keeps its own handle
+        return subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT)
+
+
+def _wait_ping(port: int, deadline: float) -> None:
+    client = redis.Redis(port=port, socket_connect_timeout=0.5)
+    try:
+        while True:
+            try:
+                if client.ping():
+                    return
+            except redis.ConnectionError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.05)
+    finally:
+        client.close()
+
+
+def _stop(procs: list[subprocess.Popen[bytes]]) -> None:
+    for proc in procs:
+        proc.terminate()
+    for proc in procs:
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+@contextmanager
+def single_node(directory: Path) -> Iterator[str]:
+    """A Redis server; yields its URL."""
+    port = free_port()
+    proc = _start(directory, port)
+    try:
+        _wait_ping(port, time.monotonic() + 20)
+        yield f"redis://127.0.0.1:{port}/0"
+    finally:
+        _stop([proc])
+
+
+@contextmanager
+def cluster(directory: Path, masters: int = 3) -> Iterator[str]:
+    """A Redis Cluster of ``masters`` masters (no replicas); yields one node's URL."""
+    ports = [free_port() for _ in range(masters)]
+    procs = [
+        _start(
+            directory / str(port),
+            port,
+            "--cluster-enabled",
+            "yes",
+            "--cluster-config-file",
+            "nodes.conf",
+            "--cluster-node-timeout",
+            "5000",
+        )
+        for port in ports
+    ]
+    try:
+        deadline = time.monotonic() + 20
+        for port in ports:
+            _wait_ping(port, deadline)
+        cli = shutil.which("redis-cli")
+        assert cli is not None, "redis-cli comes with redis-server"
+        nodes = [f"127.0.0.1:{p}" for p in ports]
+        subprocess.run(
+            [cli, "--cluster", "create", *nodes, "--cluster-replicas", "0", "--cluster-yes"],
+            check=True,
+            capture_output=True,
+            timeout=60,
+        )
+        client = redis.Redis(port=ports[0])
+        try:
+            while client.cluster("info").get("cluster_state") != "ok":
+                if time.monotonic() > deadline + 40:
+                    raise TimeoutError("the test Redis Cluster did not become ready")
+                time.sleep(0.1)
+        finally:
+            client.close()
+        yield f"redis://127.0.0.1:{ports[0]}/0"
+    finally:
+        _stop(procs)
