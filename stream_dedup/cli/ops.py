@@ -7,6 +7,7 @@ import json
 from dataclasses import asdict, fields
 from typing import IO, Any
 
+from stream_dedup.index.redis_backend import redacted
 from stream_dedup.index.snapshot import restore, snapshot
 from stream_dedup.service.config import ServiceConfig
 from stream_dedup.service.config_loading import load_config
@@ -72,7 +73,10 @@ _SECRET_WORDS = ("password", "secret", "token", "credential", "key.pem", "sasl.j
 
 
 def _masked(key: str, value: object) -> object:
-    """Values of secret-looking keys (passwords, secrets, tokens, private keys) as ``***``."""
+    """Values of secret-looking keys (passwords, secrets, tokens, private keys) as ``***``,
+    and the password inside a URL."""
+    if isinstance(value, str) and "://" in value:
+        return redacted(value)
     return "***" if any(w in key.lower() for w in _SECRET_WORDS) and value else value
 
 
@@ -89,14 +93,21 @@ def _toml_value(value: object) -> str:
 def render_effective(config: ServiceConfig) -> str:
     """The effective configuration as TOML, secrets masked (what ``config check`` prints)."""
     lines: list[str] = []
+
+    def table(title: str, values: dict[str, object]) -> None:
+        lines.append(f"[{title}]")
+        nested = {k: v for k, v in values.items() if isinstance(v, dict)}
+        for key, value in values.items():
+            if key not in nested:
+                name = f'"{key}"' if "." in key else key
+                lines.append(f"{name} = {_toml_value(_masked(key, value))}")
+        lines.append("")
+        for key, value in nested.items():
+            table(f"{title}.{key}", value)
+
     for f in fields(config):
         section = getattr(config, f.name)
-        values = dict(section) if f.name == "kafka" else asdict(section)
-        lines.append(f"[{f.name}]")
-        for key, value in values.items():
-            name = f'"{key}"' if "." in key else key
-            lines.append(f"{name} = {_toml_value(_masked(key, value))}")
-        lines.append("")
+        table(f.name, dict(section) if f.name == "kafka" else asdict(section))
     return "\n".join(lines)
 
 

@@ -449,6 +449,15 @@ class DedupIndex:
         self._intent_pending = True
         self._writes += 1
 
+    def write_offsets(self, offsets: Mapping[tuple[str, int], int]) -> None:
+        """Store the next input offsets alone (one small atomic write): how a shared
+        index records progress once a batch's events are confirmed."""
+        if offsets:
+            self._backend.write(
+                {keys.offset_key(t, p): o.to_bytes(8, "little") for (t, p), o in offsets.items()}
+            )
+            self._writes += 1
+
     def intent(self) -> dict[tuple[str, int], tuple[int, int]] | None:
         """The ranges of a batch announced but never committed, or ``None``."""
         raw = self._backend.get_many([keys.INTENT])[0]

@@ -238,6 +238,47 @@ class Checkpoint:
         self._dedup.index.apply(pending)  # 4. the commit point; clears the intent
         if not producer.commits_offsets:
             self._commit_kafka(offsets)  # 5. offsets to Kafka, for lag tools
+        self._committed(started)
+
+    def store(self, result: BatchResult) -> None:
+        """Shared index, step 1: store the decided batch (records, verdicts, counters; no
+        offsets) in one atomic write, inside the lease it was decided in.
+
+        The order is the reverse of :meth:`commit`'s, because other instances must see
+        the batch's documents before this one lets the lease go. Nothing is lost by it:
+        the offsets are stored only by :meth:`deliver`, after the events are confirmed,
+        and a batch consumed again after a crash between the two finds every document's
+        verdict stored and re-emits identical events (see ``docs/shared-index.md``).
+        """
+        index = self._dedup.index
+        index.apply(self._dedup.prepare(result))
+
+    def deliver(self, records: list[OutRecord], ranges: Ranges, rejected: Rejected) -> None:
+        """Shared index, step 2, outside the lease: produce, confirm every record, then
+        store the next input offsets in the index and commit them to Kafka."""
+        started = time.perf_counter()
+        offsets = {tp: end for tp, (_start, end) in ranges.items()}
+        producer = self._producer
+        producer.begin()
+        for i, rec in enumerate(records):
+            try:
+                producer.produce(rec)
+            except KafkaException as exc:
+                replacement = rejected(i, exc)
+                if replacement is not None:
+                    producer.produce(replacement)
+        producer.deliver(
+            offsets,
+            None,
+            self._settings.flush_timeout_s,
+            (self._settings.backoff_initial_s, self._settings.backoff_max_s),
+            give_up=lambda: not self._keep_waiting(),
+        )
+        self._dedup.index.write_offsets(offsets)
+        self._commit_kafka(offsets)
+        self._committed(started)
+
+    def _committed(self, started: float) -> None:
         self._metrics.commits.inc()
         self._metrics.last_commit.set_to_current_time()
         self._metrics.commit_duration.observe(time.perf_counter() - started)

@@ -78,8 +78,36 @@ class OutputConfig:
 
 
 @dataclass(frozen=True, slots=True)
+class RedisConfig:
+    """The shared index on Redis (``index.backend = "redis"``): one node or a Redis
+    Cluster, recognised from the server. ``url`` is ``redis://host:port/db`` or
+    ``rediss://`` for TLS (``tls_ca_file``: the CA to trust, default the system's);
+    ``password`` may also be in the URL. ``namespace`` prefixes every key, so several
+    indexes can share one Redis. ``lock_ttl_ms`` is how long an instance killed while
+    holding the index's lease blocks the others: longer than deciding and storing one
+    batch takes."""
+
+    url: str = "redis://localhost:6379/0"
+    password: str = ""
+    namespace: str = "stream-dedup"
+    tls_ca_file: str = ""
+    lock_ttl_ms: int = 10_000
+
+    def __post_init__(self) -> None:
+        if not re.fullmatch(r"(redis|rediss|unix)://.+", self.url):
+            raise ConfigError("url", "use redis://host:port/db, or rediss:// for TLS")
+        if not re.fullmatch(r"[A-Za-z0-9_.-]{1,64}", self.namespace):
+            raise ConfigError("namespace", "use 1 to 64 of A-Z a-z 0-9 _ . -")
+        if self.lock_ttl_ms < 100:
+            raise ConfigError("lock_ttl_ms", "must be at least 100")
+
+
+@dataclass(frozen=True, slots=True)
 class IndexConfig:
-    """Where the RocksDB index lives; ``sync`` fsyncs every commit (survives power loss).
+    """Where the index lives. ``backend = "rocksdb"`` (default): a directory, ``path``,
+    owned by one instance; ``sync`` fsyncs every commit (survives power loss).
+    ``backend = "redis"``: Redis (``[index.redis]``), shared by every instance of the
+    consumer group (see ``docs/shared-index.md``).
 
     ``retention`` (a duration: ``"30d"``, ``"12h"``; ``"none"``) and ``max_documents``
     (0: no limit) bound what the index holds, on the documents' time (see
@@ -87,10 +115,12 @@ class IndexConfig:
     needs no re-indexing.
     """
 
+    backend: typing.Literal["rocksdb", "redis"] = "rocksdb"
     path: str = "data/index"
     sync: bool = False
     retention: str = "none"
     max_documents: int = 0
+    redis: RedisConfig = field(default_factory=RedisConfig)
 
     def __post_init__(self) -> None:
         if not self.path:
@@ -225,6 +255,14 @@ class ServiceConfig:
     @property
     def dlq_topic(self) -> str:
         return self.output.dlq_topic or f"{self.input.topics[0]}.dlq"
+
+    def __post_init__(self) -> None:
+        if self.exactly_once and self.index.backend == "redis":
+            raise ConfigError(
+                "service.delivery",
+                '"exactly-once" is not available with index.backend = "redis": '
+                'use "at-least-once" (replayed events are identical)',
+            )
 
     @property
     def exactly_once(self) -> bool:

@@ -246,13 +246,35 @@ def _merge(
                 )
             if not isinstance(values, dict):
                 raise ConfigError(section, "must be a table of settings")
-            merged.setdefault(section, {}).update(values)
+            _deep_update(merged.setdefault(section, {}), values)
             for key in values:
                 if text:
                     from_text.add((section, key))
                 else:
                     from_text.discard((section, key))
     return merged, from_text
+
+
+def _deep_update(into: dict[str, Any], values: Mapping[str, Any]) -> None:
+    """``into.update(values)``, merging nested tables (``[index.redis]``) key by key."""
+    for key, value in values.items():
+        old = into.get(key)
+        if isinstance(old, dict) and isinstance(value, Mapping):
+            old = dict(old)
+            _deep_update(old, value)
+            into[key] = old
+        else:
+            into[key] = dict(value) if isinstance(value, Mapping) else value
+
+
+def _nest(table: dict[str, Any], path: list[str], value: str) -> None:
+    """Set ``table[path[0]][path[1]]... = value``: a setting of a nested table."""
+    for part in path[:-1]:
+        inner = table.setdefault(part, {})
+        if not isinstance(inner, dict):
+            raise ConfigError(".".join(path), f"{part} is a setting, not a table")
+        table = inner
+    table[path[-1]] = value
 
 
 def read_file(path: str | Path) -> dict[str, dict[str, Any]]:
@@ -282,8 +304,9 @@ def read_env(environ: Mapping[str, str]) -> TextLayer:
         section, key = rest.split("__", 1)
         section, key = section.lower(), key.lower()
         if section == "kafka":
-            key = key.replace("_", ".")
-        out.setdefault(section, {})[key] = value
+            out.setdefault(section, {})[key.replace("_", ".")] = value
+        else:  # STREAM_DEDUP_INDEX__REDIS__URL: a key of the nested table [index.redis]
+            _nest(out.setdefault(section, {}), key.split("__"), value)
     return out
 
 
@@ -295,7 +318,10 @@ def parse_assignments(items: list[str]) -> TextLayer:
         section, dot, key = name.strip().partition(".")
         if not sep or not dot or not key:
             raise ConfigError(item, "use --set section.key=value, e.g. --set batch.max_wait_ms=50")
-        out.setdefault(section, {})[key] = value
+        if section == "kafka":
+            out.setdefault(section, {})[key] = value
+        else:  # --set index.redis.url=...: a key of the nested table [index.redis]
+            _nest(out.setdefault(section, {}), key.split("."), value)
     return out
 
 

@@ -36,6 +36,7 @@ from stream_dedup.core.sketch import Sketch
 from stream_dedup.dedup import Deduplicator
 from stream_dedup.index import DedupIndex, open_index
 from stream_dedup.index.params import IndexParams
+from stream_dedup.index.redis_backend import RedisBackend
 from stream_dedup.logs import fields
 from stream_dedup.service import gc_tuning
 from stream_dedup.service.batches import Batcher
@@ -45,7 +46,7 @@ from stream_dedup.service.checkpoint import (
     batch_ranges,
     kafka_commit_reporter,
 )
-from stream_dedup.service.config import ServiceConfig
+from stream_dedup.service.config import IndexConfig, ServiceConfig
 from stream_dedup.service.decide import Decider
 from stream_dedup.service.http import HttpEndpoints
 from stream_dedup.service.inputs import Decoded, InputDecoder, MessageBatch
@@ -63,6 +64,22 @@ log = logging.getLogger("stream_dedup.service")
 _FILTER_LOG_EVERY = 5_000_000
 
 DeduplicatorFactory = Callable[[DedupIndex, ServiceConfig], Deduplicator]
+
+
+def open_configured_index(settings: IndexConfig, params: IndexParams) -> DedupIndex:
+    """The index the ``[index]`` settings name: a RocksDB directory this instance owns, or
+    the Redis index every instance of the group shares."""
+    if settings.backend == "redis":
+        r = settings.redis
+        backend = RedisBackend(
+            r.url,
+            namespace=r.namespace,
+            password=r.password or None,
+            tls_ca_file=r.tls_ca_file or None,
+            lock_ttl_ms=r.lock_ttl_ms,
+        )
+        return DedupIndex(backend, params, settings.policy())
+    return open_index(settings.path, params, sync=settings.sync, retention=settings.policy())
 
 
 def default_deduplicator(index: DedupIndex, config: ServiceConfig) -> Deduplicator:
@@ -86,12 +103,7 @@ class Service:
         self.registry = registry if registry is not None else CollectorRegistry()
         self.metrics = Metrics(self.registry)
         dedup_config = config.dedup
-        self.index = open_index(
-            config.index.path,
-            IndexParams.of(dedup_config),
-            sync=config.index.sync,
-            retention=config.index.policy(),
-        )
+        self.index = open_configured_index(config.index, IndexParams.of(dedup_config))
         self.dedup = deduplicator(self.index, config)
         self.metrics.index_source = lambda: (self.index.stats(), self.index.filter_bytes())
         self._time_of = RecordTime(config.input.time_field)
@@ -360,15 +372,25 @@ class Service:
         batch = decoded.batch
         self.metrics.consumed.inc(len(batch))
         self.metrics.batch_size.observe(len(batch))
-        out = self._outputs.build(decoded, sketched)
-        replaying = self._batches.intent is not None
-        self._checkpoint.commit(
-            out.records,
-            out.result,
-            batch_ranges(batch),
-            out.rejected,
-            delivered=replaying and self._intent_delivered,
-        )
+        if self.index.shared:
+            # Deciding and storing take the shared index's lease; delivery does not.
+            waited = time.perf_counter()
+            with self.index.exclusive():
+                self.metrics.lease_wait.observe(time.perf_counter() - waited)
+                out = self._outputs.build(decoded, sketched)
+                self._checkpoint.store(out.result)
+            self._checkpoint.deliver(out.records, batch_ranges(batch), out.rejected)
+            replaying = False
+        else:
+            out = self._outputs.build(decoded, sketched)
+            replaying = self._batches.intent is not None
+            self._checkpoint.commit(
+                out.records,
+                out.result,
+                batch_ranges(batch),
+                out.rejected,
+                delivered=replaying and self._intent_delivered,
+            )
         if replaying:  # the announced batch is stored: batch normally
             self._batches.intent = None
             self._intent_delivered = False

@@ -1,0 +1,141 @@
+"""A shared index on real Redis servers: instances racing, the lease, crash recovery."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+
+import pytest
+import redis
+
+from stream_dedup.core.config import DedupConfig
+from stream_dedup.dedup import Deduplicator
+from stream_dedup.errors import IndexUnreachableError
+from stream_dedup.index import DedupIndex, keys
+from stream_dedup.index.params import IndexParams
+from stream_dedup.index.redis_backend import RedisBackend
+from stream_dedup.models import Document
+from tests.conftest import fresh_namespace
+
+from .test_dedup import article
+
+
+@pytest.fixture(params=["redis", "redis-cluster"])
+def backend_kind(request: pytest.FixtureRequest) -> str:
+    kind: str = request.param
+    return kind
+
+
+@pytest.fixture
+def shared(redis_backend_url: str) -> Callable[[], Deduplicator]:
+    """``make()``: one more instance (its own connection and index object) on one index."""
+    namespace = fresh_namespace()
+    config = DedupConfig()
+
+    def make() -> Deduplicator:
+        backend = RedisBackend(redis_backend_url, namespace=namespace, lock_ttl_ms=2000)
+        return Deduplicator(DedupIndex(backend, IndexParams.of(config)), config)
+
+    return make
+
+
+def decide_and_store(dedup: Deduplicator, docs: list[Document]) -> dict[str, str | None]:
+    """What the service does with a batch of a shared index: decide and store in one lease."""
+    with dedup.index.exclusive():
+        result = dedup.decide(docs)
+        dedup.index.apply(dedup.prepare(result))
+    return {v.id: v.duplicate_of for v in result.verdicts}
+
+
+def test_copies_racing_at_two_instances_make_exactly_one_unique(
+    shared: Callable[[], Deduplicator],
+) -> None:
+    """Each round, two instances get the two copies of a story at the same moment (a
+    barrier releases both): one copy must be unique and the other its duplicate."""
+    first, second = shared(), shared()
+    rounds = 40
+    barrier = threading.Barrier(2)
+    verdicts: dict[str, str | None] = {}
+
+    def run(dedup: Deduplicator, name: str) -> None:
+        for r in range(rounds):
+            story = article(1000 + r)
+            text = story if name == "a" else story.replace(" ", "  ", 3) + " (wire)"
+            barrier.wait(timeout=30)
+            verdicts.update(decide_and_store(dedup, [Document(f"{name}{r}", text)]))
+
+    threads = [threading.Thread(target=run, args=(d, n)) for d, n in ((first, "a"), (second, "b"))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    assert len(verdicts) == 2 * rounds
+    for r in range(rounds):
+        pair = {f"a{r}", f"b{r}"}
+        uniques = [i for i in pair if verdicts[i] is None]
+        assert len(uniques) == 1, (r, {i: verdicts[i] for i in pair})
+        (copy,) = pair - set(uniques)
+        assert verdicts[copy] == uniques[0]
+    with first.index.exclusive():  # counters are re-read inside a lease
+        assert first.index.counter("documents") == 2 * rounds
+
+
+def test_an_instance_finds_what_another_decided(shared: Callable[[], Deduplicator]) -> None:
+    first, second = shared(), shared()
+    originals = [Document(f"o{i}", article(i)) for i in range(30)]
+    copies = [Document(f"c{i}", article(i) + " update") for i in range(30)]
+    assert set(decide_and_store(first, originals).values()) == {None}
+    assert decide_and_store(second, copies) == {f"c{i}": f"o{i}" for i in range(30)}
+    # The first instance sees the second's documents and counters too.
+    assert decide_and_store(first, [Document("again", article(3) + " again")]) == {"again": "o3"}
+    assert first.index.counter("documents") == 61
+
+
+def test_a_write_cut_short_is_finished_by_the_next_lease(
+    shared: Callable[[], Deduplicator], redis_backend_url: str
+) -> None:
+    """A crash between the redo record and the end of a write: the next instance applies
+    the whole write before it reads anything."""
+    first = shared()
+    decide_and_store(first, [Document(f"o{i}", article(i)) for i in range(10)])
+    backend = first.index._backend
+    assert isinstance(backend, RedisBackend)
+    with first.index.exclusive():
+        result = first.decide([Document(f"c{i}", article(i) + " copy") for i in range(10)])
+        pending = first.prepare(result)
+        # A kill after the redo record, before any record: the record stays, nothing else.
+        backend._client.set(backend._redo, pending.write.redo)
+        assert backend.get_many([keys.verdict_key("c0")]) == [None]
+    second = shared()  # opening takes the lease, which applies the redo record
+    assert second.index.counter("documents") == 20
+    assert decide_and_store(second, [Document("c3", "replayed id")]) == {"c3": "o3"}
+
+
+def test_a_lease_lost_to_another_instance_stores_nothing(
+    shared: Callable[[], Deduplicator],
+) -> None:
+    first, second = shared(), shared()
+    backend = first.index._backend
+    assert isinstance(backend, RedisBackend)
+    with first.index.exclusive():
+        result = first.decide([Document("late", article(7))])
+        pending = first.prepare(result)
+        backend._client.delete(backend._lock)  # the lease expired while paused
+        with second.index.exclusive():
+            with pytest.raises(IndexUnreachableError, match="LEASE lost"):
+                first.index.apply(pending)
+    assert second.index.read([keys.verdict_key("late")]) == [None]
+
+
+def test_a_wrong_password_is_a_clear_error(redis_url: str) -> None:
+    client = redis.Redis.from_url(redis_url)
+    try:
+        client.execute_command("ACL", "SETUSER", "dedup-test", "on", ">secret", "~*", "+@all")
+        url = redis_url.replace("redis://", "redis://dedup-test:wrong@")
+        with pytest.raises(IndexUnreachableError, match=r"dedup-test:\*\*\*@.*index.redis.url"):
+            RedisBackend(url, namespace=fresh_namespace())
+        ok = RedisBackend(redis_url.replace("redis://", "redis://dedup-test:secret@"))
+        ok.close()
+    finally:
+        client.execute_command("ACL", "DELUSER", "dedup-test")
+        client.close()
