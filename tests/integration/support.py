@@ -237,7 +237,8 @@ def scrape(port: int, name: str) -> float | None:
 
 
 def write_toml(path: Path, config: dict[str, dict[str, Any]]) -> Path:
-    """A minimal TOML writer for test configs (strings, numbers, bools, string lists)."""
+    """A minimal TOML writer for test configs (strings, numbers, bools, string lists,
+    nested tables)."""
 
     def value(v: Any) -> str:
         if isinstance(v, bool):
@@ -248,12 +249,20 @@ def write_toml(path: Path, config: dict[str, dict[str, Any]]) -> Path:
             return "[" + ", ".join(value(x) for x in v) + "]"
         return json.dumps(str(v))
 
-    lines = []
-    for section, values in config.items():
-        lines.append(f"[{section}]")
+    lines: list[str] = []
+
+    def table(title: str, values: dict[str, Any]) -> None:
+        lines.append(f"[{title}]")
         for key, v in values.items():
-            lines.append(f"{json.dumps(key) if '.' in key else key} = {value(v)}")
+            if not isinstance(v, dict):
+                lines.append(f"{json.dumps(key) if '.' in key else key} = {value(v)}")
         lines.append("")
+        for key, v in values.items():
+            if isinstance(v, dict):  # a nested table: [index.redis]
+                table(f"{title}.{key}", v)
+
+    for section, values in config.items():
+        table(section, values)
     path.write_text("\n".join(lines), encoding="utf-8")
     return path
 
