@@ -121,9 +121,8 @@ def test_a_lease_lost_to_another_instance_stores_nothing(
         result = first.decide([Document("late", article(7))])
         pending = first.prepare(result)
         backend._client.delete(backend._lock)  # the lease expired while paused
-        with second.index.exclusive():
-            with pytest.raises(IndexUnreachableError, match="LEASE lost"):
-                first.index.apply(pending)
+        with second.index.exclusive(), pytest.raises(IndexUnreachableError, match="LEASE lost"):
+            first.index.apply(pending)
     assert second.index.read([keys.verdict_key("late")]) == [None]
 
 
