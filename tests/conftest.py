@@ -14,7 +14,7 @@ import pytest
 
 from stream_dedup.index import Backend, DedupIndex, IndexParams, MemoryBackend, RocksBackend
 from stream_dedup.index.redis_backend import RedisBackend
-from tests import redis_servers
+from stream_dedup.tools import redis_local
 from tests.corpus import kijiji_contents
 
 BackendFactory = Callable[[], Backend]
@@ -35,7 +35,7 @@ def _redis(
     if given:
         yield given
         return
-    if redis_servers.redis_server_binary() is None:
+    if redis_local.redis_server_binary() is None:
         pytest.skip("redis-server is not installed (apt-get install redis-server)")
     with start(tmp_path_factory.mktemp(env.lower())) as url:
         yield url
@@ -44,13 +44,13 @@ def _redis(
 @pytest.fixture(scope="session")
 def redis_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """A real single-node Redis on loopback (or ``REDIS_URL``)."""
-    yield from _redis(tmp_path_factory, "REDIS_URL", redis_servers.single_node)
+    yield from _redis(tmp_path_factory, "REDIS_URL", redis_local.single_node)
 
 
 @pytest.fixture(scope="session")
 def redis_cluster_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """A real three-master Redis Cluster on loopback (or ``REDIS_CLUSTER_URL``)."""
-    yield from _redis(tmp_path_factory, "REDIS_CLUSTER_URL", redis_servers.cluster)
+    yield from _redis(tmp_path_factory, "REDIS_CLUSTER_URL", redis_local.cluster)
 
 
 _namespaces = itertools.count()

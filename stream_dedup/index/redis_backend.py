@@ -1,26 +1,31 @@
 """The index on Redis (one node or a Redis Cluster), shared by many service instances.
 
 The :class:`~stream_dedup.index.backend.Backend` contract over Redis, plus what sharing
-needs (see ``docs/shared-index.md``):
+needs (the protocol is in ``docs/shared-index.md``):
 
 * **Where keys live.** The index's own keys (parameters, counters, offsets, the epoch
-  table) share one hash slot, ``{<namespace>}:<key>``, so a write of several of them is one
-  atomic ``MSET``. The records of documents (:data:`~stream_dedup.index.keys.SCOPED`) are
-  spread over 256 slots, ``<namespace>:<epoch>:{<tag>}<key>`` with ``tag`` a byte of the
-  key's CRC-32, so a cluster shares them out while a batch still reads and writes them in
-  256 multi-key commands (pipelined, one round trip per node) rather than one per key.
+  table) are plain keys in one hash slot, ``{<namespace>}:<key>``, so a write of several
+  of them is one atomic ``MSET``. The records of documents
+  (:data:`~stream_dedup.index.keys.SCOPED`) are fields of 256 hashes per epoch,
+  ``<namespace>:<epoch>:{<tag>}``, the tag being a byte of the key that is already
+  uniform (the last byte of a band hash, digest or docnum; the CRC-32 of an id). A
+  cluster shares the 256 hashes out over its shards, a batch reads and writes them in
+  256 pipelined ``HMGET``/``HSET`` commands rather than one command per key, and an
+  expired epoch goes by unlinking its 256 hashes (Redis frees them in the background).
 * **Atomic writes across slots** (a redo record). Redis Cluster has no transaction
-  across slots, so :meth:`RedisBackend.apply` first stores the whole write as one value
-  in the own slot (``!redo``), then applies it, then deletes it. Every value written is
-  the key's full new value, so applying a write twice is the same as once: whoever next
-  takes the lease (or opens the index) finds a redo record left by a crash and applies it
-  before reading anything. After a crash a write is therefore all visible or, once
-  recovered, all visible: never half.
+  across slots, so :meth:`RedisBackend.apply` first stores the write as one value in
+  the own slot (``!redo``), then applies it, then deletes it. Every value written is the
+  field's full new value, so applying a write twice is the same as once: whoever next
+  takes the lease (or opens the index) finds a redo record left by a crash and applies
+  it before reading anything. The document records (``d``, most of a write's bytes) are
+  written just before the redo record instead of inside it: until the redo record
+  exists nothing names their docnums, and a crash leaves them to be overwritten by the
+  next batch given those docnums.
 * **The lease** (:meth:`RedisBackend.exclusive`). Instances decide and store one batch at
-  a time: ``SET !lock <token> NX PX <ttl>``. The redo record is written by a script that
-  first checks the token (and extends the lease), so an instance whose lease expired
-  (paused past ``lock_ttl_ms``) cannot start a write over a newer holder's. A killed
-  holder's lease expires after ``lock_ttl_ms``.
+  a time: ``SET !lock <token> NX PX <ttl>``. Each write is preceded by a script that
+  checks the token and extends the lease, so an instance whose lease expired (paused
+  past ``lock_ttl_ms``) does not start a write over a newer holder's. A killed holder's
+  lease expires after ``lock_ttl_ms``.
 """
 
 from __future__ import annotations
@@ -47,20 +52,25 @@ __all__ = ["DEFAULT_NAMESPACE", "RedisBackend", "redacted"]
 
 DEFAULT_NAMESPACE = "stream-dedup"
 _NAMESPACE = re.compile(r"[A-Za-z0-9_.-]{1,64}")
-#: Hash tags of the records' 256 slots.
+#: Hash tags of the records' 256 hashes.
 _TAGS = [b"{%02x}" % i for i in range(256)]
-#: Keys per MGET / MSET command: long enough to amortise a command, short enough not to
+_VERDICT = ord("v")
+_DOC = ord("d")
+#: Fields per HMGET / HSET command: long enough to amortise a command, short enough not to
 #: stall a Redis node (single-threaded) for other clients.
 _CHUNK = 1000
 _GLOB = re.compile(rb"([*?\[\]\\])")
 
-#: Stores the redo record only while ``token`` still holds the lease, and extends it.
-_FENCED_REDO = """
+#: Goes on only while ``token`` holds the lease, and extends it; stores the redo record
+#: when one is given.
+_FENCED = """
 if redis.call('GET', KEYS[1]) ~= ARGV[1] then
   return redis.error_reply('LEASE lost: another instance holds the index')
 end
-redis.call('PEXPIRE', KEYS[1], ARGV[3])
-redis.call('SET', KEYS[2], ARGV[2])
+redis.call('PEXPIRE', KEYS[1], ARGV[2])
+if ARGV[3] ~= '' then
+  redis.call('SET', KEYS[2], ARGV[3])
+end
 return 1
 """
 #: Releases the lease only if ``token`` holds it.
@@ -72,11 +82,17 @@ return 0
 """
 
 
+#: Fields (or own keys) and their values, or positions, by container: a record hash's
+#: Redis key, or ``b""`` for the own keys.
+Groups = dict[bytes, tuple[list[bytes], list[Any]]]
+
+
 class _Write(NamedTuple):
-    """A prepared write: Redis keys and values by hash slot group, and the redo record."""
+    """A prepared write: the document records, the rest, and the rest's redo record."""
 
     epoch: int
-    groups: dict[bytes, tuple[list[bytes], list[bytes]]]
+    docs: Groups
+    rest: Groups
     redo: bytes
 
 
@@ -90,25 +106,44 @@ def redacted(url: str) -> str:
     return urlunsplit(parts._replace(netloc=user + netloc))
 
 
-def _encode_redo(epoch: int, keys: list[bytes], values: list[bytes]) -> bytes:
-    """One value holding a write: epoch, count, key and value lengths, keys, values."""
-    klen = np.fromiter(map(len, keys), dtype="<u4", count=len(keys))
-    vlen = np.fromiter(map(len, values), dtype="<u4", count=len(values))
-    head = np.array([epoch, len(keys)], dtype="<u8").tobytes()
-    return b"".join((head, klen.tobytes(), vlen.tobytes(), b"".join(keys), b"".join(values)))
+def _encode_redo(epoch: int, groups: Groups) -> bytes:
+    """One value holding a write: epoch, counts, containers with their number of fields,
+    then every field's and value's length, then the bytes."""
+    names = list(groups)
+    fields = [f for g in groups.values() for f in g[0]]
+    values = [v for g in groups.values() for v in g[1]]
+    parts = [names, fields, values]
+    counts = np.array([epoch, len(names), len(fields)], dtype="<u8")
+    sizes = np.array([len(g[0]) for g in groups.values()], dtype="<u4")
+    lengths = [np.fromiter(map(len, p), dtype="<u4", count=len(p)) for p in parts]
+    return b"".join(
+        [counts.tobytes(), sizes.tobytes(), *(x.tobytes() for x in lengths)]
+        + [b"".join(p) for p in parts]
+    )
 
 
-def _decode_redo(blob: bytes) -> tuple[int, list[bytes], list[bytes]]:
-    epoch, n = (int(x) for x in np.frombuffer(blob, dtype="<u8", count=2))
-    klen = np.frombuffer(blob, dtype="<u4", count=n, offset=16).astype(np.int64)
-    vlen = np.frombuffer(blob, dtype="<u4", count=n, offset=16 + 4 * n).astype(np.int64)
-    at = 16 + 8 * n
-    kend = at + np.cumsum(klen)
-    vend = int(kend[-1]) + np.cumsum(vlen) if n else kend
-    kstart, vstart = (kend - klen).tolist(), (vend - vlen).tolist()
-    keys = [blob[a:b] for a, b in zip(kstart, kend.tolist(), strict=True)]
-    values = [blob[a:b] for a, b in zip(vstart, vend.tolist(), strict=True)]
-    return epoch, keys, values
+def _decode_redo(blob: bytes) -> tuple[int, Groups]:
+    epoch, n_names, n = (int(x) for x in np.frombuffer(blob, dtype="<u8", count=3))
+    at = 24
+    sizes = np.frombuffer(blob, dtype="<u4", count=n_names, offset=at).tolist()
+    at += 4 * n_names
+    lengths = []
+    for count in (n_names, n, n):
+        lengths.append(np.frombuffer(blob, dtype="<u4", count=count, offset=at).astype(np.int64))
+        at += 4 * count
+    parts: list[list[bytes]] = []
+    for length in lengths:
+        end = at + np.cumsum(length)
+        start = end - length
+        parts.append([blob[a:b] for a, b in zip(start.tolist(), end.tolist(), strict=True)])
+        at = int(end[-1]) if length.size else at
+    names, fields, values = parts
+    groups: Groups = {}
+    first = 0
+    for name, size in zip(names, sizes, strict=True):
+        groups[name] = (fields[first : first + size], values[first : first + size])
+        first += size
+    return epoch, groups
 
 
 class RedisBackend:
@@ -146,7 +181,7 @@ class RedisBackend:
         self._lock_ttl_ms = lock_ttl_ms
         self._token: bytes | None = None
         self._writes = 0
-        self._fenced_redo = self._client.register_script(_FENCED_REDO)
+        self._fenced = self._client.register_script(_FENCED)
         self._release = self._client.register_script(_RELEASE)
         with self.exclusive():  # finishes a write a crash left half done
             pass
@@ -177,25 +212,34 @@ class RedisBackend:
 
     # -- keys ---------------------------------------------------------------------------
 
-    def _grouped(
-        self, keys: Sequence[bytes], values: Sequence[bytes] | None, epoch: int
-    ) -> dict[bytes, tuple[list[bytes], list[Any]]]:
-        """Redis keys (and their values, or their positions) by slot group (``b""``: the
-        own slot). A record goes to ``epoch``; an own key ignores it."""
-        groups: dict[bytes, tuple[list[bytes], list[Any]]] = {}
+    def _hash(self, epoch: int, tag: int) -> bytes:
+        return self._records + b"%d:" % epoch + _TAGS[tag]
+
+    def _grouped(self, keys: Sequence[bytes], values: Sequence[Any] | None, epoch: int) -> Groups:
+        """Fields (and their values, or positions) by container: records to the hash of
+        ``epoch`` their tag names, own keys (container ``b""``) as they are."""
+        by_tag: dict[int, tuple[list[bytes], list[Any]]] = {}
         second: Sequence[Any] = range(len(keys)) if values is None else values
-        records, own, tags, crc = self._records + b"%d:" % epoch, self._own, _TAGS, zlib.crc32
+        scoped, crc = SCOPED, zlib.crc32
         for key, other in zip(keys, second, strict=True):
-            if key[0] in SCOPED:
-                group = tags[crc(key) & 255]
-                rkey = records + group + key
+            first = key[0]
+            if first not in scoped:
+                tag = -1
+            elif first == _VERDICT:
+                tag = crc(key) & 255  # ids are not uniform; the others end in a hash byte
             else:
-                group, rkey = b"", own + key
-            entry = groups.get(group)
+                tag = key[-1]
+            entry = by_tag.get(tag)
             if entry is None:
-                entry = groups[group] = ([], [])
-            entry[0].append(rkey)
+                entry = by_tag[tag] = ([], [])
+            entry[0].append(key)
             entry[1].append(other)
+        groups: Groups = {}
+        for tag, entry in by_tag.items():
+            if tag < 0:
+                groups[b""] = ([self._own + k for k in entry[0]], entry[1])
+            else:
+                groups[self._hash(epoch, tag)] = entry
         return groups
 
     # -- reads --------------------------------------------------------------------------
@@ -205,14 +249,17 @@ class RedisBackend:
             return []
         if epoch and any(key[0] not in SCOPED for key in keys):
             raise ValueError("only keys that belong to an epoch are read from one")
-        groups = self._grouped(keys, None, epoch)
         out: list[bytes | None] = [None] * len(keys)
         places: list[list[int]] = []
         with self._failing("reading"):
             pipe = self._client.pipeline(transaction=False)
-            for rkeys, positions in groups.values():
-                for start in range(0, len(rkeys), _CHUNK):
-                    pipe.execute_command("MGET", *rkeys[start : start + _CHUNK])
+            for name, (fields, positions) in self._grouped(keys, None, epoch).items():
+                for start in range(0, len(fields), _CHUNK):
+                    part = fields[start : start + _CHUNK]
+                    if name:
+                        pipe.execute_command("HMGET", name, *part)
+                    else:
+                        pipe.execute_command("MGET", *part)
                     places.append(positions[start : start + _CHUNK])
             for where, found in zip(places, pipe.execute(), strict=True):
                 for i, value in zip(where, found, strict=True):
@@ -229,26 +276,23 @@ class RedisBackend:
                     yield key, value
 
     def scan_keys(self, prefix: bytes, epoch: int = 0) -> Iterator[bytes]:
-        """Keys by ``SCAN`` (every node of a cluster), then sorted: a whole-keyspace walk,
-        for start-up and maintenance, never on a batch's path."""
-        escaped = _GLOB.sub(rb"\\\1", prefix)
-        patterns: list[tuple[bytes, int]] = [
-            (self._records + b"%d:{??}" % epoch + escaped + b"*", len(self._records) + 1)
-        ]
-        if epoch == 0:
-            patterns.append((self._own + escaped + b"*", 0))
+        """Keys by ``HSCAN`` of the epoch's hashes (and ``SCAN`` of the own keys), then
+        sorted: a walk of the whole epoch, for start-up and maintenance, never on a
+        batch's path."""
+        pattern = _GLOB.sub(rb"\\\1", prefix) + b"*"
         found: list[bytes] = []
         with self._failing("scanning"):
-            for pattern, _ in patterns:
-                for rkey in self._client.scan_iter(match=pattern, count=5000):
-                    found.append(self._index_key(rkey))
+            for tag in range(256):
+                name = self._hash(epoch, tag)
+                found.extend(f for f, _ in self._client.hscan_iter(name, match=pattern, count=5000))
+            if epoch == 0:
+                cut = len(self._own)
+                found.extend(
+                    rkey[cut:]
+                    for rkey in self._client.scan_iter(match=self._own + pattern, count=5000)
+                )
         found.sort()
         yield from found
-
-    def _index_key(self, rkey: bytes) -> bytes:
-        if rkey.startswith(self._own):
-            return rkey[len(self._own) :]
-        return rkey[rkey.index(b"}") + 1 :]  # <namespace>:<epoch>:{tag}<key>
 
     def epochs(self) -> list[int]:
         with self._failing("reading the epochs"):
@@ -272,41 +316,50 @@ class RedisBackend:
         ordered: OrderedPuts = NO_ORDERED_PUTS,
         epoch: int = 0,
     ) -> _Write:
-        keys = [*puts, *ordered.keys]
-        values = [*puts.values(), *ordered.values]
-        groups = self._grouped(keys, values, epoch)
-        rkeys = [k for g in groups.values() for k in g[0]]
-        rvalues = [v for g in groups.values() for v in g[1]]
-        return _Write(epoch, groups, _encode_redo(epoch, rkeys, rvalues))
+        docs = {k: v for k, v in puts.items() if k[0] == _DOC}
+        rest = [k for k in puts if k[0] != _DOC]
+        groups = self._grouped(
+            [*rest, *ordered.keys], [*(puts[k] for k in rest), *ordered.values], epoch
+        )
+        return _Write(
+            epoch,
+            self._grouped(list(docs), list(docs.values()), epoch),
+            groups,
+            _encode_redo(epoch, groups),
+        )
 
     def apply(self, prepared: _Write) -> None:
         with self._failing("writing"):
             if self._token is not None:
-                self._fenced_redo(
+                self._fenced(
+                    keys=[self._lock, self._redo], args=[self._token, self._lock_ttl_ms, b""]
+                )
+            self._put(prepared.epoch, prepared.docs)  # nothing names them before the redo
+            if self._token is not None:
+                self._fenced(
                     keys=[self._lock, self._redo],
-                    args=[self._token, prepared.redo, self._lock_ttl_ms],
+                    args=[self._token, self._lock_ttl_ms, prepared.redo],
                 )
             else:
                 self._client.set(self._redo, prepared.redo)
-            self._put(prepared.epoch, prepared.groups)
+            self._put(prepared.epoch, prepared.rest)
             self._client.delete(self._redo)
         self._writes += 1
 
-    def _put(self, epoch: int, groups: Mapping[bytes, tuple[list[bytes], list[bytes]]]) -> None:
+    def _put(self, epoch: int, groups: Groups) -> None:
         pipe = self._client.pipeline(transaction=False)
         if epoch:
             pipe.sadd(self._epoch_set, epoch)
-        for rkeys, values in groups.values():
-            for start in range(0, len(rkeys), _CHUNK):
+        for name, (fields, values) in groups.items():
+            for start in range(0, len(fields), _CHUNK):
                 end = start + _CHUNK
-                pipe.execute_command(
-                    "MSET",
-                    *[
-                        x
-                        for kv in zip(rkeys[start:end], values[start:end], strict=True)
-                        for x in kv
-                    ],
-                )
+                pairs = [
+                    x for kv in zip(fields[start:end], values[start:end], strict=True) for x in kv
+                ]
+                if name:
+                    pipe.execute_command("HSET", name, *pairs)
+                else:
+                    pipe.execute_command("MSET", *pairs)
         pipe.execute()
 
     def _recover(self) -> None:
@@ -315,30 +368,17 @@ class RedisBackend:
             blob = self._client.get(self._redo)
             if not isinstance(blob, bytes):
                 return
-            epoch, rkeys, values = _decode_redo(blob)
-            groups: dict[bytes, tuple[list[bytes], list[bytes]]] = {}
-            for rkey, value in zip(rkeys, values, strict=True):
-                group = b"" if rkey.startswith(self._own) else rkey[rkey.index(b"{") :][:4]
-                entry = groups.setdefault(group, ([], []))
-                entry[0].append(rkey)
-                entry[1].append(value)
+            epoch, groups = _decode_redo(blob)
             self._put(epoch, groups)
             self._client.delete(self._redo)
 
     def drop_epoch(self, epoch: int) -> None:
-        """Delete the records of ``epoch``: a ``SCAN`` of the keyspace and ``UNLINK`` in
-        batches (Redis has no range delete), done after the commit that let it go."""
-        pattern = self._records + b"%d:{??}*" % epoch
+        """Delete the records of ``epoch``: its 256 hashes, unlinked (Redis frees them in
+        the background)."""
         with self._failing("dropping an epoch"):
-            batch: dict[bytes, list[bytes]] = {}
             pipe = self._client.pipeline(transaction=False)
-            for rkey in self._client.scan_iter(match=pattern, count=5000):
-                group = rkey[rkey.index(b"{") :][:4]
-                batch.setdefault(group, []).append(rkey)
-                if len(batch[group]) >= _CHUNK:
-                    pipe.execute_command("UNLINK", *batch.pop(group))
-            for rkeys in batch.values():
-                pipe.execute_command("UNLINK", *rkeys)
+            for tag in range(256):
+                pipe.unlink(self._hash(epoch, tag))
             if epoch:
                 pipe.srem(self._epoch_set, epoch)
             pipe.execute()

@@ -376,9 +376,11 @@ class Service:
             # Deciding and storing take the shared index's lease; delivery does not.
             waited = time.perf_counter()
             with self.index.exclusive():
-                self.metrics.lease_wait.observe(time.perf_counter() - waited)
+                held = time.perf_counter()
+                self.metrics.lease_wait.observe(held - waited)
                 out = self._outputs.build(decoded, sketched)
                 self._checkpoint.store(out.result)
+            self.metrics.lease_held.observe(time.perf_counter() - held)
             self._checkpoint.deliver(out.records, batch_ranges(batch), out.rejected)
             replaying = False
         else:

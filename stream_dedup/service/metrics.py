@@ -28,6 +28,7 @@ stream_dedup_commits_total                      counter    completed checkpoints
 stream_dedup_last_commit_timestamp_seconds      gauge      Unix time of the last checkpoint
 stream_dedup_commit_duration_seconds            histogram  one checkpoint (flush, index, kafka)
 stream_dedup_index_lease_wait_seconds           histogram  waits for the shared index's lease
+stream_dedup_index_lease_held_seconds           histogram  one batch decided and stored in it
 stream_dedup_kafka_commit_failures_total        counter    offset commits Kafka refused
 stream_dedup_sketch_worker_failures_total       counter    batches sketched in process instead
 stream_dedup_rebalances_total{kind}             counter    partition assign / revoke
@@ -210,6 +211,13 @@ class Metrics:
         self.lease_wait = Histogram(
             f"{p}_index_lease_wait_seconds",
             "Waits for the shared index's lease (Redis backend) before deciding a batch.",
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.lease_held = Histogram(
+            f"{p}_index_lease_held_seconds",
+            "Deciding and storing one batch inside the shared index's lease: the part of "
+            "the work that instances of one group do one at a time.",
             buckets=_LATENCY_BUCKETS,
             registry=r,
         )

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 import pytest
 import redis
@@ -27,16 +27,20 @@ def backend_kind(request: pytest.FixtureRequest) -> str:
 
 
 @pytest.fixture
-def shared(redis_backend_url: str) -> Callable[[], Deduplicator]:
+def shared(redis_backend_url: str) -> Iterator[Callable[[], Deduplicator]]:
     """``make()``: one more instance (its own connection and index object) on one index."""
     namespace = fresh_namespace()
     config = DedupConfig()
+    opened: list[RedisBackend] = []
 
     def make() -> Deduplicator:
         backend = RedisBackend(redis_backend_url, namespace=namespace, lock_ttl_ms=2000)
+        opened.append(backend)
         return Deduplicator(DedupIndex(backend, IndexParams.of(config)), config)
 
-    return make
+    yield make
+    for backend in opened:
+        backend.close()
 
 
 def decide_and_store(dedup: Deduplicator, docs: list[Document]) -> dict[str, str | None]:

@@ -1,8 +1,8 @@
-"""Real Redis servers for the tests: one node, and a cluster of three masters, on loopback.
+"""Local Redis servers for tests and benchmarks: one node, or a cluster of three masters,
+on loopback.
 
 Started from the Debian package ``redis-server`` (``.ci/run`` installs it when missing),
-in a temporary directory, on free ports, without persistence. ``REDIS_URL`` and
-``REDIS_CLUSTER_URL`` name servers to use instead.
+in a directory of the caller's, on free ports, without persistence.
 """
 
 from __future__ import annotations
@@ -35,13 +35,15 @@ def free_port() -> int:
 
 
 def redis_server_binary() -> str | None:
+    """Where ``redis-server`` is, or ``None``."""
     return shutil.which("redis-server")
 
 
 def _start(directory: Path, port: int, *extra: str) -> subprocess.Popen[bytes]:
     directory.mkdir(parents=True, exist_ok=True)
     binary = redis_server_binary()
-    assert binary is not None
+    if binary is None:
+        raise RuntimeError("redis-server is not installed: apt-get install redis-server")
     args = [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", ""]
     args += ["--appendonly", "no", "--dir", str(directory), *extra]
     with (directory / "server.log").open("wb") as log:  # the server keeps its own handle
@@ -108,7 +110,8 @@ def cluster(directory: Path, masters: int = 3) -> Iterator[str]:
         for port in ports:
             _wait_ping(port, deadline)
         cli = shutil.which("redis-cli")
-        assert cli is not None, "redis-cli comes with redis-server"
+        if cli is None:
+            raise RuntimeError("redis-cli is not installed: apt-get install redis-server")
         nodes = [f"127.0.0.1:{p}" for p in ports]
         subprocess.run(
             [cli, "--cluster", "create", *nodes, "--cluster-replicas", "0", "--cluster-yes"],

@@ -1,0 +1,263 @@
+"""Throughput of the service on a shared Redis index, against RocksDB and datasketch.
+
+Everything runs on this machine: the broker (an embedded Tansu, or the one at
+``KAFKA_BOOTSTRAP_SERVERS``), Redis (a single node and a 3-master cluster started here from
+``redis-server``), the service instances (``stream-dedup run`` subprocesses) and this
+script. For each setup, ``-n`` news-like documents are produced to a fresh topic of
+``--partitions`` partitions first; then the instances start in one consumer group, and
+docs/s is measured from the first message consumed by any instance to the last batch
+committed (the largest ``stream_dedup_last_commit_timestamp_seconds`` once the shared
+``stream_dedup_index_documents`` reaches n).
+
+Setups: one instance on RocksDB; one instance on Redis (single node, cluster); two
+instances on Redis (single node, cluster). Each instance also reports the share of its
+run spent holding the index's lease (``stream_dedup_index_lease_held_seconds``): the part
+that instances of a group do one at a time, from which the projection for more
+instances and machines follows (see the README).
+
+The peer is datasketch's ``MinHashLSH`` with its Redis storage, on the same single node:
+a query then an insert per document (what deduplicating a stream needs), timed on the
+first ``--peer-documents`` documents; the ratio printed is ours (one instance, single
+node) over it.
+
+    .venv/bin/python bench/bench_shared.py
+    .venv/bin/python bench/bench_shared.py -n 30000 --repeats 3
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+import uuid
+from collections.abc import Mapping
+from contextlib import ExitStack
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from bench_service import documents, produce_all
+
+from stream_dedup.tools import redis_local
+from stream_dedup.tools.broker import (
+    TANSU_CONSUMER_SETTINGS,
+    EmbeddedBroker,
+    create_topics,
+    free_port,
+)
+
+#: (name, backend, Redis kind, instances)
+SETUPS = [
+    ("rocksdb, 1 instance", "rocksdb", None, 1),
+    ("redis node, 1 instance", "redis", "node", 1),
+    ("redis cluster, 1 instance", "redis", "cluster", 1),
+    ("redis node, 2 instances", "redis", "node", 2),
+    ("redis cluster, 2 instances", "redis", "cluster", 2),
+]
+
+
+def metrics(port: int) -> dict[str, float]:
+    """Unlabelled samples and histogram sums from /metrics ({} while it does not answer)."""
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2) as resp:
+            text = resp.read().decode()
+    except OSError:
+        return {}
+    out: dict[str, float] = {}
+    for line in text.splitlines():
+        if line and not line.startswith("#") and "{" not in line:
+            name, value = line.split()[:2]
+            out[name] = float(value)
+    return out
+
+
+def config_text(
+    topic: str,
+    bootstrap: str,
+    port: int,
+    args: argparse.Namespace,
+    index: str,
+    kafka: Mapping[str, str],
+) -> str:
+    return f"""
+[input]
+topics = ["{topic}"]
+{index}
+[http]
+host = "127.0.0.1"
+port = {port}
+[batch]
+max_messages = {args.max_messages}
+max_wait_ms = {args.max_wait_ms}
+[log]
+level = "WARNING"
+[kafka]
+"bootstrap.servers" = "{bootstrap}"
+"group.id" = "g-{topic}"
+"session.timeout.ms" = "6000"
+"heartbeat.interval.ms" = "1000"
+"partition.assignment.strategy" = "cooperative-sticky"
+""" + "".join(f'"{k}" = "{v}"\n' for k, v in kafka.items())
+
+
+def one_run(
+    bootstrap: str,
+    workdir: Path,
+    args: argparse.Namespace,
+    backend: str,
+    redis_url: str | None,
+    instances: int,
+    docs: list[dict[str, Any]],
+    kafka: Mapping[str, str],
+) -> tuple[float, list[float]]:
+    """docs/s of one run, and each instance's share of the run spent holding the lease."""
+    topic = f"bench-{uuid.uuid4().hex[:8]}"
+    create_topics(bootstrap, [topic], partitions=args.partitions)
+    create_topics(bootstrap, [f"{topic}.unique", f"{topic}.duplicates", f"{topic}.dlq"])
+    produce_all(bootstrap, topic, docs)
+    if backend == "redis":
+        index = f'[index]\nbackend = "redis"\n[index.redis]\nurl = "{redis_url}"\nnamespace = "{topic}"\n'
+    else:
+        index = f'[index]\npath = "{workdir / topic}"\n'
+    ports = [free_port() for _ in range(instances)]
+    procs: list[subprocess.Popen[bytes]] = []
+    for n, port in enumerate(ports):
+        path = workdir / f"{topic}-{n}.toml"
+        path.write_text(config_text(topic, bootstrap, port, args, index, kafka), encoding="utf-8")
+        procs.append(
+            subprocess.Popen(
+                [sys.executable, "-m", "stream_dedup.cli", "run", "--config", str(path)],
+                stdout=subprocess.DEVNULL,
+            )
+        )
+    first: float | None = None
+    try:
+        deadline = time.monotonic() + 900
+        while time.monotonic() < deadline:
+            for proc in procs:
+                if proc.poll() is not None:
+                    raise RuntimeError(f"an instance exited with code {proc.returncode}")
+            seen = [metrics(p) for p in ports]
+            if first is None and any(
+                m.get("stream_dedup_messages_consumed_total", 0) > 0 for m in seen
+            ):
+                first = time.time()
+            if first is not None and max(
+                m.get("stream_dedup_index_documents", 0) for m in seen
+            ) >= len(docs):
+                end = max(m.get("stream_dedup_last_commit_timestamp_seconds", 0) for m in seen)
+                held = [
+                    m.get("stream_dedup_index_lease_held_seconds_sum", 0.0) / (end - first)
+                    for m in seen
+                ]
+                return len(docs) / (end - first), held
+            time.sleep(0.01 if first is None else 0.5)
+        raise RuntimeError("the run did not finish")
+    finally:
+        for proc in procs:
+            proc.terminate()
+        for proc in procs:
+            proc.wait(timeout=60)
+
+
+def datasketch_rate(docs: list[dict[str, Any]], redis_url: str) -> float:
+    """datasketch MinHashLSH on Redis: query then insert, per document."""
+    from urllib.parse import urlsplit
+
+    from datasketch import MinHash, MinHashLSH
+
+    parts = urlsplit(redis_url)
+    lsh = MinHashLSH(
+        threshold=0.8,
+        num_perm=128,
+        storage_config={
+            "type": "redis",
+            "basename": uuid.uuid4().hex[:8].encode(),
+            "redis": {"host": parts.hostname, "port": parts.port},
+        },
+    )
+    started = time.perf_counter()
+    for d in docs:
+        text = " ".join(d["text"].lower().split())
+        m = MinHash(num_perm=128)
+        m.update_batch([text[i : i + 5].encode() for i in range(max(1, len(text) - 4))])
+        lsh.query(m)
+        lsh.insert(d["id"], m)
+    return len(docs) / (time.perf_counter() - started)
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("-n", "--documents", type=int, default=20_000)
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--partitions", type=int, default=4, help="input topic partitions (4)")
+    p.add_argument("--max-messages", type=int, default=2000, help="batch.max_messages")
+    p.add_argument("--max-wait-ms", type=int, default=20, help="batch.max_wait_ms")
+    p.add_argument("--peer-documents", type=int, default=1000, help="datasketch's documents")
+    p.add_argument("--json", metavar="FILE", help="also write the results as JSON")
+    args = p.parse_args()
+
+    results: dict[str, Any] = {
+        "date": datetime.now(UTC).isoformat(timespec="seconds"),
+        "cpus": os.cpu_count(),
+        "documents": args.documents,
+        "partitions": args.partitions,
+    }
+    with ExitStack() as stack, tempfile.TemporaryDirectory(prefix="bench-shared-") as tmp:
+        work = Path(tmp)
+        bootstrap = os.environ.get("KAFKA_BOOTSTRAP_SERVERS")
+        kafka: dict[str, str] = {}
+        if not bootstrap:
+            broker = EmbeddedBroker()
+            broker.start()
+            stack.callback(broker.stop)
+            bootstrap = broker.bootstrap
+            kafka = dict(TANSU_CONSUMER_SETTINGS)
+        urls = {
+            "node": stack.enter_context(redis_local.single_node(work / "node")),
+            "cluster": stack.enter_context(redis_local.cluster(work / "cluster")),
+        }
+        print(f"{os.cpu_count()} CPUs; {args.documents:,} documents, {args.partitions} partitions")
+        medians: dict[str, float] = {}
+        for name, backend, kind, instances in SETUPS:
+            rates, shares = [], []
+            for r in range(args.repeats):
+                docs = documents(args.documents, r)
+                url = urls[kind] if kind else None
+                rate, held = one_run(bootstrap, work, args, backend, url, instances, docs, kafka)
+                rates.append(rate)
+                shares.append(held)
+                lease = (
+                    ""
+                    if backend != "redis"
+                    else "; lease held " + " / ".join(f"{100 * h:.0f}%" for h in held)
+                )
+                print(f"  {name} run {r + 1}: {rate:,.0f} docs/s{lease}")
+            medians[name] = statistics.median(rates)
+            results[name] = {"docs_per_s": rates, "lease_held_share": shares}
+            print(f"{name}: median {medians[name]:,.0f} docs/s")
+        peer_docs = documents(args.peer_documents, 0)
+        peer = [datasketch_rate(peer_docs, urls["node"]) for _ in range(args.repeats)]
+        results["datasketch_redis_docs_per_s"] = peer
+        ours = medians["redis node, 1 instance"]
+        print(
+            f"datasketch MinHashLSH on Redis (query + insert): median {statistics.median(peer):,.0f} "
+            f"docs/s over {args.peer_documents:,} documents; ours / datasketch = "
+            f"{ours / statistics.median(peer):.1f}x"
+        )
+        base = medians["rocksdb, 1 instance"]
+        for name in medians:
+            print(f"  {name}: {medians[name] / base:.2f}x of one instance on RocksDB")
+    if args.json:
+        Path(args.json).write_text(json.dumps(results, indent=2), encoding="utf-8")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
