@@ -36,6 +36,7 @@ import time
 import uuid
 import zlib
 from collections.abc import Iterator, Mapping, Sequence
+from operator import itemgetter
 from pathlib import Path
 from typing import Any, ClassVar, NamedTuple
 from urllib.parse import urlsplit, urlunsplit
@@ -46,7 +47,7 @@ from redis.cluster import RedisCluster
 
 from stream_dedup.errors import IndexUnreachableError
 from stream_dedup.index.backend import NO_ORDERED_PUTS, OrderedPuts
-from stream_dedup.index.keys import SCOPED
+from stream_dedup.index.keys import BUCKET, SCOPED
 
 __all__ = ["DEFAULT_NAMESPACE", "RedisBackend", "redacted"]
 
@@ -55,6 +56,8 @@ _NAMESPACE = re.compile(r"[A-Za-z0-9_.-]{1,64}")
 #: Hash tags of the records' 256 hashes.
 _TAGS = [b"{%02x}" % i for i in range(256)]
 _VERDICT = ord("v")
+#: A band bucket's key: ``b``, the band (2 bytes), the band hash (8 bytes).
+_BUCKET_KEY_SIZE = 11
 _DOC = ord("d")
 #: Fields per HMGET / HSET command: long enough to amortise a command, short enough not to
 #: stall a Redis node (single-threaded) for other clients.
@@ -218,6 +221,9 @@ class RedisBackend:
     def _grouped(self, keys: Sequence[bytes], values: Sequence[Any] | None, epoch: int) -> Groups:
         """Fields (and their values, or positions) by container: records to the hash of
         ``epoch`` their tag names, own keys (container ``b""``) as they are."""
+        fast = self._grouped_buckets(keys, values, epoch)
+        if fast is not None:
+            return fast
         by_tag: dict[int, tuple[list[bytes], list[Any]]] = {}
         second: Sequence[Any] = range(len(keys)) if values is None else values
         scoped, crc = SCOPED, zlib.crc32
@@ -240,6 +246,32 @@ class RedisBackend:
                 groups[b""] = ([self._own + k for k in entry[0]], entry[1])
             else:
                 groups[self._hash(epoch, tag)] = entry
+        return groups
+
+    def _grouped_buckets(
+        self, keys: Sequence[bytes], values: Sequence[Any] | None, epoch: int
+    ) -> Groups | None:
+        """:meth:`_grouped` without a Python step per key, when every key is a band
+        bucket's (most of what a batch reads and writes); ``None`` otherwise."""
+        if len(keys) < 64:
+            return None
+        joined = b"".join(keys)
+        if len(joined) != _BUCKET_KEY_SIZE * len(keys):
+            return None
+        rows = np.frombuffer(joined, dtype=np.uint8).reshape(-1, _BUCKET_KEY_SIZE)
+        if not (rows[:, 0] == BUCKET[0]).all():
+            return None
+        tags = rows[:, -1]
+        order = np.argsort(tags, kind="stable")
+        bounds = np.concatenate(([0], np.cumsum(np.bincount(tags, minlength=256)))).tolist()
+        where = order.tolist()
+        fields = itemgetter(*where)(keys)
+        second = where if values is None else itemgetter(*where)(values)
+        groups: Groups = {}
+        for tag in range(256):
+            a, b = bounds[tag], bounds[tag + 1]
+            if a < b:
+                groups[self._hash(epoch, tag)] = (list(fields[a:b]), list(second[a:b]))
         return groups
 
     # -- reads --------------------------------------------------------------------------
@@ -318,15 +350,13 @@ class RedisBackend:
     ) -> _Write:
         docs = {k: v for k, v in puts.items() if k[0] == _DOC}
         rest = [k for k in puts if k[0] != _DOC]
-        groups = self._grouped(
-            [*rest, *ordered.keys], [*(puts[k] for k in rest), *ordered.values], epoch
-        )
-        return _Write(
-            epoch,
-            self._grouped(list(docs), list(docs.values()), epoch),
-            groups,
-            _encode_redo(epoch, groups),
-        )
+        groups = self._grouped(rest, [puts[k] for k in rest], epoch)
+        for name, (fields, values) in self._grouped(ordered.keys, ordered.values, epoch).items():
+            entry = groups.setdefault(name, ([], []))
+            entry[0].extend(fields)
+            entry[1].extend(values)
+        doc_groups = self._grouped(list(docs), list(docs.values()), epoch)
+        return _Write(epoch, doc_groups, groups, _encode_redo(epoch, groups))
 
     def apply(self, prepared: _Write) -> None:
         with self._failing("writing"):
