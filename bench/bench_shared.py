@@ -106,6 +106,26 @@ level = "WARNING"
 """ + "".join(f'"{k}" = "{v}"\n' for k, v in kafka.items())
 
 
+def redis_cpu_s(url: str) -> float:
+    """CPU seconds the Redis server(s) at ``url`` have used (every node of a cluster)."""
+    import redis
+    from redis.cluster import RedisCluster
+
+    probe = redis.Redis.from_url(url)
+    try:
+        if not probe.info("cluster").get("cluster_enabled"):
+            info = probe.info("cpu")
+            return float(info["used_cpu_user"]) + float(info["used_cpu_sys"])
+    finally:
+        probe.close()
+    cluster = RedisCluster.from_url(url)
+    try:
+        nodes = cluster.info("cpu", target_nodes=RedisCluster.PRIMARIES)
+        return sum(float(n["used_cpu_user"]) + float(n["used_cpu_sys"]) for n in nodes.values())
+    finally:
+        cluster.close()
+
+
 def one_run(
     bootstrap: str,
     workdir: Path,
@@ -115,14 +135,18 @@ def one_run(
     instances: int,
     docs: list[dict[str, Any]],
     kafka: Mapping[str, str],
-) -> tuple[float, list[float]]:
-    """docs/s of one run, and each instance's share of the run spent holding the lease."""
+) -> tuple[float, list[float], float | None]:
+    """docs/s of one run, each instance's share of the run spent holding the lease, and
+    the Redis CPU per document (microseconds, all nodes together)."""
     topic = f"bench-{uuid.uuid4().hex[:8]}"
     create_topics(bootstrap, [topic], partitions=args.partitions)
     create_topics(bootstrap, [f"{topic}.unique", f"{topic}.duplicates", f"{topic}.dlq"])
     produce_all(bootstrap, topic, docs)
     if backend == "redis":
-        index = f'[index]\nbackend = "redis"\n[index.redis]\nurl = "{redis_url}"\nnamespace = "{topic}"\n'
+        index = (
+            f'[index]\nbackend = "redis"\n[index.redis]\nurl = "{redis_url}"\n'
+            f'namespace = "{topic}"\n'
+        )
     else:
         index = f'[index]\npath = "{workdir / topic}"\n'
     ports = [free_port() for _ in range(instances)]
@@ -137,6 +161,7 @@ def one_run(
             )
         )
     first: float | None = None
+    cpu_start = redis_cpu_s(redis_url) if redis_url else None
     try:
         deadline = time.monotonic() + 900
         while time.monotonic() < deadline:
@@ -156,7 +181,10 @@ def one_run(
                     m.get("stream_dedup_index_lease_held_seconds_sum", 0.0) / (end - first)
                     for m in seen
                 ]
-                return len(docs) / (end - first), held
+                cpu = None
+                if redis_url and cpu_start is not None:
+                    cpu = (redis_cpu_s(redis_url) - cpu_start) / len(docs) * 1e6
+                return len(docs) / (end - first), held, cpu
             time.sleep(0.01 if first is None else 0.5)
         raise RuntimeError("the run did not finish")
     finally:
@@ -226,28 +254,35 @@ def main() -> int:
         print(f"{os.cpu_count()} CPUs; {args.documents:,} documents, {args.partitions} partitions")
         medians: dict[str, float] = {}
         for name, backend, kind, instances in SETUPS:
-            rates, shares = [], []
+            rates, shares, cpus = [], [], []
             for r in range(args.repeats):
                 docs = documents(args.documents, r)
                 url = urls[kind] if kind else None
-                rate, held = one_run(bootstrap, work, args, backend, url, instances, docs, kafka)
+                rate, held, cpu = one_run(
+                    bootstrap, work, args, backend, url, instances, docs, kafka
+                )
                 rates.append(rate)
                 shares.append(held)
+                cpus.append(cpu)
                 lease = (
                     ""
                     if backend != "redis"
                     else "; lease held " + " / ".join(f"{100 * h:.0f}%" for h in held)
                 )
-                print(f"  {name} run {r + 1}: {rate:,.0f} docs/s{lease}")
+                redis_cpu = "" if cpu is None else f"; Redis CPU {cpu:.0f} us/doc"
+                print(f"  {name} run {r + 1}: {rate:,.0f} docs/s{lease}{redis_cpu}")
             medians[name] = statistics.median(rates)
-            results[name] = {"docs_per_s": rates, "lease_held_share": shares}
-            print(f"{name}: median {medians[name]:,.0f} docs/s")
+            results[name] = {"docs_per_s": rates, "lease_held_share": shares, "redis_cpu_us": cpus}
+            known = [c for c in cpus if c is not None]
+            per_doc = f", Redis CPU median {statistics.median(known):.0f} us/doc" if known else ""
+            print(f"{name}: median {medians[name]:,.0f} docs/s{per_doc}")
         peer_docs = documents(args.peer_documents, 0)
         peer = [datasketch_rate(peer_docs, urls["node"]) for _ in range(args.repeats)]
         results["datasketch_redis_docs_per_s"] = peer
         ours = medians["redis node, 1 instance"]
         print(
-            f"datasketch MinHashLSH on Redis (query + insert): median {statistics.median(peer):,.0f} "
+            "datasketch MinHashLSH on Redis (query + insert): median "
+            f"{statistics.median(peer):,.0f} "
             f"docs/s over {args.peer_documents:,} documents; ours / datasketch = "
             f"{ours / statistics.median(peer):.1f}x"
         )
