@@ -109,3 +109,18 @@ def test_run_refuses_a_misspelt_kafka_key_before_opening_the_index(
     assert code == 2
     assert err.count("\n") == 1 and "'kafka.enable.auto.comit'" in err
     assert not index.exists()
+
+
+def test_the_redis_password_is_masked_in_the_url_and_the_setting(tmp_path: Path) -> None:
+    cfg = tmp_path / "c.toml"
+    cfg.write_text(
+        '[index]\nbackend = "redis"\n[index.redis]\n'
+        'url = "rediss://dedup:s3cret@cache:6380/0"\npassword = "other"\n'
+    )
+    code, text = _check(cfg)
+    assert code == 0
+    assert "s3cret" not in text and "other" not in text
+    effective = tomllib.loads(text)
+    assert effective["index"]["redis"]["url"] == "rediss://dedup:***@cache:6380/0"
+    assert effective["index"]["redis"]["password"] == "***"
+    assert effective["index"]["backend"] == "redis"

@@ -27,9 +27,14 @@ def test_documented_file_lists_every_default() -> None:
 def test_documented_file_names_every_setting() -> None:
     text = DOCUMENTED.read_text()
     config = ServiceConfig()
-    for section in ("input", "output", "dedup", "index", "batch", "service", "http", "log"):
+    tables = {s: getattr(config, s) for s in ("input", "output", "dedup", "index", "batch")}
+    tables |= {s: getattr(config, s) for s in ("service", "http", "log")}
+    tables["index.redis"] = config.index.redis
+    for section, values in tables.items():
         assert f"[{section}]" in text
-        for name in getattr(config, section).__dataclass_fields__:
+        for name in values.__dataclass_fields__:
+            if f"{section}.{name}" in tables:
+                continue  # a nested table, documented as [section.name]
             assert f"\n{name} = " in text, f"{section}.{name} is not documented"
 
 
@@ -277,3 +282,51 @@ def test_config_load_checks_the_transactional_producer(tmp_path: Path) -> None:
     path.write_text('[kafka]\n"transactional.id" = "t"\n')
     with pytest.raises(ConfigError, match=r"kafka\.transactional\.id"):
         load_config(path, environ={})
+
+
+def test_the_redis_index_settings_layer_through_file_environment_and_flags(
+    tmp_path: Path,
+) -> None:
+    """``[index.redis]`` is a nested table: the file sets some keys, the environment and
+    flags others, and each keeps the rest."""
+    path = tmp_path / "c.toml"
+    path.write_text(
+        '[index]\nbackend = "redis"\n[index.redis]\nnamespace = "news"\nlock_ttl_ms = 5000\n'
+    )
+    env = {"STREAM_DEDUP_INDEX__REDIS__URL": "rediss://cache:6380/2"}
+    config = load_config(
+        path, environ=env, overrides=parse_assignments(["index.redis.lock_ttl_ms=700"])
+    )
+    redis = config.index.redis
+    assert config.index.backend == "redis"
+    assert (redis.url, redis.namespace, redis.lock_ttl_ms, redis.password) == (
+        "rediss://cache:6380/2",
+        "news",
+        700,
+        "",
+    )
+    assert load_config(None, environ={}).index.backend == "rocksdb"
+
+
+@pytest.mark.parametrize(
+    ("layer", "key", "problem"),
+    [
+        ({"index": {"backend": "postgres"}}, "index.backend", "rocksdb"),
+        ({"index": {"redis": {"url": "http://cache"}}}, "index.redis.url", "redis://"),
+        ({"index": {"redis": {"namespace": "a b"}}}, "index.redis.namespace", "A-Z"),
+        ({"index": {"redis": {"lock_ttl_ms": 10}}}, "index.redis.lock_ttl_ms", "at least"),
+        ({"index": {"redis": {"ur": "redis://x"}}}, "index.redis.ur", "did you mean 'url'"),
+        (
+            {"index": {"backend": "redis"}, "service": {"delivery": "exactly-once"}},
+            "service.delivery",
+            "at-least-once",
+        ),
+    ],
+)
+def test_bad_redis_index_settings_name_the_key(
+    layer: dict[str, dict[str, object]], key: str, problem: str
+) -> None:
+    with pytest.raises(ConfigError) as caught:
+        build_config([layer])
+    assert caught.value.key == key
+    assert problem in caught.value.problem
