@@ -35,6 +35,7 @@ from stream_dedup.errors import (
 )
 from stream_dedup.index import open_index
 from stream_dedup.index.params import IndexParams
+from stream_dedup.index.redis_backend import DEFAULT_NAMESPACE, RedisBackend
 from stream_dedup.index.rocks import RocksBackend
 from stream_dedup.index.store import DedupIndex
 from stream_dedup.malloc_tuning import keep_freed_memory
@@ -149,10 +150,14 @@ def cmd_tune(args: argparse.Namespace, out: IO[str], err: IO[str]) -> int:
 
 
 def cmd_stats(args: argparse.Namespace, out: IO[str], err: IO[str]) -> int:
-    if not (Path(args.index) / "CURRENT").exists():
+    if args.redis is not None:
+        backend = RedisBackend(args.redis, namespace=args.namespace)
+        index = DedupIndex(backend, None)  # no metadata: IndexStoreError, exit code 3
+    elif not (Path(args.index) / "CURRENT").exists():
         print(f"error: {args.index} holds no index (create one with `dedup --index`)", file=err)
         return 3
-    index = open_index(args.index, None)
+    else:
+        index = open_index(args.index, None)
     try:
         s = index.stats()
     finally:
@@ -172,7 +177,10 @@ def cmd_stats(args: argparse.Namespace, out: IO[str], err: IO[str]) -> int:
         ("indexed", s.indexed),
         ("duplicates", s.duplicates),
         ("empty", s.empty),
-        ("size on disk", f"{s.size_bytes:,} bytes ({s.size_bytes / 2**20:.1f} MiB)"),
+        (
+            "size in Redis" if args.redis is not None else "size on disk",
+            f"{s.size_bytes:,} bytes ({s.size_bytes / 2**20:.1f} MiB)",
+        ),
         ("retention", s.retention.describe()),
         ("held", f"{s.held:,} documents in {s.epochs} epoch(s); {s.expired:,} expired"),
         ("stream clock", _when(s.clock)),
@@ -268,7 +276,17 @@ def build_parser() -> argparse.ArgumentParser:
         help="print an index's parameters, counts and size",
         description="Print an index's parameters, document counts and size on disk.",
     )
-    p.add_argument("--index", required=True, help="RocksDB index directory")
+    where = p.add_mutually_exclusive_group(required=True)
+    where.add_argument("--index", help="RocksDB index directory")
+    where.add_argument(
+        "--redis",
+        metavar="URL",
+        help="a shared index on Redis: redis://[user:password@]host:port/db (rediss:// for "
+        "TLS); the size is all the Redis servers' memory",
+    )
+    p.add_argument(
+        "--namespace", default=DEFAULT_NAMESPACE, help=f"with --redis (default {DEFAULT_NAMESPACE})"
+    )
     p.set_defaults(func=cmd_stats)
 
     p = sub.add_parser(

@@ -124,8 +124,9 @@ class DedupIndex:
             if params is None:
                 backend.close()
                 raise IndexStoreError(
-                    f"{backend.location} is not a stream-dedup index (no metadata); "
-                    "create one with `stream-dedup dedup --index DIR`"
+                    f"{backend.location} is not a stream-dedup index (no metadata): check "
+                    "the location; `stream-dedup dedup --index DIR` creates one on disk, and "
+                    "a service on Redis creates its own"
                 )
             backend.write({keys.META: params.to_bytes()})
             self._params = params

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import io
 import threading
 from collections.abc import Callable, Iterator
 
 import pytest
 import redis
 
+from stream_dedup.cli.app import main
 from stream_dedup.core.config import DedupConfig
 from stream_dedup.dedup import Deduplicator
 from stream_dedup.errors import IndexUnreachableError
@@ -142,3 +144,23 @@ def test_a_wrong_password_is_a_clear_error(redis_url: str) -> None:
     finally:
         client.execute_command("ACL", "DELUSER", "dedup-test")
         client.close()
+
+
+def test_stats_reads_a_shared_index(
+    shared: Callable[[], Deduplicator], redis_backend_url: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    dedup = shared()
+    decide_and_store(dedup, [Document(f"o{i}", article(i)) for i in range(12)])
+    decide_and_store(dedup, [Document("c1", article(1) + " copy")])
+    backend = dedup.index._backend
+    assert isinstance(backend, RedisBackend)
+    namespace = backend.location.rsplit("namespace ", 1)[1].rstrip(")")
+    out = io.StringIO()
+    assert main(["stats", "--redis", redis_backend_url, "--namespace", namespace], out) == 0
+    rows = dict(line.split(None, 1) for line in out.getvalue().splitlines())
+    assert rows["documents"].strip() == "13"
+    assert rows["duplicates"].strip() == "1"
+    assert rows["size"].startswith("in Redis")
+    missing = ["stats", "--redis", redis_backend_url, "--namespace", "no-such-index"]
+    assert main(missing, io.StringIO()) == 3
+    assert "is not a stream-dedup index" in capsys.readouterr().err
