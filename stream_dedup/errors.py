@@ -144,6 +144,22 @@ class IndexIOError(IndexStoreError):
         self.detail = detail
 
 
+class IndexLeaseLostError(IndexIOError):
+    """Another instance took the shared index's lease before this one wrote its batch."""
+
+    def __init__(self, location: str) -> None:
+        StreamDedupError.__init__(
+            self,
+            f"index on {location}: another instance took the index's lease while this one "
+            "was stopped longer than index.redis.lock_ttl_ms, so its batch was not stored. "
+            "Start again (the batch is consumed again); if it recurs, raise lock_ttl_ms "
+            "above the longest pause of the process.",
+        )
+        self.path = location
+        self.operation = "writing"
+        self.detail = "lease lost"
+
+
 class IndexUnreachableError(IndexIOError):
     """The shared index's Redis could not be reached or refused a command."""
 

@@ -45,7 +45,7 @@ import numpy as np
 import redis
 from redis.cluster import RedisCluster
 
-from stream_dedup.errors import IndexUnreachableError
+from stream_dedup.errors import IndexLeaseLostError, IndexUnreachableError
 from stream_dedup.index.backend import NO_ORDERED_PUTS, OrderedPuts
 from stream_dedup.index.keys import BUCKET, SCOPED
 
@@ -463,5 +463,9 @@ class RedisBackend:
     def _failing(self, operation: str) -> Iterator[None]:
         try:
             yield
+        except redis.ResponseError as exc:
+            if "LEASE lost" in str(exc):
+                raise IndexLeaseLostError(self._location) from exc
+            raise IndexUnreachableError(self._location, operation, str(exc)) from exc
         except (redis.RedisError, OSError) as exc:
             raise IndexUnreachableError(self._location, operation, str(exc)) from exc

@@ -12,7 +12,7 @@ import redis
 from stream_dedup.cli.app import main
 from stream_dedup.core.config import DedupConfig
 from stream_dedup.dedup import Deduplicator
-from stream_dedup.errors import IndexUnreachableError
+from stream_dedup.errors import IndexLeaseLostError, IndexUnreachableError
 from stream_dedup.index import DedupIndex, keys
 from stream_dedup.index.params import IndexParams
 from stream_dedup.index.redis_backend import RedisBackend
@@ -127,7 +127,10 @@ def test_a_lease_lost_to_another_instance_stores_nothing(
         result = first.decide([Document("late", article(7))])
         pending = first.prepare(result)
         backend._client.delete(backend._lock)  # the lease expired while paused
-        with second.index.exclusive(), pytest.raises(IndexUnreachableError, match="LEASE lost"):
+        with (
+            second.index.exclusive(),
+            pytest.raises(IndexLeaseLostError, match="took the index's lease"),
+        ):
             first.index.apply(pending)
     assert second.index.read([keys.verdict_key("late")]) == [None]
 
