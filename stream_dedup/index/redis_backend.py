@@ -31,38 +31,34 @@ needs (the protocol is in ``docs/shared-index.md``):
 from __future__ import annotations
 
 import contextlib
-import re
 import time
 import uuid
-import zlib
 from collections.abc import Iterator, Mapping, Sequence
-from operator import itemgetter
 from pathlib import Path
 from typing import Any, ClassVar, NamedTuple
 from urllib.parse import urlsplit, urlunsplit
 
-import numpy as np
 import redis
 from redis.cluster import RedisCluster
 
 from stream_dedup.errors import IndexLeaseLostError, IndexUnreachableError
 from stream_dedup.index.backend import NO_ORDERED_PUTS, OrderedPuts
-from stream_dedup.index.keys import BUCKET, SCOPED
+from stream_dedup.index.keys import SCOPED
+from stream_dedup.index.redis_layout import (
+    DEFAULT_NAMESPACE,
+    Groups,
+    RedisLayout,
+    decode_redo,
+    encode_redo,
+    glob_escaped,
+)
 
 __all__ = ["DEFAULT_NAMESPACE", "RedisBackend", "redacted"]
 
-DEFAULT_NAMESPACE = "stream-dedup"
-_NAMESPACE = re.compile(r"[A-Za-z0-9_.-]{1,64}")
-#: Hash tags of the records' 256 hashes.
-_TAGS = [b"{%02x}" % i for i in range(256)]
-_VERDICT = ord("v")
-#: A band bucket's key: ``b``, the band (2 bytes), the band hash (8 bytes).
-_BUCKET_KEY_SIZE = 11
-_DOC = ord("d")
 #: Fields per HMGET / HSET command: long enough to amortise a command, short enough not to
 #: stall a Redis node (single-threaded) for other clients.
 _CHUNK = 1000
-_GLOB = re.compile(rb"([*?\[\]\\])")
+_DOC = ord("d")
 
 #: Goes on only while ``token`` holds the lease, and extends it; stores the redo record
 #: when one is given.
@@ -85,11 +81,6 @@ return 0
 """
 
 
-#: Fields (or own keys) and their values, or positions, by container: a record hash's
-#: Redis key, or ``b""`` for the own keys.
-Groups = dict[bytes, tuple[list[bytes], list[Any]]]
-
-
 class _Write(NamedTuple):
     """A prepared write: the document records, the rest, and the rest's redo record."""
 
@@ -107,46 +98,6 @@ def redacted(url: str) -> str:
     netloc = parts.netloc.rsplit("@", 1)[1]
     user = f"{parts.username}:***@" if parts.username else ":***@"
     return urlunsplit(parts._replace(netloc=user + netloc))
-
-
-def _encode_redo(epoch: int, groups: Groups) -> bytes:
-    """One value holding a write: epoch, counts, containers with their number of fields,
-    then every field's and value's length, then the bytes."""
-    names = list(groups)
-    fields = [f for g in groups.values() for f in g[0]]
-    values = [v for g in groups.values() for v in g[1]]
-    parts = [names, fields, values]
-    counts = np.array([epoch, len(names), len(fields)], dtype="<u8")
-    sizes = np.array([len(g[0]) for g in groups.values()], dtype="<u4")
-    lengths = [np.fromiter(map(len, p), dtype="<u4", count=len(p)) for p in parts]
-    return b"".join(
-        [counts.tobytes(), sizes.tobytes(), *(x.tobytes() for x in lengths)]
-        + [b"".join(p) for p in parts]
-    )
-
-
-def _decode_redo(blob: bytes) -> tuple[int, Groups]:
-    epoch, n_names, n = (int(x) for x in np.frombuffer(blob, dtype="<u8", count=3))
-    at = 24
-    sizes = np.frombuffer(blob, dtype="<u4", count=n_names, offset=at).tolist()
-    at += 4 * n_names
-    lengths = []
-    for count in (n_names, n, n):
-        lengths.append(np.frombuffer(blob, dtype="<u4", count=count, offset=at).astype(np.int64))
-        at += 4 * count
-    parts: list[list[bytes]] = []
-    for length in lengths:
-        end = at + np.cumsum(length)
-        start = end - length
-        parts.append([blob[a:b] for a, b in zip(start.tolist(), end.tolist(), strict=True)])
-        at = int(end[-1]) if length.size else at
-    names, fields, values = parts
-    groups: Groups = {}
-    first = 0
-    for name, size in zip(names, sizes, strict=True):
-        groups[name] = (fields[first : first + size], values[first : first + size])
-        first += size
-    return epoch, groups
 
 
 class RedisBackend:
@@ -169,18 +120,13 @@ class RedisBackend:
         lock_ttl_ms: int = 10_000,
         timeout_s: float = 10.0,
     ) -> None:
-        if not _NAMESPACE.fullmatch(namespace):
-            raise ValueError(f"Redis namespace {namespace!r}: use 1 to 64 of A-Z a-z 0-9 _ . -")
+        self._keys = layout = RedisLayout(namespace)  # a bad namespace is a ValueError here
         self._url = url
         self._location = f"{redacted(url)} (namespace {namespace})"
         self._client = self._connect(url, password, tls_ca_file, timeout_s)
         self.cluster = isinstance(self._client, RedisCluster)
-        ns = namespace.encode()
-        self._own = b"{" + ns + b"}:"
-        self._lock = b"{" + ns + b"}!lock"
-        self._redo = b"{" + ns + b"}!redo"
-        self._epoch_set = b"{" + ns + b"}!epochs"
-        self._records = ns + b":"
+        self._own, self._lock, self._redo = layout.own, layout.lock, layout.redo
+        self._epoch_set = layout.epoch_set
         self._lock_ttl_ms = lock_ttl_ms
         self._token: bytes | None = None
         self._writes = 0
@@ -215,65 +161,6 @@ class RedisBackend:
 
     # -- keys ---------------------------------------------------------------------------
 
-    def _hash(self, epoch: int, tag: int) -> bytes:
-        return self._records + b"%d:" % epoch + _TAGS[tag]
-
-    def _grouped(self, keys: Sequence[bytes], values: Sequence[Any] | None, epoch: int) -> Groups:
-        """Fields (and their values, or positions) by container: records to the hash of
-        ``epoch`` their tag names, own keys (container ``b""``) as they are."""
-        fast = self._grouped_buckets(keys, values, epoch)
-        if fast is not None:
-            return fast
-        by_tag: dict[int, tuple[list[bytes], list[Any]]] = {}
-        second: Sequence[Any] = range(len(keys)) if values is None else values
-        scoped, crc = SCOPED, zlib.crc32
-        for key, other in zip(keys, second, strict=True):
-            first = key[0]
-            if first not in scoped:
-                tag = -1
-            elif first == _VERDICT:
-                tag = crc(key) & 255  # ids are not uniform; the others end in a hash byte
-            else:
-                tag = key[-1]
-            entry = by_tag.get(tag)
-            if entry is None:
-                entry = by_tag[tag] = ([], [])
-            entry[0].append(key)
-            entry[1].append(other)
-        groups: Groups = {}
-        for tag, entry in by_tag.items():
-            if tag < 0:
-                groups[b""] = ([self._own + k for k in entry[0]], entry[1])
-            else:
-                groups[self._hash(epoch, tag)] = entry
-        return groups
-
-    def _grouped_buckets(
-        self, keys: Sequence[bytes], values: Sequence[Any] | None, epoch: int
-    ) -> Groups | None:
-        """:meth:`_grouped` without a Python step per key, when every key is a band
-        bucket's (most of what a batch reads and writes); ``None`` otherwise."""
-        if len(keys) < 64:
-            return None
-        joined = b"".join(keys)
-        if len(joined) != _BUCKET_KEY_SIZE * len(keys):
-            return None
-        rows = np.frombuffer(joined, dtype=np.uint8).reshape(-1, _BUCKET_KEY_SIZE)
-        if not (rows[:, 0] == BUCKET[0]).all():
-            return None
-        tags = rows[:, -1]
-        order = np.argsort(tags, kind="stable")
-        bounds = np.concatenate(([0], np.cumsum(np.bincount(tags, minlength=256)))).tolist()
-        where = order.tolist()
-        fields = itemgetter(*where)(keys)
-        second = where if values is None else itemgetter(*where)(values)
-        groups: Groups = {}
-        for tag in range(256):
-            a, b = bounds[tag], bounds[tag + 1]
-            if a < b:
-                groups[self._hash(epoch, tag)] = (list(fields[a:b]), list(second[a:b]))
-        return groups
-
     # -- reads --------------------------------------------------------------------------
 
     def get_many(self, keys: Sequence[bytes], epoch: int = 0) -> list[bytes | None]:
@@ -285,7 +172,7 @@ class RedisBackend:
         places: list[list[int]] = []
         with self._failing("reading"):
             pipe = self._client.pipeline(transaction=False)
-            for name, (fields, positions) in self._grouped(keys, None, epoch).items():
+            for name, (fields, positions) in self._keys.grouped(keys, None, epoch).items():
                 for start in range(0, len(fields), _CHUNK):
                     part = fields[start : start + _CHUNK]
                     if name:
@@ -311,11 +198,11 @@ class RedisBackend:
         """Keys by ``HSCAN`` of the epoch's hashes (and ``SCAN`` of the own keys), then
         sorted: a walk of the whole epoch, for start-up and maintenance, never on a
         batch's path."""
-        pattern = _GLOB.sub(rb"\\\1", prefix) + b"*"
+        pattern = glob_escaped(prefix) + b"*"
         found: list[bytes] = []
         with self._failing("scanning"):
             for tag in range(256):
-                name = self._hash(epoch, tag)
+                name = self._keys.hash(epoch, tag)
                 found.extend(f for f, _ in self._client.hscan_iter(name, match=pattern, count=5000))
             if epoch == 0:
                 cut = len(self._own)
@@ -350,13 +237,15 @@ class RedisBackend:
     ) -> _Write:
         docs = {k: v for k, v in puts.items() if k[0] == _DOC}
         rest = [k for k in puts if k[0] != _DOC]
-        groups = self._grouped(rest, [puts[k] for k in rest], epoch)
-        for name, (fields, values) in self._grouped(ordered.keys, ordered.values, epoch).items():
+        groups = self._keys.grouped(rest, [puts[k] for k in rest], epoch)
+        for name, (fields, values) in self._keys.grouped(
+            ordered.keys, ordered.values, epoch
+        ).items():
             entry = groups.setdefault(name, ([], []))
             entry[0].extend(fields)
             entry[1].extend(values)
-        doc_groups = self._grouped(list(docs), list(docs.values()), epoch)
-        return _Write(epoch, doc_groups, groups, _encode_redo(epoch, groups))
+        doc_groups = self._keys.grouped(list(docs), list(docs.values()), epoch)
+        return _Write(epoch, doc_groups, groups, encode_redo(epoch, groups))
 
     def apply(self, prepared: _Write) -> None:
         with self._failing("writing"):
@@ -398,7 +287,7 @@ class RedisBackend:
             blob = self._client.get(self._redo)
             if not isinstance(blob, bytes):
                 return
-            epoch, groups = _decode_redo(blob)
+            epoch, groups = decode_redo(blob)
             self._put(epoch, groups)
             self._client.delete(self._redo)
 
@@ -408,7 +297,7 @@ class RedisBackend:
         with self._failing("dropping an epoch"):
             pipe = self._client.pipeline(transaction=False)
             for tag in range(256):
-                pipe.unlink(self._hash(epoch, tag))
+                pipe.unlink(self._keys.hash(epoch, tag))
             if epoch:
                 pipe.srem(self._epoch_set, epoch)
             pipe.execute()

@@ -1,0 +1,155 @@
+"""Where the index's keys live in Redis, and the bytes of a redo record.
+
+Used by :mod:`stream_dedup.index.redis_backend`, whose docstring says why the layout is
+what it is: the index's own keys as plain keys in one hash slot, ``{<namespace>}:<key>``;
+the records of documents as fields of 256 hashes per epoch, ``<namespace>:<epoch>:{<tag>}``,
+the tag being a byte of the key that is already uniform (the last byte of a band hash,
+text digest or docnum; the CRC-32 of an id, which is not uniform).
+"""
+
+from __future__ import annotations
+
+import re
+import zlib
+from collections.abc import Sequence
+from operator import itemgetter
+from typing import Any
+
+import numpy as np
+
+from stream_dedup.index.keys import BUCKET, SCOPED
+
+__all__ = ["DEFAULT_NAMESPACE", "Groups", "RedisLayout", "decode_redo", "encode_redo"]
+
+DEFAULT_NAMESPACE = "stream-dedup"
+_NAMESPACE = re.compile(r"[A-Za-z0-9_.-]{1,64}")
+#: Hash tags of the records' 256 hashes.
+_TAGS = [b"{%02x}" % i for i in range(256)]
+_VERDICT = ord("v")
+#: A band bucket's key: ``b``, the band (2 bytes), the band hash (8 bytes).
+_BUCKET_KEY_SIZE = 11
+_GLOB = re.compile(rb"([*?\[\]\\])")
+
+#: Fields (or own keys) and their values, or positions, by container: a record hash's
+#: Redis key, or ``b""`` for the own keys.
+Groups = dict[bytes, tuple[list[bytes], list[Any]]]
+
+
+def glob_escaped(prefix: bytes) -> bytes:
+    """``prefix`` as a literal in a ``SCAN``/``HSCAN`` pattern."""
+    return _GLOB.sub(rb"\\\1", prefix)
+
+
+class RedisLayout:
+    """The Redis keys of one index, named by its namespace."""
+
+    def __init__(self, namespace: str) -> None:
+        if not _NAMESPACE.fullmatch(namespace):
+            raise ValueError(f"Redis namespace {namespace!r}: use 1 to 64 of A-Z a-z 0-9 _ . -")
+        ns = namespace.encode()
+        #: Prefix of the own keys, and the backend's own keys, all in one slot.
+        self.own = b"{" + ns + b"}:"
+        self.lock = b"{" + ns + b"}!lock"
+        self.redo = b"{" + ns + b"}!redo"
+        self.epoch_set = b"{" + ns + b"}!epochs"
+        self._records = ns + b":"
+
+    def hash(self, epoch: int, tag: int) -> bytes:
+        """The Redis key of the records hash ``tag`` of ``epoch``."""
+        return self._records + b"%d:" % epoch + _TAGS[tag]
+
+    def grouped(self, keys: Sequence[bytes], values: Sequence[Any] | None, epoch: int) -> Groups:
+        """Fields (and their values, or positions) by container: records to the hash of
+        ``epoch`` their tag names, own keys (container ``b""``) as they are."""
+        fast = self._grouped_buckets(keys, values, epoch)
+        if fast is not None:
+            return fast
+        by_tag: dict[int, tuple[list[bytes], list[Any]]] = {}
+        second: Sequence[Any] = range(len(keys)) if values is None else values
+        scoped, crc = SCOPED, zlib.crc32
+        for key, other in zip(keys, second, strict=True):
+            first = key[0]
+            if first not in scoped:
+                tag = -1
+            elif first == _VERDICT:
+                tag = crc(key) & 255  # ids are not uniform; the others end in a hash byte
+            else:
+                tag = key[-1]
+            entry = by_tag.get(tag)
+            if entry is None:
+                entry = by_tag[tag] = ([], [])
+            entry[0].append(key)
+            entry[1].append(other)
+        groups: Groups = {}
+        for tag, entry in by_tag.items():
+            if tag < 0:
+                groups[b""] = ([self.own + k for k in entry[0]], entry[1])
+            else:
+                groups[self.hash(epoch, tag)] = entry
+        return groups
+
+    def _grouped_buckets(
+        self, keys: Sequence[bytes], values: Sequence[Any] | None, epoch: int
+    ) -> Groups | None:
+        """:meth:`grouped` without a Python step per key, when every key is a band
+        bucket's (most of what a batch reads and writes); ``None`` otherwise."""
+        if len(keys) < 64:
+            return None
+        joined = b"".join(keys)
+        if len(joined) != _BUCKET_KEY_SIZE * len(keys):
+            return None
+        rows = np.frombuffer(joined, dtype=np.uint8).reshape(-1, _BUCKET_KEY_SIZE)
+        if not (rows[:, 0] == BUCKET[0]).all():
+            return None
+        tags = rows[:, -1]
+        order = np.argsort(tags, kind="stable")
+        bounds = np.concatenate(([0], np.cumsum(np.bincount(tags, minlength=256)))).tolist()
+        where = order.tolist()
+        fields = itemgetter(*where)(keys)
+        second = where if values is None else itemgetter(*where)(values)
+        groups: Groups = {}
+        for tag in range(256):
+            a, b = bounds[tag], bounds[tag + 1]
+            if a < b:
+                groups[self.hash(epoch, tag)] = (list(fields[a:b]), list(second[a:b]))
+        return groups
+
+
+def encode_redo(epoch: int, groups: Groups) -> bytes:
+    """One value holding a write: epoch, counts, containers with their number of fields,
+    then every field's and value's length, then the bytes."""
+    names = list(groups)
+    fields = [f for g in groups.values() for f in g[0]]
+    values = [v for g in groups.values() for v in g[1]]
+    parts = [names, fields, values]
+    counts = np.array([epoch, len(names), len(fields)], dtype="<u8")
+    sizes = np.array([len(g[0]) for g in groups.values()], dtype="<u4")
+    lengths = [np.fromiter(map(len, p), dtype="<u4", count=len(p)) for p in parts]
+    return b"".join(
+        [counts.tobytes(), sizes.tobytes(), *(x.tobytes() for x in lengths)]
+        + [b"".join(p) for p in parts]
+    )
+
+
+def decode_redo(blob: bytes) -> tuple[int, Groups]:
+    epoch, n_names, n = (int(x) for x in np.frombuffer(blob, dtype="<u8", count=3))
+    at = 24
+    sizes = np.frombuffer(blob, dtype="<u4", count=n_names, offset=at).tolist()
+    at += 4 * n_names
+    lengths = []
+    for count in (n_names, n, n):
+        lengths.append(np.frombuffer(blob, dtype="<u4", count=count, offset=at).astype(np.int64))
+        at += 4 * count
+    parts: list[list[bytes]] = []
+    for length in lengths:
+        end = at + np.cumsum(length)
+        start = end - length
+        parts.append([blob[a:b] for a, b in zip(start.tolist(), end.tolist(), strict=True)])
+        at = int(end[-1]) if length.size else at
+    names, fields, values = parts
+    groups: Groups = {}
+    first = 0
+    for name, size in zip(names, sizes, strict=True):
+        groups[name] = (fields[first : first + size], values[first : first + size])
+        first += size
+    return epoch, groups
