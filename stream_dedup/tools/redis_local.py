@@ -88,6 +88,64 @@ def single_node(directory: Path) -> Iterator[str]:
         _stop([proc])
 
 
+def _certificates(directory: Path) -> tuple[Path, Path, Path]:
+    """A throw-away CA and a server certificate for 127.0.0.1, made with ``openssl``."""
+    openssl = shutil.which("openssl")
+    if openssl is None:
+        raise RuntimeError("openssl is not installed: apt-get install openssl")
+    directory.mkdir(parents=True, exist_ok=True)
+    ca, ca_key = directory / "ca.crt", directory / "ca.key"
+    cert, key, csr = directory / "server.crt", directory / "server.key", directory / "server.csr"
+    ext = directory / "ext.cnf"
+    ext.write_text("subjectAltName=IP:127.0.0.1\n", encoding="utf-8")
+    days = ["-days", "2"]
+    steps: list[list[str | Path]] = [
+        ["req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", ca_key, "-out", ca, *days],
+        ["req", "-newkey", "rsa:2048", "-nodes", "-keyout", key, "-out", csr],
+        ["x509", "-req", "-in", csr, "-CA", ca, "-CAkey", ca_key, "-CAcreateserial", *days],
+    ]
+    steps[0] += ["-subj", "/CN=stream-dedup test CA"]
+    steps[1] += ["-subj", "/CN=127.0.0.1"]
+    steps[2] += ["-out", cert, "-extfile", ext]
+    for step in steps:
+        subprocess.run([openssl, *map(str, step)], check=True, capture_output=True, timeout=60)
+    return ca, cert, key
+
+
+@contextmanager
+def tls_node(directory: Path, password: str) -> Iterator[tuple[str, Path]]:
+    """A Redis server that speaks TLS only and wants ``password``; yields its
+    ``rediss://`` URL (without the password) and the CA file that signed its certificate."""
+    ca, cert, key = _certificates(directory / "tls")
+    port = free_port()
+    proc = _start(
+        directory,
+        port,
+        *("--port", "0", "--tls-port", str(port), "--tls-auth-clients", "no"),
+        *("--tls-cert-file", str(cert), "--tls-key-file", str(key)),
+        *("--tls-ca-cert-file", str(ca), "--requirepass", password),
+    )
+    try:
+        client = redis.Redis(
+            host="127.0.0.1", port=port, ssl=True, ssl_ca_certs=str(ca), password=password
+        )
+        deadline = time.monotonic() + 20
+        try:
+            while True:
+                try:
+                    client.ping()
+                    break
+                except redis.ConnectionError:
+                    if time.monotonic() > deadline:
+                        raise
+                    time.sleep(0.05)
+        finally:
+            client.close()
+        yield f"rediss://127.0.0.1:{port}/0", ca
+    finally:
+        _stop([proc])
+
+
 @contextmanager
 def cluster(directory: Path, masters: int = 3) -> Iterator[str]:
     """A Redis Cluster of ``masters`` masters (no replicas); yields one node's URL."""

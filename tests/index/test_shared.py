@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import io
+import shutil
 import threading
 from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import pytest
 import redis
@@ -17,6 +19,7 @@ from stream_dedup.index import DedupIndex, keys
 from stream_dedup.index.params import IndexParams
 from stream_dedup.index.redis_backend import RedisBackend
 from stream_dedup.models import Document
+from stream_dedup.tools import redis_local
 from tests.conftest import fresh_namespace
 
 from .test_dedup import article
@@ -167,3 +170,20 @@ def test_stats_reads_a_shared_index(
     missing = ["stats", "--redis", redis_backend_url, "--namespace", "no-such-index"]
     assert main(missing, io.StringIO()) == 3
     assert "is not a stream-dedup index" in capsys.readouterr().err
+
+
+def test_tls_with_a_password_and_a_private_ca(tmp_path: Path) -> None:
+    """``rediss://``, ``tls_ca_file`` and ``password``, against a TLS-only server."""
+    if redis_local.redis_server_binary() is None or shutil.which("openssl") is None:
+        pytest.skip("needs redis-server and openssl")
+    with redis_local.tls_node(tmp_path, password="tls-secret") as (url, ca):
+        backend = RedisBackend(url, password="tls-secret", tls_ca_file=str(ca))
+        try:
+            backend.write({b"M": b"meta"})
+            assert backend.get_many([b"M"]) == [b"meta"]
+        finally:
+            backend.close()
+        with pytest.raises(IndexUnreachableError, match="certificate verify failed"):
+            RedisBackend(url, password="tls-secret")  # the private CA is not trusted
+        with pytest.raises(IndexUnreachableError, match=r"index\.redis\.url"):
+            RedisBackend(url, password="wrong", tls_ca_file=str(ca))
