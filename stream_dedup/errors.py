@@ -18,8 +18,12 @@ module is named::
     │   ├── IndexLockedError          another process already writes this index
     │   ├── IndexCorruptError         stored bytes do not parse
     │   └── IndexIOError              the index could not be read or written (disk,
-    │                                 permissions, a closed database): the service
-    │                                 stops without dead-lettering; fix and restart
+    │       │                         permissions, a closed database): the service
+    │       │                         stops without dead-lettering; fix and restart
+    │       ├── IndexUnreachableError the shared index's Redis cannot be reached or
+    │       │                         refused a command
+    │       └── IndexLeaseLostError   another instance took the shared index's lease
+    │                                 before this one stored its batch
     ├── SketchWorkerError             service/prefetch/worker.py: the sketch worker failed
     │                                 on a batch; the service sketches it in process
     ├── DeliveryAbandonedError        service/kafka.py: deliveries were unconfirmed when

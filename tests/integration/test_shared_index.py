@@ -75,11 +75,11 @@ def test_two_instances_killed_in_turn_lose_nothing_and_agree_with_one(
         messages.append(json.dumps(doc).encode())
     bad = {m for m in messages if m.startswith(b'{"id": "bad-')}
 
-    def feed() -> None:  # ~17 messages/s, keyed over the partitions: copies cross instances
+    def feed() -> None:  # ~30 messages/s, keyed over the partitions: copies cross instances
         for i in range(0, len(messages), 10):
             chunk = enumerate(messages[i : i + 10], start=i)
             produce(bootstrap, topics.input, ((str(n).encode(), m, None) for n, m in chunk))
-            time.sleep(0.6)
+            time.sleep(0.3)
 
     namespace = fresh_namespace()
     ports = [free_port(), free_port()]
