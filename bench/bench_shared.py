@@ -34,7 +34,6 @@ import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
 import uuid
 from collections.abc import Mapping
 from contextlib import ExitStack
@@ -43,6 +42,7 @@ from pathlib import Path
 from typing import Any
 
 from bench_service import documents, produce_all
+from bench_service import scrape as metrics
 
 from stream_dedup.tools import redis_local
 from stream_dedup.tools.broker import (
@@ -60,21 +60,6 @@ SETUPS = [
     ("redis node, 2 instances", "redis", "node", 2),
     ("redis cluster, 2 instances", "redis", "cluster", 2),
 ]
-
-
-def metrics(port: int) -> dict[str, float]:
-    """Unlabelled samples and histogram sums from /metrics ({} while it does not answer)."""
-    try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2) as resp:
-            text = resp.read().decode()
-    except OSError:
-        return {}
-    out: dict[str, float] = {}
-    for line in text.splitlines():
-        if line and not line.startswith("#") and "{" not in line:
-            name, value = line.split()[:2]
-            out[name] = float(value)
-    return out
 
 
 def config_text(

@@ -50,8 +50,8 @@ def _start(directory: Path, port: int, *extra: str) -> subprocess.Popen[bytes]:
         return subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT)
 
 
-def _wait_ping(port: int, deadline: float) -> None:
-    client = redis.Redis(port=port, socket_connect_timeout=0.5)
+def _wait_ping(client: redis.Redis, deadline: float) -> None:
+    """Until ``client`` gets an answer (the server is up); closes it."""
     try:
         while True:
             try:
@@ -63,6 +63,10 @@ def _wait_ping(port: int, deadline: float) -> None:
                 time.sleep(0.05)
     finally:
         client.close()
+
+
+def _local(port: int) -> redis.Redis:
+    return redis.Redis(host="127.0.0.1", port=port, socket_connect_timeout=0.5)
 
 
 def _stop(procs: list[subprocess.Popen[bytes]]) -> None:
@@ -82,7 +86,7 @@ def single_node(directory: Path) -> Iterator[str]:
     port = free_port()
     proc = _start(directory, port)
     try:
-        _wait_ping(port, time.monotonic() + 20)
+        _wait_ping(_local(port), time.monotonic() + 20)
         yield f"redis://127.0.0.1:{port}/0"
     finally:
         _stop([proc])
@@ -129,18 +133,7 @@ def tls_node(directory: Path, password: str) -> Iterator[tuple[str, Path]]:
         client = redis.Redis(
             host="127.0.0.1", port=port, ssl=True, ssl_ca_certs=str(ca), password=password
         )
-        deadline = time.monotonic() + 20
-        try:
-            while True:
-                try:
-                    client.ping()
-                    break
-                except redis.ConnectionError:
-                    if time.monotonic() > deadline:
-                        raise
-                    time.sleep(0.05)
-        finally:
-            client.close()
+        _wait_ping(client, time.monotonic() + 20)
         yield f"rediss://127.0.0.1:{port}/0", ca
     finally:
         _stop([proc])
@@ -166,7 +159,7 @@ def cluster(directory: Path, masters: int = 3) -> Iterator[str]:
     try:
         deadline = time.monotonic() + 20
         for port in ports:
-            _wait_ping(port, deadline)
+            _wait_ping(_local(port), deadline)
         cli = shutil.which("redis-cli")
         if cli is None:
             raise RuntimeError("redis-cli is not installed: apt-get install redis-server")
