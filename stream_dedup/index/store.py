@@ -150,13 +150,17 @@ class DedupIndex:
             name: int.from_bytes(v, "little") if v else 0
             for name, v in zip(COUNTERS, raw, strict=True)
         }
-        self._timeline = self._load_timeline()
         raw_retention = backend.get_many([keys.RETENTION])[0]
         self._stored_retention = (
             NO_RETENTION if raw_retention is None else Retention.from_bytes(raw_retention)
         )
         asked = self._asked_retention
         self.retention = self._stored_retention if asked is None else asked
+        # The clock's change points only serve retention. A shared index re-reads its
+        # state at every batch, and reading every point of every live epoch then would
+        # cost more with each batch decided: without retention it reads none.
+        points = not self._shared or self.retention != NO_RETENTION
+        self._timeline = self._load_timeline(points)
 
     @property
     def shared(self) -> bool:
@@ -174,12 +178,14 @@ class DedupIndex:
                 self._writes += 1  # a commit prepared before this section is stale
             yield
 
-    def _load_timeline(self) -> Timeline:
+    def _load_timeline(self, points: bool = True) -> Timeline:
         raw = self._backend.get_many([keys.EPOCHS])[0]
         if raw is None:
             return Timeline.fresh()
-        present = set(self._backend.epochs())
         body = Timeline.from_bytes(raw, np.empty(0, np.int64), np.empty(0, np.int64))
+        if not points:
+            return body
+        present = set(self._backend.epochs())
         records: list[bytes] = []
         for epoch in body.numbers():
             if epoch in present:

@@ -187,3 +187,27 @@ def test_tls_with_a_password_and_a_private_ca(tmp_path: Path) -> None:
             RedisBackend(url, password="tls-secret")  # the private CA is not trusted
         with pytest.raises(IndexUnreachableError, match=r"index\.redis\.url"):
             RedisBackend(url, password="wrong", tls_ca_file=str(ca))
+
+
+def test_a_lease_reads_no_clock_points_without_retention(
+    shared: Callable[[], Deduplicator],
+) -> None:
+    """Every lease re-reads the shared state: without retention that must not include the
+    clock's change points, one record per batch, which would make each lease slower than
+    the one before."""
+    dedup = shared()
+    for n in range(5):
+        docs = [
+            Document(f"t{n}-{i}", article(100 * n + i), time=1_000 * (n * 60 + i)) for i in range(4)
+        ]
+        decide_and_store(dedup, docs)
+    backend = dedup.index._backend
+    assert isinstance(backend, RedisBackend)
+    assert len(list(backend.scan_keys(keys.POINTS))) == 5  # one per batch, kept
+    scanned: list[bytes] = []
+    original = backend.scan_prefix
+    backend.scan_prefix = lambda prefix, epoch=0: scanned.append(prefix) or original(prefix, epoch)  # type: ignore[method-assign]
+    with dedup.index.exclusive():
+        assert dedup.index.counter("documents") == 20
+        assert dedup.index.timeline.clock == 4 * 60 + 3  # the latest document time, seconds
+    assert scanned == []
