@@ -144,13 +144,12 @@ class DedupIndex:
 
     def _load_state(self) -> None:
         """Counters, epochs and retention as committed (by anyone, for a shared index)."""
-        backend = self._backend
-        raw = backend.get_many([keys.counter_key(c) for c in COUNTERS])
+        wanted = [keys.counter_key(c) for c in COUNTERS] + [keys.RETENTION, keys.EPOCHS]
+        *raw, raw_retention, raw_epochs = self._backend.get_many(wanted)  # one round trip
         self._counters = {
             name: int.from_bytes(v, "little") if v else 0
             for name, v in zip(COUNTERS, raw, strict=True)
         }
-        raw_retention = backend.get_many([keys.RETENTION])[0]
         self._stored_retention = (
             NO_RETENTION if raw_retention is None else Retention.from_bytes(raw_retention)
         )
@@ -160,7 +159,7 @@ class DedupIndex:
         # state at every batch, and reading every point of every live epoch then would
         # cost more with each batch decided: without retention it reads none.
         points = not self._shared or self.retention != NO_RETENTION
-        self._timeline = self._load_timeline(points)
+        self._timeline = self._load_timeline(raw_epochs, points)
 
     @property
     def shared(self) -> bool:
@@ -178,8 +177,9 @@ class DedupIndex:
                 self._writes += 1  # a commit prepared before this section is stale
             yield
 
-    def _load_timeline(self, points: bool = True) -> Timeline:
-        raw = self._backend.get_many([keys.EPOCHS])[0]
+    def _load_timeline(self, raw: bytes | None, points: bool) -> Timeline:
+        """The timeline stored as ``raw`` (the ``E`` key), with its change points read
+        from the live epochs if ``points``."""
         if raw is None:
             return Timeline.fresh()
         body = Timeline.from_bytes(raw, np.empty(0, np.int64), np.empty(0, np.int64))
