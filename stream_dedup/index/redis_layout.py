@@ -19,10 +19,11 @@ import numpy as np
 
 from stream_dedup.index.keys import BUCKET, SCOPED
 
-__all__ = ["DEFAULT_NAMESPACE", "Groups", "RedisLayout", "decode_redo", "encode_redo"]
+__all__ = ["DEFAULT_NAMESPACE", "NAMESPACE", "Groups", "RedisLayout", "decode_redo", "encode_redo"]
 
 DEFAULT_NAMESPACE = "stream-dedup"
-_NAMESPACE = re.compile(r"[A-Za-z0-9_.-]{1,64}")
+#: What a namespace may be: it is inside every key, and its braces make the hash tag.
+NAMESPACE = re.compile(r"[A-Za-z0-9_.-]{1,64}")
 #: Hash tags of the records' 256 hashes.
 _TAGS = [b"{%02x}" % i for i in range(256)]
 _VERDICT = ord("v")
@@ -44,7 +45,7 @@ class RedisLayout:
     """The Redis keys of one index, named by its namespace."""
 
     def __init__(self, namespace: str) -> None:
-        if not _NAMESPACE.fullmatch(namespace):
+        if not NAMESPACE.fullmatch(namespace):
             raise ValueError(f"Redis namespace {namespace!r}: use 1 to 64 of A-Z a-z 0-9 _ . -")
         ns = namespace.encode()
         #: Prefix of the own keys, and the backend's own keys, all in one slot.

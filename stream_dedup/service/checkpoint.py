@@ -218,14 +218,7 @@ class Checkpoint:
                 extra=fields(action="none: its events are not emitted again"),
             )
         else:
-            producer.begin()
-            for i, rec in enumerate(records):  # 2. produce
-                try:
-                    producer.produce(rec)
-                except KafkaException as exc:
-                    replacement = rejected(i, exc)
-                    if replacement is not None:
-                        producer.produce(replacement)
+            self._produce(records, rejected)  # 2. produce
         pending = self._dedup.prepare(result, offsets)  # 4. built while the broker acks
         if not delivered:  # 3. confirm every delivery, or commit the transaction
             producer.deliver(
@@ -250,24 +243,15 @@ class Checkpoint:
         and a batch consumed again after a crash between the two finds every document's
         verdict stored and re-emits identical events (see ``docs/shared-index.md``).
         """
-        index = self._dedup.index
-        index.apply(self._dedup.prepare(result))
+        self._dedup.index.apply(self._dedup.prepare(result))
 
     def deliver(self, records: list[OutRecord], ranges: Ranges, rejected: Rejected) -> None:
         """Shared index, step 2, outside the lease: produce, confirm every record, then
         store the next input offsets in the index and commit them to Kafka."""
         started = time.perf_counter()
         offsets = {tp: end for tp, (_start, end) in ranges.items()}
-        producer = self._producer
-        producer.begin()
-        for i, rec in enumerate(records):
-            try:
-                producer.produce(rec)
-            except KafkaException as exc:
-                replacement = rejected(i, exc)
-                if replacement is not None:
-                    producer.produce(replacement)
-        producer.deliver(
+        self._produce(records, rejected)
+        self._producer.deliver(
             offsets,
             None,
             self._settings.flush_timeout_s,
@@ -277,6 +261,19 @@ class Checkpoint:
         self._dedup.index.write_offsets(offsets)
         self._commit_kafka(offsets)
         self._committed(started)
+
+    def _produce(self, records: list[OutRecord], rejected: Rejected) -> None:
+        """Hand a batch's records to the producer (a transaction's, in exactly-once mode);
+        a record the client rejects outright is replaced by what ``rejected`` gives."""
+        producer = self._producer
+        producer.begin()
+        for i, rec in enumerate(records):
+            try:
+                producer.produce(rec)
+            except KafkaException as exc:
+                replacement = rejected(i, exc)
+                if replacement is not None:
+                    producer.produce(replacement)
 
     def _committed(self, started: float) -> None:
         self._metrics.commits.inc()

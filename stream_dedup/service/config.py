@@ -19,6 +19,7 @@ from typing import Any
 from stream_dedup.core.config import DedupConfig
 from stream_dedup.decode import DocumentFormat, MessageFormat
 from stream_dedup.errors import ConfigError
+from stream_dedup.index.redis_layout import DEFAULT_NAMESPACE, NAMESPACE
 from stream_dedup.index.retention import NO_RETENTION, Retention, parse_duration
 
 
@@ -89,14 +90,14 @@ class RedisConfig:
 
     url: str = "redis://localhost:6379/0"
     password: str = ""
-    namespace: str = "stream-dedup"
+    namespace: str = DEFAULT_NAMESPACE
     tls_ca_file: str = ""
     lock_ttl_ms: int = 10_000
 
     def __post_init__(self) -> None:
         if not re.fullmatch(r"(redis|rediss|unix)://.+", self.url):
             raise ConfigError("url", "use redis://host:port/db, or rediss:// for TLS")
-        if not re.fullmatch(r"[A-Za-z0-9_.-]{1,64}", self.namespace):
+        if not NAMESPACE.fullmatch(self.namespace):
             raise ConfigError("namespace", "use 1 to 64 of A-Z a-z 0-9 _ . -")
         if self.lock_ttl_ms < 100:
             raise ConfigError("lock_ttl_ms", "must be at least 100")
