@@ -74,10 +74,13 @@ def test_kill_9_loop(bootstrap: str, topics: Topics, tmp_path: Path, delivery: s
     bad = [m for m in messages if m.startswith(b'{"id": "bad-')]
     reference = offline_reference(docs, tmp_path, "--max-documents", str(MAX_DOCUMENTS))
 
-    def feed() -> None:  # ~40 messages/s, so messages keep flowing across the kills
+    # ~40 messages/s for 20 kills, faster for fewer: messages keep flowing across the kills
+    pause = 0.25 * KILLS[delivery] / 20 + 0.025
+
+    def feed() -> None:
         for i in range(0, len(messages), 10):
             produce(bootstrap, topics.input, ((None, m, None) for m in messages[i : i + 10]))
-            time.sleep(0.25)
+            time.sleep(pause)
 
     port = free_port()
     settings = process_config(bootstrap, topics, tmp_path / "index", port)

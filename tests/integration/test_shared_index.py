@@ -42,7 +42,7 @@ from .test_process import wait_until
 
 pytestmark = [pytest.mark.broker, pytest.mark.slow]
 
-DOCUMENTS = 1500
+DOCUMENTS = 1200
 PARTITIONS = 4
 KILLS = 10
 BAD_EVERY = 100
