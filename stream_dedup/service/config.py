@@ -20,7 +20,7 @@ from stream_dedup.core.config import DedupConfig
 from stream_dedup.decode import DocumentFormat, MessageFormat
 from stream_dedup.errors import ConfigError
 from stream_dedup.index.redis_layout import DEFAULT_NAMESPACE, NAMESPACE
-from stream_dedup.index.retention import NO_RETENTION, Retention, parse_duration
+from stream_dedup.index.retention import Retention, parse_duration
 
 
 @dataclass(frozen=True, slots=True)
@@ -258,14 +258,6 @@ class ServiceConfig:
         return self.output.dlq_topic or f"{self.input.topics[0]}.dlq"
 
     def __post_init__(self) -> None:
-        if self.index.backend == "redis" and self.index.policy() != NO_RETENTION:
-            key = "index.retention" if self.index.retention != "none" else "index.max_documents"
-            raise ConfigError(
-                key,
-                'retention is not available with index.backend = "redis" yet: leave '
-                'retention = "none" and max_documents = 0 (size Redis for the documents '
-                "held, README: Shared index on Redis)",
-            )
         if self.exactly_once and self.index.backend == "redis":
             raise ConfigError(
                 "service.delivery",

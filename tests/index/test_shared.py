@@ -16,8 +16,10 @@ from stream_dedup.core.config import DedupConfig
 from stream_dedup.dedup import Deduplicator
 from stream_dedup.errors import IndexLeaseLostError, IndexUnreachableError
 from stream_dedup.index import DedupIndex, keys
+from stream_dedup.index.memory import MemoryBackend
 from stream_dedup.index.params import IndexParams
 from stream_dedup.index.redis_backend import RedisBackend
+from stream_dedup.index.retention import Retention
 from stream_dedup.models import Document
 from stream_dedup.tools import redis_local
 from tests.conftest import fresh_namespace
@@ -211,3 +213,47 @@ def test_a_lease_reads_no_clock_points_without_retention(
         assert dedup.index.counter("documents") == 20
         assert dedup.index.timeline.clock == 4 * 60 + 3  # the latest document time, seconds
     assert scanned == []
+
+
+def test_two_instances_with_retention_decide_as_one_and_read_only_new_clock_points(
+    redis_backend_url: str,
+) -> None:
+    """Retention on a shared index: instances taking turns give the verdicts of one
+    in-memory index under the same retention, and a lease reads the clock's change points
+    of the other instance's batches only (no scan of every point held)."""
+    namespace, config = fresh_namespace(), DedupConfig()
+    params, retention = IndexParams.of(config), Retention(window=600, max_documents=50)
+    backends = [RedisBackend(redis_backend_url, namespace=namespace) for _ in range(2)]
+    instances = [Deduplicator(DedupIndex(b, params, retention), config) for b in backends]
+    reference = Deduplicator(DedupIndex(MemoryBackend(), params, retention), config)
+    docs = []
+    for j in range(200):  # 30 s apart: the window holds 20 documents, max_documents 50
+        source = j - 15 if j % 3 == 0 else j - 40 if j % 7 == 0 else j  # inside / outside
+        docs.append(Document(f"d{j}", article(max(source, 0) + 5000), time=30_000 * j))
+    scans: list[bytes] = []
+    for backend in backends:
+        scan = backend.scan_prefix
+        backend.scan_prefix = (  # type: ignore[method-assign]
+            lambda prefix, epoch=0, scan=scan: scans.append(prefix) or scan(prefix, epoch)
+        )
+    try:
+        for b in range(0, len(docs), 10):
+            batch = docs[b : b + 10]
+            shared = decide_and_store(instances[(b // 10) % 2], batch)
+            alone = {v.id: v.duplicate_of for v in reference.process(batch).verdicts}
+            assert shared == alone, b
+        assert scans == []
+        with instances[0].index.exclusive():
+            stats = instances[0].index.stats()
+        alone_stats = reference.index.stats()
+        assert (stats.held, stats.expired, stats.epochs) == (
+            alone_stats.held,
+            alone_stats.expired,
+            alone_stats.epochs,
+        )
+        assert stats.held == 21  # the window: 600 s of documents 30 s apart, and the last
+        # Expired epochs were dropped from Redis: what is left is what the index lists.
+        assert set(backends[0].epochs()) - {0} == set(instances[0].index.timeline.numbers())
+    finally:
+        for backend in backends:
+            backend.close()

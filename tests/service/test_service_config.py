@@ -321,8 +321,6 @@ def test_the_redis_index_settings_layer_through_file_environment_and_flags(
             "service.delivery",
             "at-least-once",
         ),
-        ({"index": {"backend": "redis", "retention": "30d"}}, "index.retention", "not available"),
-        ({"index": {"backend": "redis", "max_documents": 9}}, "index.max_documents", "not"),
     ],
 )
 def test_bad_redis_index_settings_name_the_key(
