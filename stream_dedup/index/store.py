@@ -47,19 +47,15 @@ from stream_dedup.index.retention import (
     NO_RETENTION,
     Retention,
     Timeline,
-    decode_points,
     encode_points,
 )
 from stream_dedup.index.rocks import RocksBackend
+from stream_dedup.index.timeline_store import load_timeline, refresh_timeline, stored_epochs
 
 __all__ = ["COUNTERS", "FILTER_FILE", "DedupIndex", "IndexStats", "PendingCommit", "open_index"]
 
 #: Counters kept in the index, updated in the same write as the records they count.
 COUNTERS = ("documents", "indexed", "duplicates", "empty")
-
-#: Documents decided by other instances since a shared index's last lease above which
-#: its clock's change points are read again whole rather than key by key.
-_POINTS_READ_MAX = 200_000
 
 #: Input ranges of one batch: (topic, partition) -> (first offset, last offset + 1).
 Ranges = Mapping[tuple[str, int], tuple[int, int]]
@@ -151,7 +147,7 @@ class DedupIndex:
 
         ``since``: the clock's change points held in memory are those of the documents
         before this docnum; only the points of later ones are read (see
-        :meth:`_load_timeline`)."""
+        :func:`~stream_dedup.index.timeline_store.refresh_timeline`)."""
         wanted = [keys.counter_key(c) for c in COUNTERS] + [keys.RETENTION, keys.EPOCHS]
         *raw, raw_retention, raw_epochs = self._backend.get_many(wanted)  # one round trip
         self._counters = {
@@ -166,7 +162,16 @@ class DedupIndex:
         # The clock's change points only serve retention: without it a shared index, which
         # re-reads its state at every batch, reads none.
         points = not self._shared or self.retention != NO_RETENTION
-        self._timeline = self._load_timeline(raw_epochs, points, since)
+        if raw_epochs is None:
+            self._timeline = Timeline.fresh()
+        elif not points:
+            self._timeline = stored_epochs(raw_epochs)
+        elif since is None:
+            self._timeline = load_timeline(self._backend, raw_epochs)
+        else:
+            self._timeline = refresh_timeline(
+                self._backend, raw_epochs, self._timeline, since, self._counters["indexed"]
+            )
 
     @property
     def shared(self) -> bool:
@@ -183,55 +188,6 @@ class DedupIndex:
                 self._load_state(since=self._counters["indexed"])
                 self._writes += 1  # a commit prepared before this section is stale
             yield
-
-    def _load_timeline(self, raw: bytes | None, points: bool, since: int | None) -> Timeline:
-        """The timeline stored as ``raw`` (the ``E`` key), with its change points if
-        ``points``: those in memory for the documents before ``since`` (still live) and
-        those read for the documents after it, or with ``since=None`` all of them, read
-        from every live epoch.
-
-        Reading from ``since`` on is what keeps a shared index's lease from reading one
-        more record each batch: its cost is the batches other instances decided since."""
-        if raw is None:
-            return Timeline.fresh()
-        body = Timeline.from_bytes(raw, np.empty(0, np.int64), np.empty(0, np.int64))
-        if not points:
-            return body
-        until = self._counters["indexed"]
-        if since is not None and until - since <= _POINTS_READ_MAX:
-            old = self._timeline
-            keep = old.points_doc >= body.live_first
-            new_doc, new_clock = self._points_between(body, since, until)
-            return Timeline(
-                body.epochs,
-                body.clock,
-                np.concatenate([old.points_doc[keep], new_doc]),
-                np.concatenate([old.points_clock[keep], new_clock]),
-            )
-        present = set(self._backend.epochs())
-        records: list[bytes] = []
-        for epoch in body.numbers():
-            if epoch in present:
-                records.extend(v for _, v in self._backend.scan_prefix(keys.POINTS, epoch))
-        points_doc, points_clock = decode_points(records)
-        return Timeline(body.epochs, body.clock, points_doc, points_clock)
-
-    def _points_between(self, body: Timeline, start: int, end: int) -> tuple[I64, I64]:
-        """The change points of the batches that began at docnums ``start`` to ``end``:
-        a batch's record is keyed by its first docnum and lives in the epoch holding it,
-        so every docnum of the range is a key to try (one batched read per epoch)."""
-        if end <= start:
-            return decode_points([])
-        firsts = np.array([e.first for e in body.epochs], dtype=np.int64)
-        docnums = np.arange(start, end, dtype=np.int64)
-        where = np.searchsorted(firsts, docnums, side="right") - 1
-        records: list[bytes] = []
-        for i, epoch in enumerate(body.epochs):
-            nums = docnums[where == i].tolist()
-            if nums:
-                found = self._backend.get_many([keys.points_key(n) for n in nums], epoch.number)
-                records.extend(v for v in found if v is not None)
-        return decode_points(records)
 
     @property
     def params(self) -> IndexParams:
