@@ -5,12 +5,14 @@ left, at ``batch.max_messages``, or ``batch.max_wait_ms`` after its first messag
 takes goes through the partition merge (:class:`~stream_dedup.service.ordering.PartitionMerge`),
 which releases records in document time across the assigned partitions, holding them back
 while an assigned partition has nothing buffered, is not known to be at its end, and has
-been empty for less than ``batch.max_idle_ms``. After a
-crash the first batch is instead the one the index's batch intent announces, collected
-until complete (see :mod:`stream_dedup.service.checkpoint`); normal batching resumes once it is
-committed (the service then clears :attr:`Batcher.intent` and resumes what was
-paused). The service's rebalance callbacks keep :attr:`Batcher.assigned` and drop
-the messages of partitions that go.
+been empty for less than ``batch.max_idle_ms``. After a crash the first batch is instead
+the one the index's batch intent announces, collected until complete
+(``docs/commit-protocol.md``); normal batching resumes once it is stored
+(:meth:`Batcher.intent_done`).
+
+The :class:`Batcher` is the collecting half of a batch's life; its owner,
+:class:`~stream_dedup.service.lifecycle.BatchLife`, is the only caller of its verbs
+(assign, forget, put back, abandon, intent done), so its state changes in this file only.
 """
 
 from __future__ import annotations
@@ -21,17 +23,14 @@ import time
 
 from confluent_kafka import Consumer, KafkaError, Message, TopicPartition
 
-from stream_dedup.index.store import Ranges
 from stream_dedup.logs import fields
 from stream_dedup.service.broker_watch import LogThrottle
-from stream_dedup.service.checkpoint import intent_reached, position, split_intent
 from stream_dedup.service.config import BatchConfig
 from stream_dedup.service.kafka import raise_if_fatal
 from stream_dedup.service.ordering import PartitionMerge, RecordTime
+from stream_dedup.service.ranges import Ranges, TpKey, intent_reached, position, split_intent
 
 log = logging.getLogger("stream_dedup.service")
-
-TpKey = tuple[str, int]
 
 #: At most this many batches' worth of messages wait in the partition merge: beyond it,
 #: a partition with nothing buffered is waited for only until ``batch.max_idle_ms``.
@@ -47,44 +46,99 @@ class Batcher:
         intent: Ranges | None,
         stop: threading.Event,
         time_of: RecordTime | None = None,
+        consumer: Consumer | None = None,
     ) -> None:
+        """``consumer`` is what batches are taken from (and partitions paused on);
+        ``intent`` the ranges of a batch announced but not stored before the last stop."""
         self._batch = batch
         self._stop = stop
-        #: Ranges of a batch announced but not committed before the last stop: replay it.
-        self.intent = intent
-        self.consumer: Consumer | None = None
-        self.time_of = time_of if time_of is not None else RecordTime()
+        self._intent = intent
+        self._consumer = consumer
+        self._time_of = time_of if time_of is not None else RecordTime()
         #: The consumed messages not yet in a batch, per partition (the reorder stage).
-        self.merge = PartitionMerge(batch.max_idle_ms / 1000.0, self.time_of)
-        self.paused: set[TpKey] = set()
-        self.assigned: set[TpKey] = set()
+        self.merge = PartitionMerge(batch.max_idle_ms / 1000.0, self._time_of)
+        self._paused: set[TpKey] = set()
+        self._assigned: set[TpKey] = set()
         #: When each pending message (by ``id``) was taken from the consumer.
-        self.received_at: dict[int, float] = {}
+        self._received_at: dict[int, float] = {}
         self._intent_warned_at = time.monotonic() - 15.0  # first warning after ~15 s
         #: A consume error that persists comes back at every poll that reports it: each
         #: kind (code, partition) is logged once a minute, with the count of those left out.
         self._errors = LogThrottle(60.0)
+
+    # -- what it holds -------------------------------------------------------------------
+
+    @property
+    def intent(self) -> Ranges | None:
+        """The ranges of the announced batch still to replay, or None when batching normally."""
+        return self._intent
+
+    @property
+    def assigned(self) -> frozenset[TpKey]:
+        return frozenset(self._assigned)
 
     @property
     def pending(self) -> list[Message]:
         """The messages consumed but not yet in a batch, partition by partition."""
         return self.merge.messages()
 
-    @pending.setter
-    def pending(self, msgs: list[Message]) -> None:
+    def received_at(self, batch: list[Message], default: float) -> list[float]:
+        """When each message of a processed ``batch`` was consumed (forgotten here)."""
+        received = self._received_at
+        return [received.pop(id(msg), default) for msg in batch]
+
+    # -- verbs of the batch's owner ------------------------------------------------------
+
+    def assign(self, partitions: set[TpKey]) -> None:
+        """The partitions are this consumer's now (fetching, not paused)."""
+        self._assigned |= partitions
+        self._paused -= partitions
+
+    def forget(self, partitions: set[TpKey]) -> None:
+        """The partitions are no longer this consumer's: their pending messages go too."""
+        self._assigned -= partitions
+        self._paused -= partitions
+        self.merge.drop(partitions)
+
+    def put_back(self, msgs: list[Message]) -> None:
+        """Messages taken but not decided come back, before everything pending."""
+        self._refill(msgs + self.pending)
+
+    def abandon(self) -> None:
+        """Forget every pending message (consumed again from the stored offsets)."""
+        self._refill([])
+        self._received_at.clear()
+
+    def take_pending(self) -> list[Message]:
+        """Everything pending, as one batch (the partitions are about to go)."""
+        batch = self.pending
+        self._refill([])
+        return batch
+
+    def take_announced(self) -> list[Message]:
+        """The announced batch if every message of it is here (the rest stays), else []."""
+        intent = self._intent
+        if intent is None or not intent_reached(self.pending, intent):
+            return []
+        batch, held = split_intent(self.pending, intent)
+        self._refill(held)
+        return batch
+
+    def intent_done(self) -> None:
+        """The announced batch is stored: batch normally, resume what waiting for it paused."""
+        self._intent = None
+        self.resume_all()
+
+    def _refill(self, msgs: list[Message]) -> None:
         self.merge.clear()
         for msg in msgs:
             self.merge.add(msg)
 
-    def drop(self, partitions: set[TpKey]) -> None:
-        """Forget the pending messages of ``partitions`` (read again when they come back)."""
-        self.merge.drop(partitions)
-
     def watched(self) -> set[TpKey]:
         """The partitions the merge waits for: assigned and fetching, or holding records."""
-        return (self.assigned - self.paused) | self.merge.partitions()
+        return (self._assigned - self._paused) | self.merge.partitions()
 
-    def collect(self, consumer: Consumer, *, wait: bool = True) -> list[Message]:
+    def collect(self, *, wait: bool = True) -> list[Message]:
         """Up to ``max_messages``: what has arrived, taken without waiting for more.
 
         The first message is awaited with ``poll`` (returns as soon as one is there);
@@ -105,8 +159,10 @@ class Batcher:
         back (at most ``batch.max_idle_ms``), the wait is spent taking more, a little at
         a time; with ``wait=False`` nothing is waited for.
         """
-        if self.intent is not None:
-            return self._collect_intent(consumer, self.intent)
+        consumer = self._consumer
+        assert consumer is not None, "a Batcher collects from the consumer it was given"
+        if self._intent is not None:
+            return self._collect_intent(consumer, self._intent)
         limit = self._batch.max_messages
         merge = self.merge
         if not merge:
@@ -146,9 +202,9 @@ class Batcher:
         the next batch. Partitions with nothing more to give this batch are paused so the
         held messages stay few; they resume when the batch is complete.
         """
-        missing = sorted(set(intent) - self.assigned)
+        missing = sorted(set(intent) - self._assigned)
         if missing:
-            self.pause([tp for tp in self.assigned if tp not in self.paused])
+            self.pause([tp for tp in self._assigned if tp not in self._paused])
             now = time.monotonic()
             if now - self._intent_warned_at > 30.0:
                 self._intent_warned_at = now
@@ -169,9 +225,7 @@ class Batcher:
             self.pause(self._done_for_intent(intent))
             if not intent_reached(self.pending, intent):
                 return []
-        batch, held = split_intent(self.pending, intent)
-        self.pending = held
-        return batch
+        return self.take_announced()
 
     def _done_for_intent(self, intent: Ranges) -> list[TpKey]:
         """Assigned, unpaused partitions that cannot add to the announced batch."""
@@ -181,22 +235,23 @@ class Batcher:
             last[(topic, partition)] = max(last.get((topic, partition), -1), offset)
         return [
             tp
-            for tp in self.assigned
-            if tp not in self.paused and (tp not in intent or last.get(tp, -1) >= intent[tp][1] - 1)
+            for tp in self._assigned
+            if tp not in self._paused
+            and (tp not in intent or last.get(tp, -1) >= intent[tp][1] - 1)
         ]
 
     def pause(self, partitions: list[TpKey]) -> None:
-        if partitions and self.consumer is not None:
-            self.consumer.pause([TopicPartition(t, p) for t, p in partitions])
-            self.paused.update(partitions)
+        if partitions and self._consumer is not None:
+            self._consumer.pause([TopicPartition(t, p) for t, p in partitions])
+            self._paused.update(partitions)
 
     def resume_all(self) -> None:
         """Resume what :meth:`pause` paused (fetching restarts after the last message seen)."""
-        if self.paused and self.consumer is not None:
-            live = [TopicPartition(t, p) for t, p in self.paused if (t, p) in self.assigned]
+        if self._paused and self._consumer is not None:
+            live = [TopicPartition(t, p) for t, p in self._paused if (t, p) in self._assigned]
             if live:
-                self.consumer.resume(live)
-        self.paused.clear()
+                self._consumer.resume(live)
+        self._paused.clear()
 
     def take(self, msgs: list[Message]) -> None:
         """Keep consumed messages for the batch; log (or raise, if fatal) consumer errors."""
@@ -217,4 +272,4 @@ class Batcher:
                         )
                 continue
             self.merge.add(msg)
-            self.received_at[id(msg)] = received
+            self._received_at[id(msg)] = received

@@ -1,266 +1,97 @@
-"""The commit protocol: how a batch becomes durable. Implemented here and nowhere else.
+"""How a batch becomes durable: one commit strategy per delivery mode, chosen once at start.
 
-A batch is a set of input ranges, ``(topic, partition) -> (first offset, last offset + 1)``,
-and it is always decided in *time order* (:func:`stream_dedup.service.ordering.time_order`):
-each partition's records in offset order, merged by the (time, topic, partition) of their
-heads, where a record's time is its message timestamp or ``input.time_field``. When times
-do not decrease along a partition this is the order of (time, topic, partition, offset).
-The order depends only on the records inside the ranges (their times), never on how the
-consumer happened to interleave partitions or how fast they were fetched. Which records
-form a batch is chosen by the partition merge (:class:`~stream_dedup.service.ordering.
-PartitionMerge`), which releases them across partitions in time order, so a batch is a
-time-ordered run that is still one contiguous offset range per partition. For every
-batch, in this order:
+The protocol, its crash points and why it loses nothing are written down once, in
+``docs/commit-protocol.md`` (the shared index's variant in ``docs/shared-index.md``); the
+numbered comments below are its steps. Three named strategies implement it behind one
+interface, :class:`CommitStrategy`:
 
-1. **Record the batch intent**: the batch's ranges, in one small atomic index write
-   (:meth:`DedupIndex.write_intent`; fsynced only with ``index.sync``).
-2. **Produce** the batch's records (one event per decided document, one dead letter per
-   rejected message) asynchronously.
-3. **Flush and confirm**: wait until the broker has acknowledged every record
-   (``acks=all``). Failed deliveries are produced again; a broker outage is waited out
-   with backoff. Nothing below happens until every record is confirmed.
-4. **One RocksDB WriteBatch** (:meth:`Deduplicator.prepare`, then
-   :meth:`DedupIndex.apply`): the batch's index updates, per-document verdict records,
-   counters, the next input offset of every (topic, partition) the batch consumed
-   (dead-lettered messages included) *and* the cleared intent. Applying it is the commit
-   point. It is built (keys ordered and copied into the ``WriteBatch``: most of its cost)
-   while step 3 waits for the broker, and applied only after step 3 confirmed every record.
-5. **Commit the offsets to Kafka** so that standard lag tools see progress, without
-   waiting for the broker's answer (the consumer's commit callback,
-   :func:`kafka_commit_reporter`, reports it while the loop goes on). Kafka's offsets are
-   informational: a failure here is logged and counted, not fatal.
+* :class:`AtLeastOnce` (the default): record the batch intent, produce, confirm every
+  delivery, one index write with the offsets, commit the offsets to Kafka.
+* :class:`ExactlyOnce` (``service.delivery = "exactly-once"``): the same order, with the
+  records and the input offsets in one Kafka transaction
+  (:class:`~stream_dedup.service.transactions.TransactionalProducer`).
+* :class:`SharedIndex` (``index.backend = "redis"``): decide and store under the shared
+  index's lease, then deliver and store the offsets outside it.
 
-On partition assignment the service seeks to the offsets stored in the index (step 4),
-not to Kafka's; a partition named by a pending intent is sought to the intent's start.
-So a crash anywhere, ``kill -9`` included:
-
-* before step 1 completes: nothing of the batch left the process; it is consumed again
-  as an ordinary batch.
-* between steps 1 and 4: the index holds the intent but neither the batch's records nor
-  its offsets. At start-up the first batch is exactly the intent's ranges (the service
-  collects until every intent partition reaches its end offset and holds anything beyond
-  for the next batch), decided in time order over the same committed index: the order
-  is computed from the ranges' records alone, so it is the first emission's.
-  Deciding is deterministic, so the replayed events equal the first emission (same
-  verdict, ``duplicate_of``, similarity, cluster), however many partitions there are.
-  Consumers see at most one batch twice, with identical content, keyed by document id.
-* after step 4: the index resumes after the batch; nothing is replayed.
-
-A document that arrives after a later copy was decided (its partition lagged beyond
-``batch.max_idle_ms``, or its time is earlier than records already released) is decided
-when it arrives, against everything decided before it: the original becomes the
-duplicate of the copy. That is deterministic given the decision order, which the index
-records and a replay keeps.
-
-Nothing is lost (an offset is never stored before its events are confirmed) and nothing
-is decided twice differently (the replayed batch is the announced batch, and verdicts,
-offsets and the cleared intent are stored atomically).
-
-**Exactly-once** (``service.delivery = "exactly-once"``, :mod:`.transactions`). Steps 2,
-3 and 5 become one Kafka transaction, and the index write follows its commit:
-
-1. the batch intent, as above;
-2. ``begin_transaction``; produce the batch's events and dead letters;
-3. ``send_offsets_to_transaction`` with the batch's next input offsets, then
-   ``commit_transaction``: the records become visible to ``read_committed`` readers and
-   the group's committed offsets move past the batch, atomically. An abortable error
-   aborts the transaction and produces the batch again in a new one;
-4. the index ``WriteBatch``, as above (built while the transaction commits).
-
-At start-up ``init_transactions`` fences an older instance with the same
-``transactional.id`` and completes or aborts the transaction it left; then, if the index
-holds an intent, the group's committed offsets (read as stable offsets) say whether that
-intent's transaction committed (:func:`~stream_dedup.service.transactions.
-intent_delivered`): the offsets move only inside the service's transactions. A crash:
-
-* before step 1 completes: nothing of the batch left the process.
-* between steps 1 and 3's commit: the transaction is open or aborted, never committed;
-  ``init_transactions`` aborts it, so a ``read_committed`` reader never sees its
-  records. The group's offsets are still before the batch: the batch is replayed, as in
-  the at-least-once case, in a new transaction; its verdicts are the first decision's.
-* after the commit, before step 4: Kafka has the batch's records and offsets, the index
-  only the intent. The group's offsets are past the intent, so the batch is collected
-  and decided again (the same verdicts) and only its index write is applied: nothing is
-  produced again.
-* after step 4: nothing is replayed.
-
-So a ``read_committed`` reader sees every event and dead letter exactly once, and the
-index never holds a document whose event was aborted: it is written only after the
-transaction committed. An at-least-once intent found in exactly-once mode (the mode was
-changed) has group offsets before it and is replayed in a transaction.
+:func:`open_strategy` picks one from the settings. The batch's owner
+(:class:`~stream_dedup.service.lifecycle.BatchLife`) hands each decoded batch to
+:meth:`CommitStrategy.commit`, which decides it (:class:`~stream_dedup.service.decide.
+Decider`) and makes it durable; nothing else writes the index or produces.
 """
 
 from __future__ import annotations
 
 import logging
 import time
+from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping
 
-from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
+from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 
-from stream_dedup.dedup import BatchResult, BatchStats, Deduplicator
-from stream_dedup.index.backend import NO_ORDERED_PUTS
-from stream_dedup.index.store import Ranges
+from stream_dedup.core.sketch import Sketch
+from stream_dedup.dedup import BatchResult
+from stream_dedup.index import DedupIndex
 from stream_dedup.logs import fields
-from stream_dedup.service.config import ServiceSection
+from stream_dedup.service.broker_watch import BrokerWatch
+from stream_dedup.service.config import ServiceConfig
+from stream_dedup.service.decide import Decider, Rejected
 from stream_dedup.service.events import OutRecord
+from stream_dedup.service.inputs import Decoded
 from stream_dedup.service.kafka import EventProducer
 from stream_dedup.service.metrics import Metrics
+from stream_dedup.service.ranges import Ranges, TpKey, next_offsets
+from stream_dedup.service.transactions import TransactionalProducer, intent_delivered
 
 log = logging.getLogger("stream_dedup.service.checkpoint")
 
-Offsets = Mapping[tuple[str, int], int]
-#: Called when the client rejects a record outright: returns a replacement (a dead letter).
-Rejected = Callable[[int, Exception], OutRecord | None]
+Offsets = Mapping[TpKey, int]
 
 
-def position(msg: Message) -> tuple[str, int, int]:
-    """(topic, partition, offset) of a consumed, error-free message."""
-    topic, partition, offset = msg.topic(), msg.partition(), msg.offset()
-    assert topic is not None and partition is not None and offset is not None
-    return topic, partition, offset
+class CommitStrategy(ABC):
+    """Decides a batch and makes it durable, in one delivery mode's order.
 
-
-def canonical_order(msgs: list[Message]) -> list[Message]:
-    """The batch sorted by (topic, partition, offset): the tie-break of time order.
-
-    Batches are decided in :func:`stream_dedup.service.ordering.time_order`; this order
-    (a function of the batch alone, like that one) is what ties of time fall back to.
+    Owns the producer (closed by :meth:`close`); uses the consumer only to commit offsets
+    and, in exactly-once mode, for its group metadata. ``keep_waiting`` is asked while
+    deliveries are unconfirmed: False gives up (the batch is replayed at the next start).
     """
-    return sorted(msgs, key=position)
 
-
-def batch_ranges(msgs: list[Message]) -> dict[tuple[str, int], tuple[int, int]]:
-    """(topic, partition) -> (first offset, last offset + 1) of a non-empty batch."""
-    ranges: dict[tuple[str, int], tuple[int, int]] = {}
-    for msg in msgs:
-        topic, partition, offset = position(msg)
-        start, end = ranges.get((topic, partition), (offset, offset + 1))
-        ranges[(topic, partition)] = (min(start, offset), max(end, offset + 1))
-    return ranges
-
-
-def intent_reached(msgs: list[Message], intent: Ranges) -> bool:
-    """Whether ``msgs`` reach the end of every range of ``intent`` (the batch is complete)."""
-    last: dict[tuple[str, int], int] = {}
-    for msg in msgs:
-        topic, partition, offset = position(msg)
-        if (topic, partition) in intent:
-            last[(topic, partition)] = max(last.get((topic, partition), -1), offset)
-    return all(last.get(tp, -1) >= end - 1 for tp, (_start, end) in intent.items())
-
-
-def split_intent(msgs: list[Message], intent: Ranges) -> tuple[list[Message], list[Message]]:
-    """The messages inside ``intent``'s ranges, and the rest (held, in arrival order)."""
-    inside: list[Message] = []
-    held: list[Message] = []
-    for msg in msgs:
-        topic, partition, offset = position(msg)
-        span = intent.get((topic, partition))
-        in_range = span is not None and span[0] <= offset < span[1]
-        (inside if in_range else held).append(msg)
-    return inside, held
-
-
-def empty_result() -> BatchResult:
-    """A batch with nothing to decide (every message was dead-lettered)."""
-    return BatchResult([], {}, NO_ORDERED_PUTS, {}, BatchStats())
-
-
-class Checkpoint:
-    """Runs the commit protocol (see the module docstring) for one batch at a time.
-
-    ``producer`` is a :class:`~stream_dedup.service.transactions.TransactionalProducer` in
-    exactly-once mode (steps 2, 3 and 5 become one transaction), an :class:`EventProducer`
-    otherwise.
-    """
+    #: What the operator should do when the first batch replays an announced one.
+    replay_action = "none: its events are re-emitted identically"
 
     def __init__(
         self,
         producer: EventProducer,
-        dedup: Deduplicator,
         consumer: Consumer,
+        decider: Decider,
         metrics: Metrics,
-        settings: ServiceSection,
+        config: ServiceConfig,
         keep_waiting: Callable[[], bool],
     ) -> None:
         self._producer = producer
-        self._dedup = dedup
         self._consumer = consumer
+        self._decider = decider
+        self._index: DedupIndex = decider.dedup.index
         self._metrics = metrics
-        self._settings = settings
+        self._settings = config.service
         self._keep_waiting = keep_waiting
 
+    def replay_delivered(self, intent: Ranges) -> bool:
+        """Whether the batch ``intent`` announces was delivered before the last stop (then
+        its replay stores it without producing it again). Asked once, at start."""
+        return False
+
+    @abstractmethod
     def commit(
-        self,
-        records: list[OutRecord],
-        result: BatchResult,
-        ranges: Ranges,
-        rejected: Rejected,
-        *,
-        delivered: bool = False,
-    ) -> None:
-        """Record the intent, produce, confirm, write the index, commit to Kafka: in order.
+        self, decoded: Decoded, sketched: Sketch | None, ranges: Ranges, *, replaying: bool
+    ) -> BatchResult:
+        """Decide ``decoded`` (the batch of input ``ranges``, in time order) and make it
+        durable; ``replaying``: it is the batch the index's intent announced."""
 
-        ``ranges`` are the batch's input ranges; ``result`` must come from deciding the
-        batch's documents in time order (see the module docstring). ``delivered``: the
-        batch is the pending intent and its transaction committed before the last stop
-        (exactly-once only), so its records are not produced again; only the index is
-        written.
-        """
-        started = time.perf_counter()
-        offsets = {tp: end for tp, (_start, end) in ranges.items()}
-        self._dedup.index.write_intent(ranges)  # 1. the batch intent
-        producer = self._producer
-        if delivered:
-            log.info(
-                "the batch announced before the last stop was delivered; storing it",
-                extra=fields(action="none: its events are not emitted again"),
-            )
-        else:
-            self._produce(records, rejected)  # 2. produce
-        pending = self._dedup.prepare(result, offsets)  # 4. built while the broker acks
-        if not delivered:  # 3. confirm every delivery, or commit the transaction
-            producer.deliver(
-                offsets,
-                self._consumer.consumer_group_metadata() if producer.commits_offsets else None,
-                self._settings.flush_timeout_s,
-                (self._settings.backoff_initial_s, self._settings.backoff_max_s),
-                give_up=lambda: not self._keep_waiting(),
-            )
-        self._dedup.index.apply(pending)  # 4. the commit point; clears the intent
-        if not producer.commits_offsets:
-            self._commit_kafka(offsets)  # 5. offsets to Kafka, for lag tools
-        self._committed(started)
+    def close(self, timeout_s: float) -> int:
+        """Flush (or abort) what is left; returns the number of records undelivered."""
+        return self._producer.close(timeout_s)
 
-    def store(self, result: BatchResult) -> None:
-        """Shared index, step 1: store the decided batch (records, verdicts, counters; no
-        offsets) in one atomic write, inside the lease it was decided in.
-
-        The order is the reverse of :meth:`commit`'s, because other instances must see
-        the batch's documents before this one lets the lease go. Nothing is lost by it:
-        the offsets are stored only by :meth:`deliver`, after the events are confirmed,
-        and a batch consumed again after a crash between the two finds every document's
-        verdict stored and re-emits identical events (see ``docs/shared-index.md``).
-        """
-        self._dedup.index.apply(self._dedup.prepare(result))
-
-    def deliver(self, records: list[OutRecord], ranges: Ranges, rejected: Rejected) -> None:
-        """Shared index, step 2, outside the lease: produce, confirm every record, then
-        store the next input offsets in the index and commit them to Kafka."""
-        started = time.perf_counter()
-        offsets = {tp: end for tp, (_start, end) in ranges.items()}
-        self._produce(records, rejected)
-        self._producer.deliver(
-            offsets,
-            None,
-            self._settings.flush_timeout_s,
-            (self._settings.backoff_initial_s, self._settings.backoff_max_s),
-            give_up=lambda: not self._keep_waiting(),
-        )
-        self._dedup.index.write_offsets(offsets)
-        self._commit_kafka(offsets)
-        self._committed(started)
+    # -- the steps the strategies share ---------------------------------------------------
 
     def _produce(self, records: list[OutRecord], rejected: Rejected) -> None:
         """Hand a batch's records to the producer (a transaction's, in exactly-once mode);
@@ -275,14 +106,20 @@ class Checkpoint:
                 if replacement is not None:
                     producer.produce(replacement)
 
-    def _committed(self, started: float) -> None:
-        self._metrics.commits.inc()
-        self._metrics.last_commit.set_to_current_time()
-        self._metrics.commit_duration.observe(time.perf_counter() - started)
+    def _confirm(self, offsets: Offsets, group: object = None) -> None:
+        """Return once every record is delivered (or the transaction committed)."""
+        settings = self._settings
+        self._producer.deliver(
+            offsets,
+            group,
+            settings.flush_timeout_s,
+            (settings.backoff_initial_s, settings.backoff_max_s),
+            give_up=lambda: not self._keep_waiting(),
+        )
 
     def _commit_kafka(self, offsets: Offsets) -> None:
-        """Step 5, asynchronous: a synchronous commit is a broker round trip per batch, a
-        large share of a small batch's time in the loop at low load."""
+        """Offsets to Kafka, for lag tools; asynchronous: a synchronous commit is a broker
+        round trip per batch, a large share of a small batch's time at low load."""
         if not offsets:
             return
         tps = [TopicPartition(t, p, o) for (t, p), o in offsets.items()]
@@ -290,6 +127,148 @@ class Checkpoint:
             self._consumer.commit(offsets=tps, asynchronous=True)
         except KafkaException as exc:
             _kafka_commit_failed(self._metrics, str(exc))
+
+    def _committed(self, started: float) -> None:
+        self._metrics.commits.inc()
+        self._metrics.last_commit.set_to_current_time()
+        self._metrics.commit_duration.observe(time.perf_counter() - started)
+
+
+class _IntentFirst(CommitStrategy):
+    """The order of an index this instance owns: intent, deliver, then one index write."""
+
+    def commit(
+        self, decoded: Decoded, sketched: Sketch | None, ranges: Ranges, *, replaying: bool
+    ) -> BatchResult:
+        out = self._decider.build(decoded, sketched)
+        started = time.perf_counter()
+        offsets = next_offsets(ranges)
+        self._index.write_intent(ranges)  # 1. the batch intent
+        delivered = replaying and self._delivered_before()
+        if delivered:
+            log.info(
+                "the batch announced before the last stop was delivered; storing it",
+                extra=fields(action="none: its events are not emitted again"),
+            )
+        else:
+            self._produce(out.records, out.rejected)  # 2. produce
+        pending = self._decider.dedup.prepare(out.result, offsets)  # 4. built while acked
+        if not delivered:
+            self._deliver(offsets)  # 3. confirm every delivery, or commit the transaction
+        self._index.apply(pending)  # 4. the commit point; clears the intent
+        self._after_store(offsets)  # 5.
+        self._committed(started)
+        return out.result
+
+    def _delivered_before(self) -> bool:
+        return False
+
+    @abstractmethod
+    def _deliver(self, offsets: Offsets) -> None: ...
+
+    @abstractmethod
+    def _after_store(self, offsets: Offsets) -> None: ...
+
+
+class AtLeastOnce(_IntentFirst):
+    """Confirm every delivery, store, then commit the offsets to Kafka for lag tools: a
+    crash replays at most one batch, with identical events."""
+
+    def _deliver(self, offsets: Offsets) -> None:
+        self._confirm(offsets)
+
+    def _after_store(self, offsets: Offsets) -> None:
+        self._commit_kafka(offsets)  # 5. offsets to Kafka, for lag tools
+
+
+class ExactlyOnce(_IntentFirst):
+    """Records and input offsets in one Kafka transaction, then the index write: a
+    ``read_committed`` reader sees every event once."""
+
+    replay_action = "none: it is delivered once"
+
+    def __init__(
+        self,
+        producer: TransactionalProducer,
+        consumer: Consumer,
+        decider: Decider,
+        metrics: Metrics,
+        config: ServiceConfig,
+        keep_waiting: Callable[[], bool],
+    ) -> None:
+        super().__init__(producer, consumer, decider, metrics, config, keep_waiting)
+        #: The pending intent's transaction committed before the last stop.
+        self._intent_delivered = False
+
+    def replay_delivered(self, intent: Ranges) -> bool:
+        self._intent_delivered = intent_delivered(
+            self._consumer, intent, self._settings.flush_timeout_s
+        )
+        return self._intent_delivered
+
+    def _delivered_before(self) -> bool:
+        delivered, self._intent_delivered = self._intent_delivered, False
+        return delivered
+
+    def _deliver(self, offsets: Offsets) -> None:
+        self._confirm(offsets, self._consumer.consumer_group_metadata())
+
+    def _after_store(self, offsets: Offsets) -> None:
+        """Nothing: the transaction committed the offsets to the group already."""
+
+
+class SharedIndex(CommitStrategy):
+    """Decide and store under the shared index's lease, deliver outside it.
+
+    The reverse of the owned index's order, because other instances must see the batch's
+    documents before this one lets the lease go. Nothing is lost by it: the offsets are
+    stored only after the events are confirmed, and a batch consumed again after a crash
+    between the two finds every verdict stored and re-emits identical events
+    (``docs/shared-index.md``). There are no intents: ``replaying`` is never true here.
+    """
+
+    def commit(
+        self, decoded: Decoded, sketched: Sketch | None, ranges: Ranges, *, replaying: bool
+    ) -> BatchResult:
+        metrics = self._metrics
+        waited = time.perf_counter()
+        with self._index.exclusive():
+            held = time.perf_counter()
+            metrics.lease_wait.observe(held - waited)
+            out = self._decider.build(decoded, sketched)
+            self._index.apply(self._decider.dedup.prepare(out.result))  # 1. store
+        metrics.lease_held.observe(time.perf_counter() - held)
+        started = time.perf_counter()
+        offsets = next_offsets(ranges)
+        self._produce(out.records, out.rejected)  # 2. produce
+        self._confirm(offsets)  # 3. confirm every delivery
+        self._index.write_offsets(offsets)  # 4. the offsets
+        self._commit_kafka(offsets)  # 5. offsets to Kafka, for lag tools
+        self._committed(started)
+        return out.result
+
+
+def open_strategy(
+    config: ServiceConfig,
+    consumer: Consumer,
+    decider: Decider,
+    metrics: Metrics,
+    keep_waiting: Callable[[], bool],
+) -> CommitStrategy:
+    """The strategy the settings name, with its producer (registered with the transaction
+    coordinator first in exactly-once mode, waiting out an absent broker)."""
+    settings = config.client_settings()
+    if config.exactly_once:
+        transactional = TransactionalProducer(
+            settings,
+            BrokerWatch("producer"),
+            on_outcome=lambda outcome: metrics.transactions.labels(outcome).inc(),
+        )
+        transactional.init(config.service.flush_timeout_s, lambda: not keep_waiting())
+        return ExactlyOnce(transactional, consumer, decider, metrics, config, keep_waiting)
+    producer = EventProducer(settings, BrokerWatch("producer"))
+    kind = SharedIndex if decider.dedup.index.shared else AtLeastOnce
+    return kind(producer, consumer, decider, metrics, config, keep_waiting)
 
 
 def kafka_commit_reporter(
@@ -310,10 +289,5 @@ def _kafka_commit_failed(metrics: Metrics, error: str) -> None:
     metrics.kafka_commit_failures.inc()
     log.warning(
         "Kafka refused the offset commit; the index holds the true offsets",
-        extra={
-            "fields": {
-                "error": error,
-                "action": "none needed; lag tools catch up at the next commit",
-            }
-        },
+        extra=fields(error=error, action="none needed; lag tools catch up at the next commit"),
     )

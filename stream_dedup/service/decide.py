@@ -5,7 +5,7 @@ The service's step between decoding (:mod:`stream_dedup.service.inputs`) and che
 (:class:`~stream_dedup.dedup.Deduplicator`; their sketch may have been computed ahead, by
 :mod:`stream_dedup.service.prefetch.worker`), and turn each verdict into an event
 (:mod:`stream_dedup.service.events`). Nothing here touches Kafka or writes the index; the result
-goes to :meth:`stream_dedup.service.checkpoint.Checkpoint.commit`.
+is made durable by the commit strategy (:mod:`stream_dedup.service.checkpoint`).
 
 Bad input never stops a batch: a message that cannot be decoded, a document whose
 deciding raises, and a record the Kafka client rejects outright each become a dead letter
@@ -19,13 +19,14 @@ anything of the batch is produced or stored; the batch is decided again after a 
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from stream_dedup.core.sketch import Sketch
-from stream_dedup.dedup import BatchResult, Deduplicator
+from stream_dedup.dedup import BatchResult, BatchStats, Deduplicator
 from stream_dedup.errors import IndexStoreError
+from stream_dedup.index.backend import NO_ORDERED_PUTS
 from stream_dedup.models import Document
-from stream_dedup.service.checkpoint import Rejected, empty_result
 from stream_dedup.service.config import ServiceConfig
 from stream_dedup.service.events import OutRecord, Source, dead_letter, document_json, event
 from stream_dedup.service.inputs import Decoded
@@ -36,6 +37,14 @@ log = logging.getLogger("stream_dedup.service")
 #: Errors of the environment, not of a document: deciding a batch never blames these on
 #: its documents (see the module docstring).
 ENVIRONMENT_ERRORS: tuple[type[BaseException], ...] = (IndexStoreError, OSError, MemoryError)
+
+#: Called when the client rejects a record outright: returns a replacement (a dead letter).
+Rejected = Callable[[int, Exception], "OutRecord | None"]
+
+
+def empty_result() -> BatchResult:
+    """A batch with nothing to decide (every message was dead-lettered)."""
+    return BatchResult([], {}, NO_ORDERED_PUTS, {}, BatchStats())
 
 
 @dataclass(frozen=True, slots=True)

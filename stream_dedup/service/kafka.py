@@ -93,9 +93,6 @@ class EventProducer:
         self._inflight: list[OutRecord] = []
         self._failed: list[tuple[_Identity, KafkaError]] = []
 
-    #: Whether :meth:`deliver` also commits the input offsets (a transaction does).
-    commits_offsets = False
-
     def begin(self) -> None:
         """A batch's records follow (a transaction begins in the transactional producer)."""
 

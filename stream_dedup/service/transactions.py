@@ -1,7 +1,8 @@
 """Exactly-once delivery: a batch's events, dead letters and input offsets in one transaction.
 
-With ``service.delivery = "exactly-once"`` the checkpoint (:mod:`.checkpoint`, where the
-protocol and its crash points are written down) produces through a
+With ``service.delivery = "exactly-once"`` the commit strategy
+(:class:`~stream_dedup.service.checkpoint.ExactlyOnce`; the protocol and its crash points are
+written down in ``docs/commit-protocol.md``) produces through a
 :class:`TransactionalProducer` instead of confirming deliveries one by one. Kafka then
 holds two facts atomically: the batch's records are visible to ``read_committed``
 readers *and* the group's committed offsets of the input partitions have moved past the
@@ -28,10 +29,9 @@ from stream_dedup.logs import fields
 from stream_dedup.service.broker_watch import BrokerWatch
 from stream_dedup.service.events import OutRecord
 from stream_dedup.service.kafka import DeliveryAbandonedError, EventProducer
+from stream_dedup.service.ranges import Ranges
 
 log = logging.getLogger("stream_dedup.service.transactions")
-
-Ranges = Mapping[tuple[str, int], tuple[int, int]]
 
 
 def _error(exc: KafkaException) -> KafkaError | None:
@@ -46,8 +46,6 @@ class TransactionalProducer(EventProducer):
     :meth:`deliver` with the batch's next input offsets. ``on_outcome`` hears
     ``"committed"`` or ``"aborted"`` for each transaction that ends (for the metrics).
     """
-
-    commits_offsets = True
 
     def __init__(
         self,

@@ -5,13 +5,13 @@ A fake consumer stands in for librdkafka's local queue, so these run without a b
 
 from __future__ import annotations
 
+import threading
 import time
-from pathlib import Path
 
 from confluent_kafka import Consumer, Message
 
-from stream_dedup.service.config import BatchConfig, IndexConfig, ServiceConfig
-from stream_dedup.service.loop import Service
+from stream_dedup.service.batches import Batcher
+from stream_dedup.service.config import BatchConfig, ServiceConfig
 
 
 class FetchedQueue:
@@ -44,47 +44,34 @@ def msgs(start: int, count: int) -> list[Message]:
     ]
 
 
-def service(tmp_path: Path, max_messages: int = 100, max_wait_ms: int = 5000) -> Service:
-    config = ServiceConfig(
-        index=IndexConfig(path=str(tmp_path / "index")),
-        batch=BatchConfig(max_messages=max_messages, max_wait_ms=max_wait_ms),
-    )
-    return Service(config)
-
-
-def collect(svc: Service, queue: FetchedQueue) -> list[int]:
+def batcher(queue: FetchedQueue, max_messages: int = 100, max_wait_ms: int = 5000) -> Batcher:
+    """The service's batcher, with its settings given as a user would, on ``queue``."""
+    config = ServiceConfig(batch=BatchConfig(max_messages=max_messages, max_wait_ms=max_wait_ms))
     fake: Consumer = queue  # type: ignore[assignment]
-    return [m.offset() or 0 for m in svc._batches.collect(fake)]
+    return Batcher(config.batch, None, threading.Event(), consumer=fake)
 
 
-def test_a_batch_closes_when_nothing_more_is_fetched_not_after_the_window(
-    tmp_path: Path,
-) -> None:
-    svc = service(tmp_path, max_wait_ms=5000)
+def collect(b: Batcher) -> list[int]:
+    return [m.offset() or 0 for m in b.collect()]
+
+
+def test_a_batch_closes_when_nothing_more_is_fetched_not_after_the_window() -> None:
     queue = FetchedQueue([msgs(0, 3), msgs(3, 2), []])
+    b = batcher(queue, max_wait_ms=5000)
     started = time.monotonic()
-    try:
-        assert collect(svc, queue) == [0, 1, 2, 3, 4]
-    finally:
-        svc.index.close()
+    assert collect(b) == [0, 1, 2, 3, 4]
     assert time.monotonic() - started < 1.0  # the 5 s window was not waited out
     assert all(t == 0 for t in queue.timeouts)
 
 
-def test_a_batch_stops_at_max_messages_and_keeps_the_rest_for_the_next(tmp_path: Path) -> None:
-    svc = service(tmp_path, max_messages=4)
+def test_a_batch_stops_at_max_messages_and_keeps_the_rest_for_the_next() -> None:
     queue = FetchedQueue([msgs(0, 10)])
-    try:
-        assert collect(svc, queue) == [0, 1, 2, 3]
-        assert collect(svc, queue) == [4, 5, 6, 7]
-    finally:
-        svc.index.close()
+    b = batcher(queue, max_messages=4)
+    assert collect(b) == [0, 1, 2, 3]
+    assert collect(b) == [4, 5, 6, 7]
 
 
-def test_a_batch_closes_after_max_wait_while_messages_keep_coming(tmp_path: Path) -> None:
-    svc = service(tmp_path, max_wait_ms=0)
+def test_a_batch_closes_after_max_wait_while_messages_keep_coming() -> None:
     queue = FetchedQueue([msgs(0, 1), msgs(1, 1), msgs(2, 1), msgs(3, 1)])
-    try:
-        assert collect(svc, queue) == [0, 1]  # one look after the first message, then closed
-    finally:
-        svc.index.close()
+    b = batcher(queue, max_wait_ms=0)
+    assert collect(b) == [0, 1]  # one look after the first message, then closed

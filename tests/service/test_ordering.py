@@ -10,9 +10,9 @@ from confluent_kafka import Consumer, KafkaError, Message
 
 from stream_dedup.decode import parse_time
 from stream_dedup.service.batches import Batcher
-from stream_dedup.service.checkpoint import batch_ranges, split_intent
 from stream_dedup.service.config import BatchConfig
 from stream_dedup.service.ordering import PartitionMerge, RecordTime, time_order
+from stream_dedup.service.ranges import batch_ranges, split_intent
 
 TIME = RecordTime()
 
@@ -166,12 +166,13 @@ class Queue:
 def test_records_queued_behind_a_full_buffer_are_reached() -> None:
     """Partition 0 fills the buffer; partition 1's earlier records wait behind more of
     partition 0's in the consumer's queue: the batcher takes on until it reaches them."""
-    batcher = Batcher(BatchConfig(max_messages=10, max_idle_ms=60_000), None, threading.Event())
-    batcher.assigned = {("news", 0), ("news", 1)}
-    batcher.pending = [rec(0, o, 1000 + 2 * o) for o in range(50)]
     queue = Queue([rec(0, o, 1000 + 2 * o) for o in range(50, 80)])
     queue.queued += [rec(1, o, 1001 + 2 * o) for o in range(80)]
     fake: Consumer = queue  # type: ignore[assignment]
-    batch = batcher.collect(fake)
+    config = BatchConfig(max_messages=10, max_idle_ms=60_000)
+    batcher = Batcher(config, None, threading.Event(), consumer=fake)
+    batcher.assign({("news", 0), ("news", 1)})
+    batcher.put_back([rec(0, o, 1000 + 2 * o) for o in range(50)])
+    batch = batcher.collect()
     assert where(batch) == [(p, o // 2) for o in range(10) for p in (o % 2,)]
     assert [TIME(m) for m in batch] == list(range(1000, 1010))

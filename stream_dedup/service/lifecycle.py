@@ -1,0 +1,227 @@
+"""One owner for a batch's life: taken, decided, committed; or dropped when its partitions go.
+
+A batch's life has few verbs, and :class:`BatchLife` is the only place that performs them:
+**turn** (take the next batch through the
+:class:`~stream_dedup.service.batches.Batcher`, hand it to the sketch worker of
+:mod:`.prefetch`, commit the batch before it through the commit strategy chosen at start,
+:mod:`stream_dedup.service.checkpoint`), **assign**, **revoke** and **lose** (partitions
+move: what each does is written down in ``docs/commit-protocol.md``, "Rebalances"),
+**intent done** (the batch announced before a crash is stored: batch normally again),
+**finish** (a stop) and **abandon** (a failure: decide nothing more; everything from the
+last stored batch on is consumed again at the next start).
+
+librdkafka calls :meth:`assign`, :meth:`revoke` and :meth:`lose` from inside ``consume``,
+on the loop's own thread, so they may commit as :meth:`turn` does.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+
+from confluent_kafka import Consumer, Message, TopicPartition
+
+from stream_dedup.core.sketch import Sketch
+from stream_dedup.dedup import BatchResult
+from stream_dedup.index import DedupIndex
+from stream_dedup.logs import fields
+from stream_dedup.service.batches import Batcher
+from stream_dedup.service.checkpoint import CommitStrategy
+from stream_dedup.service.config import ServiceConfig
+from stream_dedup.service.inputs import Decoded, InputDecoder, MessageBatch
+from stream_dedup.service.metrics import Metrics
+from stream_dedup.service.ordering import RecordTime, time_order
+from stream_dedup.service.prefetch.ahead import SketchAhead
+from stream_dedup.service.ranges import TpKey, batch_ranges
+
+log = logging.getLogger("stream_dedup.service")
+
+
+class BatchLife:
+    """Everything that happens to the service's batches, from consume to commit."""
+
+    def __init__(
+        self,
+        config: ServiceConfig,
+        index: DedupIndex,
+        consumer: Consumer,
+        strategy: CommitStrategy,
+        ahead: SketchAhead,
+        inputs: InputDecoder,
+        metrics: Metrics,
+        stop: threading.Event,
+    ) -> None:
+        self._index = index
+        self._strategy = strategy
+        self._ahead = ahead
+        self._inputs = inputs
+        self._metrics = metrics
+        self._time_of = RecordTime(config.input.time_field)
+        self._batches = Batcher(config.batch, index.intent(), stop, self._time_of, consumer)
+        strategy_name = config.kafka.get("partition.assignment.strategy", "")
+        self._cooperative = (
+            "cooperative" in strategy_name or config.kafka.get("group.protocol") == "consumer"
+        )
+
+    @property
+    def assigned(self) -> int:
+        """How many partitions are this instance's now."""
+        return len(self._batches.assigned)
+
+    # -- the loop's verbs ----------------------------------------------------------------
+
+    def start(self) -> None:
+        """Say what the first batch is: the one announced before the last stop, if any."""
+        intent = self._batches.intent
+        if intent is None:
+            return
+        delivered = self._strategy.replay_delivered(intent)
+        log.info(
+            "replaying the batch announced before the last stop",
+            extra=fields(
+                ranges=[f"{t}:{p}@{a}-{b}" for (t, p), (a, b) in sorted(intent.items())],
+                delivered=delivered,
+                action=self._strategy.replay_action,
+            ),
+        )
+
+    def turn(self) -> bool:
+        """Take the next batch and commit the one before it; True if messages came."""
+        batches = self._batches
+        from_intent = batches.intent is not None
+        batch = batches.collect(wait=not self._ahead.holding)
+        self._metrics.reorder_waiting.set(len(batches.merge))
+        if from_intent:  # the announced batch is decided alone, not ahead
+            if batch:
+                self._process(self._decode(batch), None)
+        else:
+            self._ahead.advance(self._read(batch) if batch else None, self._process)
+        return bool(batch)
+
+    def finish(self) -> None:
+        """Commit the batch held ahead (a stop: the consumer's revoke commits the rest)."""
+        self._ahead.drain(self._process)
+
+    def abandon(self) -> None:
+        """Decide nothing more: forget what was collected, consumed again at the next start.
+
+        Closing the consumer revokes its partitions, and the revoke would commit what was
+        collected since a failed batch, storing offsets past it.
+        """
+        self._batches.abandon()
+        self._ahead.take_back()
+
+    # -- the consumer's rebalance callbacks ------------------------------------------------
+
+    def assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        """Seek every assigned partition to the offset stored in the index (or the intent's)."""
+        self._metrics.rebalances.labels("assign").inc()
+        stored = self._index.offsets()
+        intent = self._batches.intent or {}
+        for tp in partitions:
+            key = (tp.topic, tp.partition)
+            if key in intent:
+                tp.offset = intent[key][0]
+            elif key in stored:
+                tp.offset = stored[key]
+        self._batches.assign({(tp.topic, tp.partition) for tp in partitions})
+        log.info(
+            "partitions assigned",
+            extra=fields(
+                partitions=[f"{tp.topic}:{tp.partition}@{tp.offset}" for tp in partitions],
+                source="index offsets (others: group offset or auto.offset.reset)",
+            ),
+        )
+        if self._cooperative:
+            consumer.incremental_assign(partitions)
+        else:
+            consumer.assign(partitions)
+        self._metrics.assigned.set(self.assigned)
+
+    def revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        """Commit what was collected before the partitions go (see the module docstring)."""
+        self._metrics.rebalances.labels("revoke").inc()
+        revoked = {(tp.topic, tp.partition) for tp in partitions}
+        self._ahead.drain(self._process)
+        batches = self._batches
+        announced = batches.take_announced()
+        if announced:
+            self._process(self._decode(announced), None)
+        batch: list[Message] = []
+        if batches.intent is None:
+            batch = batches.take_pending()
+            if batch:
+                self._process(self._decode(batch), None)
+        else:
+            batches.resume_all()
+        self._forget(revoked)
+        log.info(
+            "partitions revoked",
+            extra=fields(
+                partitions=[f"{tp.topic}:{tp.partition}" for tp in partitions],
+                checkpointed=len(batch),
+            ),
+        )
+        if self._cooperative:
+            consumer.incremental_unassign(partitions)
+
+    def lose(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        """Partitions lost without a revoke: drop their uncommitted messages (replayed later)."""
+        self._metrics.rebalances.labels("lost").inc()
+        lost = {(tp.topic, tp.partition) for tp in partitions}
+        self._batches.put_back(self._ahead.take_back())  # not decided yet: collected again
+        self._forget(lost)
+        log.warning(
+            "partitions lost",
+            extra=fields(
+                partitions=sorted(f"{t}:{p}" for t, p in lost),
+                action=(
+                    "the session with the group coordinator expired (broker unreachable or"
+                    " the loop stalled longer than session.timeout.ms); their uncommitted"
+                    " messages are decided again when the partitions come back"
+                ),
+            ),
+        )
+
+    def _forget(self, partitions: set[TpKey]) -> None:
+        self._batches.forget(partitions)
+        self._metrics.assigned.set(self.assigned)
+
+    # -- one batch -----------------------------------------------------------------------
+
+    def _read(self, batch: list[Message]) -> MessageBatch:
+        """The batch in time order, with its sources (decoding starts from this)."""
+        return self._inputs.read(time_order(batch, self._time_of))
+
+    def _decode(self, batch: list[Message]) -> Decoded:
+        """The batch in time order, decoded here (the first step of processing it)."""
+        return self._inputs.decode(self._read(batch))
+
+    def _process(self, decoded: Decoded, sketched: Sketch | None) -> None:
+        """Decide (in time order) and commit one decoded batch; then account for it."""
+        started = time.perf_counter()
+        batch = decoded.batch
+        self._metrics.consumed.inc(len(batch))
+        self._metrics.batch_size.observe(len(batch))
+        replaying = self._batches.intent is not None
+        result = self._strategy.commit(decoded, sketched, batch_ranges(batch), replaying=replaying)
+        if replaying:
+            self._batches.intent_done()
+        self._observe(batch, result, started)
+
+    def _observe(self, batch: list[Message], result: BatchResult, started: float) -> None:
+        """The metrics of a committed batch."""
+        metrics = self._metrics
+        done = time.perf_counter()
+        metrics.batch_duration.observe(done - started)
+        metrics.document_latency.observe_many(
+            [done - t for t in self._batches.received_at(batch, started)]
+        )
+        duplicates = sum(v.is_duplicate for v in result.verdicts)
+        metrics.verdicts.labels("duplicate").inc(duplicates)
+        metrics.verdicts.labels("unique").inc(len(result.verdicts) - duplicates)
+        metrics.observe_work(result.stats.candidates, result.stats.verifications)
+        metrics.observe_decided_times([self._time_of(m) for m in batch], time.time())
+        metrics.replayed.inc(result.stats.replayed)
+        metrics.truncated.inc(result.stats.truncated_lookups)
