@@ -18,7 +18,7 @@ import time
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, TYPE_CHECKING, Any
 
 from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
 
@@ -32,6 +32,10 @@ from stream_dedup.tools.broker import (
 )
 from stream_dedup.tools.generate import StreamSpec, generate
 from stream_dedup.tools.produce import produce_lines
+
+if TYPE_CHECKING:
+    from stream_dedup.service.config import ServiceConfig
+    from stream_dedup.service.loop import Service
 
 #: Malformed messages mixed into the sample: each lands in the dead-letter topic.
 BAD_MESSAGES: tuple[bytes, ...] = (
@@ -124,68 +128,16 @@ def run_demo(opts: DemoOptions, out: IO[str]) -> int:
         index_dir = opts.index_dir or str(Path(tmp) / "index")
         print("starting the embedded Kafka-protocol broker (Tansu) ...", file=out)
         with EmbeddedBroker(log_path=Path(tmp) / "broker.log") as broker:
-            topics = ["news", "news.unique", "news.duplicates", "news.dlq"]
-            create_topics(broker.bootstrap, topics)
-            lines = [json.dumps(r).encode() for r in records]
-            step = max(1, len(lines) // (len(BAD_MESSAGES) + 1))
-            for n, bad in enumerate(BAD_MESSAGES, start=1):
-                lines.insert(n * step, bad)
-            produce_lines(lines, "news", {"bootstrap.servers": broker.bootstrap})
-            print(
-                f"produced {len(records):,} wire stories and {len(BAD_MESSAGES)} malformed "
-                f"messages to topic 'news' at {broker.bootstrap}",
-                file=out,
-            )
-            config = load_config(
-                None,
-                environ={},
-                overrides={
-                    "kafka": {
-                        "bootstrap.servers": broker.bootstrap,
-                        "group.id": "stream-dedup-demo",
-                        "session.timeout.ms": "6000",
-                        **TANSU_CONSUMER_SETTINGS,
-                    },
-                    "input": {"topics": ["news"]},
-                    "index": {"path": index_dir},
-                    "http": {"port": port, "host": "127.0.0.1"},
-                    "log": {"level": "WARNING"},
-                },
-            )
-            service = Service(config)
+            total = _produce_sample(broker.bootstrap, records, out)
+            service = Service(_demo_config(broker.bootstrap, index_dir, port))
             if not kernels_cached():  # the service logs it, but the demo's log level hides it
                 print(COMPILING_NOTICE, file=out)
             thread = threading.Thread(target=service.run, name="stream-dedup", daemon=True)
             thread.start()
             url = f"http://127.0.0.1:{port}/metrics"
             print(f"service running; metrics at {url}", file=out)
-            total = len(lines)
-            first: float | None = None
-            deadline = time.monotonic() + opts.timeout_s
-            done = 0
-            tty = out.isatty()
-            shown = 0.0
-            while time.monotonic() < deadline:
-                unique, dup, dead = _outcomes(service)
-                done = unique + dup + dead
-                now = time.monotonic()
-                if done and first is None:
-                    first = now
-                if tty or now - shown >= 2.0 or done >= total:
-                    shown = now
-                    line = (
-                        f"{done:,}/{total:,} messages decided "
-                        f"({dup:,} duplicates, {dead} dead-lettered)"
-                    )
-                    out.write(f"\r{line}" if tty else f"{line}\n")
-                    out.flush()
-                if done >= total:
-                    break
-                time.sleep(0.2)
-            wall = time.monotonic() - (first or time.monotonic())
+            done, wall = _follow(service, total, opts.timeout_s, out)
             busy = _metric(service, "stream_dedup_batch_duration_seconds_sum")
-            if tty:
-                out.write("\n")
             unique, dup, dead = _outcomes(service)
             clusters = Counter(
                 e["cluster_id"] for e in _read_topic(broker.bootstrap, "news.duplicates", dup)
@@ -207,6 +159,70 @@ def run_demo(opts: DemoOptions, out: IO[str]) -> int:
                 file=out,
             )
         return 0 if done >= total else 1
+
+
+def _produce_sample(bootstrap: str, records: list[dict[str, Any]], out: IO[str]) -> int:
+    """Create the demo's topics and produce the stories with the malformed messages mixed
+    in; returns how many messages were produced."""
+    create_topics(bootstrap, ["news", "news.unique", "news.duplicates", "news.dlq"])
+    lines = [json.dumps(r).encode() for r in records]
+    step = max(1, len(lines) // (len(BAD_MESSAGES) + 1))
+    for n, bad in enumerate(BAD_MESSAGES, start=1):
+        lines.insert(n * step, bad)
+    produce_lines(lines, "news", {"bootstrap.servers": bootstrap})
+    print(
+        f"produced {len(records):,} wire stories and {len(BAD_MESSAGES)} malformed "
+        f"messages to topic 'news' at {bootstrap}",
+        file=out,
+    )
+    return len(lines)
+
+
+def _demo_config(bootstrap: str, index_dir: str, port: int) -> ServiceConfig:
+    """The service's settings for the demo, layered as a user's would be."""
+    return load_config(
+        None,
+        environ={},
+        overrides={
+            "kafka": {
+                "bootstrap.servers": bootstrap,
+                "group.id": "stream-dedup-demo",
+                "session.timeout.ms": "6000",
+                **TANSU_CONSUMER_SETTINGS,
+            },
+            "input": {"topics": ["news"]},
+            "index": {"path": index_dir},
+            "http": {"port": port, "host": "127.0.0.1"},
+            "log": {"level": "WARNING"},
+        },
+    )
+
+
+def _follow(service: Service, total: int, timeout_s: float, out: IO[str]) -> tuple[int, float]:
+    """Show progress until every message is decided or ``timeout_s`` passed; returns how
+    many were decided and the seconds from the first decided one to the last."""
+    first: float | None = None
+    deadline = time.monotonic() + timeout_s
+    done = 0
+    tty = out.isatty()
+    shown = 0.0
+    while time.monotonic() < deadline:
+        unique, dup, dead = _outcomes(service)
+        done = unique + dup + dead
+        now = time.monotonic()
+        if done and first is None:
+            first = now
+        if tty or now - shown >= 2.0 or done >= total:
+            shown = now
+            line = f"{done:,}/{total:,} messages decided ({dup:,} duplicates, {dead} dead-lettered)"
+            out.write(f"\r{line}" if tty else f"{line}\n")
+            out.flush()
+        if done >= total:
+            break
+        time.sleep(0.2)
+    if tty:
+        out.write("\n")
+    return done, time.monotonic() - (first or time.monotonic())
 
 
 def _summary(
