@@ -32,6 +32,7 @@ from stream_dedup.core.sketch import Sketch
 from stream_dedup.dedup import BatchResult
 from stream_dedup.index import DedupIndex
 from stream_dedup.logs import fields
+from stream_dedup.service.batches import Ranges, TpKey
 from stream_dedup.service.broker_watch import BrokerWatch
 from stream_dedup.service.config import ServiceConfig
 from stream_dedup.service.decide import Decider, Rejected
@@ -39,7 +40,6 @@ from stream_dedup.service.events import OutRecord
 from stream_dedup.service.inputs import Decoded
 from stream_dedup.service.kafka import EventProducer
 from stream_dedup.service.metrics import Metrics
-from stream_dedup.service.ranges import Ranges, TpKey, next_offsets
 from stream_dedup.service.transactions import TransactionalProducer, intent_delivered
 
 log = logging.getLogger("stream_dedup.service.checkpoint")
@@ -142,7 +142,7 @@ class _IntentFirst(CommitStrategy):
     ) -> BatchResult:
         out = self._decider.build(decoded, sketched)
         started = time.perf_counter()
-        offsets = next_offsets(ranges)
+        offsets = _next_offsets(ranges)
         self._index.write_intent(ranges)  # 1. the batch intent
         delivered = replaying and self._delivered_before()
         if delivered:
@@ -239,7 +239,7 @@ class SharedIndex(CommitStrategy):
             self._index.apply(self._decider.dedup.prepare(out.result))  # 1. store
         metrics.lease_held.observe(time.perf_counter() - held)
         started = time.perf_counter()
-        offsets = next_offsets(ranges)
+        offsets = _next_offsets(ranges)
         self._produce(out.records, out.rejected)  # 2. produce
         self._confirm(offsets)  # 3. confirm every delivery
         self._index.write_offsets(offsets)  # 4. the offsets
@@ -269,6 +269,11 @@ def open_strategy(
     producer = EventProducer(settings, BrokerWatch("producer"))
     kind = SharedIndex if decider.dedup.index.shared else AtLeastOnce
     return kind(producer, consumer, decider, metrics, config, keep_waiting)
+
+
+def _next_offsets(ranges: Ranges) -> dict[TpKey, int]:
+    """The offset to resume each partition at once the batch of ``ranges`` is stored."""
+    return {tp: end for tp, (_start, end) in ranges.items()}
 
 
 def kafka_commit_reporter(

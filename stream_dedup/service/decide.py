@@ -66,6 +66,8 @@ class Decider:
         self.dedup = dedup
         self.metrics = metrics
         self._text = config.input.format == "text"
+        #: (unique, duplicate) topics: derived from the input topic, read once.
+        self._topics = (config.unique_topic, config.duplicate_topic)
 
     def build(self, decoded: Decoded, sketched: Sketch | None = None) -> DecidedBatch:
         """Decide the decoded batch and build its records.
@@ -84,7 +86,7 @@ class Decider:
         kept = [s for i, s in enumerate(decoded.sources) if i not in failed_idx]
         records: list[OutRecord] = []
         for source, verdict in zip(kept, result.verdicts, strict=True):
-            topic = cfg.duplicate_topic if verdict.is_duplicate else cfg.unique_topic
+            topic = self._topics[verdict.is_duplicate]
             document = (
                 document_json(source.value, text=self._text)
                 if cfg.output.include_document and source.value is not None

@@ -26,14 +26,13 @@ from stream_dedup.core.sketch import Sketch
 from stream_dedup.dedup import BatchResult
 from stream_dedup.index import DedupIndex
 from stream_dedup.logs import fields
-from stream_dedup.service.batches import Batcher
+from stream_dedup.service.batches import Batcher, TpKey, batch_ranges
 from stream_dedup.service.checkpoint import CommitStrategy
 from stream_dedup.service.config import ServiceConfig
 from stream_dedup.service.inputs import Decoded, InputDecoder, MessageBatch
 from stream_dedup.service.metrics import Metrics
 from stream_dedup.service.ordering import RecordTime, time_order
 from stream_dedup.service.prefetch.ahead import SketchAhead
-from stream_dedup.service.ranges import TpKey, batch_ranges
 
 log = logging.getLogger("stream_dedup.service")
 
@@ -88,9 +87,10 @@ class BatchLife:
 
     def turn(self) -> bool:
         """Take the next batch and commit the one before it; True if messages came."""
+        wait = not self._ahead.holding
         batches = self._batches
         from_intent = batches.intent is not None
-        batch = batches.collect(wait=not self._ahead.holding)
+        batch = batches.collect(wait=wait)
         self._metrics.reorder_waiting.set(len(batches.merge))
         if from_intent:  # the announced batch is decided alone, not ahead
             if batch:
