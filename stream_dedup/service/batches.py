@@ -138,10 +138,12 @@ class Batcher:
         """The messages consumed but not yet in a batch, partition by partition."""
         return self.merge.messages()
 
-    def received_at(self, batch: list[Message], default: float) -> list[float]:
-        """When each message of a processed ``batch`` was consumed (forgotten here)."""
+    def leaving(self, batch: list[Message]) -> tuple[dict[TpKey, tuple[int, int]], list[float]]:
+        """A batch taken for processing leaves: its ranges, and when each of its messages
+        was consumed (``perf_counter``; forgotten here, they were kept for the latency)."""
         received = self._received_at
-        return [received.pop(id(msg), default) for msg in batch]
+        now = time.perf_counter()
+        return batch_ranges(batch), [received.pop(id(msg), now) for msg in batch]
 
     # -- verbs of the batch's owner ------------------------------------------------------
 

@@ -26,7 +26,7 @@ from stream_dedup.core.sketch import Sketch
 from stream_dedup.dedup import BatchResult
 from stream_dedup.index import DedupIndex
 from stream_dedup.logs import fields
-from stream_dedup.service.batches import Batcher, TpKey, batch_ranges
+from stream_dedup.service.batches import Batcher, TpKey
 from stream_dedup.service.checkpoint import CommitStrategy
 from stream_dedup.service.config import ServiceConfig
 from stream_dedup.service.inputs import Decoded, InputDecoder, MessageBatch
@@ -205,19 +205,20 @@ class BatchLife:
         self._metrics.consumed.inc(len(batch))
         self._metrics.batch_size.observe(len(batch))
         replaying = self._batches.intent is not None
-        result = self._strategy.commit(decoded, sketched, batch_ranges(batch), replaying=replaying)
+        ranges, received = self._batches.leaving(batch)
+        result = self._strategy.commit(decoded, sketched, ranges, replaying=replaying)
         if replaying:
             self._batches.intent_done()
-        self._observe(batch, result, started)
+        self._observe(batch, result, started, received)
 
-    def _observe(self, batch: list[Message], result: BatchResult, started: float) -> None:
+    def _observe(
+        self, batch: list[Message], result: BatchResult, started: float, received: list[float]
+    ) -> None:
         """The metrics of a committed batch."""
         metrics = self._metrics
         done = time.perf_counter()
         metrics.batch_duration.observe(done - started)
-        metrics.document_latency.observe_many(
-            [done - t for t in self._batches.received_at(batch, started)]
-        )
+        metrics.document_latency.observe_many([done - t for t in received])
         duplicates = sum(v.is_duplicate for v in result.verdicts)
         metrics.verdicts.labels("duplicate").inc(duplicates)
         metrics.verdicts.labels("unique").inc(len(result.verdicts) - duplicates)
