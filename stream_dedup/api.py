@@ -50,10 +50,11 @@ from typing import Any, Self
 
 from stream_dedup.core.config import DedupConfig
 from stream_dedup.dedup import Deduplicator
-from stream_dedup.errors import ConfigError, DecodeError, IndexMismatchError, IndexStoreError
+from stream_dedup.errors import ConfigError, DecodeError, IndexStoreError
 from stream_dedup.index import keys
-from stream_dedup.index.params import IndexParams
-from stream_dedup.index.store import DedupIndex, open_index
+from stream_dedup.index.opener import open_or_create
+from stream_dedup.index.retention import RetentionChange
+from stream_dedup.index.store import DedupIndex
 from stream_dedup.models import Document, Verdict
 
 #: Documents decided and committed together by :meth:`Detector.add_many`, as the offline
@@ -142,12 +143,8 @@ class Detector:
             )
         _check_names(params)
         self._batch_size = batch_size
-        self._index, self._config = _open(path, config, params, sync=sync)
-        try:
-            self._index.retention = self._index.retention.updated(retention, max_documents)
-        except ConfigError:
-            self._index.close()
-            raise
+        change = RetentionChange.of(retention, max_documents)
+        self._index, self._config = _open(path, config, params, sync=sync, retention=change)
         self._dedup = Deduplicator(self._index, self._config)
         self._closed = False
 
@@ -301,26 +298,18 @@ def _open(
     params: dict[str, Any],
     *,
     sync: bool,
+    retention: RetentionChange,
 ) -> tuple[DedupIndex, DedupConfig]:
     """Open or create the index and settle the configuration (see :class:`Detector`)."""
+
+    def choose(stored: DedupConfig | None) -> DedupConfig:
+        return config if config is not None else _config(stored, params)
+
     where = None if path is None else Path(path)
     try:
-        if where is None or not (where / "CURRENT").exists():  # new: nothing stored
-            chosen = config if config is not None else _config(None, params)
-            return open_index(where, IndexParams.of(chosen), sync=sync), chosen
-        index = open_index(where, None, sync=sync)
+        return open_or_create(where, choose, retention=retention, sync=sync)
     except OSError as exc:  # e.g. the path is a file, or not writable
         raise IndexStoreError(f"cannot open an index at {where}: {exc}") from exc
-    try:
-        stored = index.params
-        chosen = config if config is not None else _config(stored.dedup_config(), params)
-        wanted = IndexParams.of(chosen)
-        if wanted != stored:
-            raise IndexMismatchError(index.location, stored.differences(wanted))
-    except BaseException:
-        index.close()
-        raise
-    return index, chosen
 
 
 def _document(item: Document | tuple[str, str]) -> Document:

@@ -33,10 +33,8 @@ from stream_dedup.errors import (
     StreamDedupError,
     TransactionError,
 )
-from stream_dedup.index import open_index
-from stream_dedup.index.params import IndexParams
-from stream_dedup.index.redis_backend import DEFAULT_NAMESPACE, RedisBackend
-from stream_dedup.index.rocks import RocksBackend
+from stream_dedup.index.opener import DEFAULT_NAMESPACE, RedisSettings, open_index, open_or_create
+from stream_dedup.index.retention import RetentionChange
 from stream_dedup.index.store import DedupIndex
 from stream_dedup.malloc_tuning import keep_freed_memory
 from stream_dedup.offline import MalformedLineError, RunSummary, open_input, run_offline
@@ -44,19 +42,12 @@ from stream_dedup.tools.generate import StreamSpec, write_jsonl
 
 
 def _open_for_dedup(args: argparse.Namespace) -> tuple[DedupIndex, DedupConfig]:
-    stored: DedupConfig | None = None
-    if args.index is not None and (Path(args.index) / "CURRENT").exists():
-        probe = DedupIndex(RocksBackend(args.index), None)
-        stored = probe.params.dedup_config()
-        probe.close()
-    config = detector_config(args, stored)
-    index = open_index(args.index, IndexParams.of(config))
-    try:
-        index.retention = index.retention.updated(args.retention, args.max_documents, "--retention")
-    except ConfigError:
-        index.close()
-        raise
-    return index, config
+    """The index of ``--index`` (in memory without it) and the configuration the flags
+    settle over what it stores; the retention options are in force from its opening."""
+    retention = RetentionChange.of(args.retention, args.max_documents, "--retention")
+    return open_or_create(
+        args.index, lambda stored: detector_config(args, stored), retention=retention
+    )
 
 
 def cmd_dedup(args: argparse.Namespace, out: IO[str], err: IO[str]) -> int:
@@ -150,14 +141,9 @@ def cmd_tune(args: argparse.Namespace, out: IO[str], err: IO[str]) -> int:
 
 
 def cmd_stats(args: argparse.Namespace, out: IO[str], err: IO[str]) -> int:
-    if args.redis is not None:
-        backend = RedisBackend(args.redis, namespace=args.namespace)
-        index = DedupIndex(backend, None)  # no metadata: IndexStoreError, exit code 3
-    elif not (Path(args.index) / "CURRENT").exists():
-        print(f"error: {args.index} holds no index (create one with `dedup --index`)", file=err)
-        return 3
-    else:
-        index = open_index(args.index, None)
+    # An absent index is an IndexStoreError (exit code 3) that says how to create one.
+    where = RedisSettings(args.redis, args.namespace) if args.redis is not None else args.index
+    index = open_index(where, None, must_exist=True)
     try:
         s = index.stats()
     finally:

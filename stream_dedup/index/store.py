@@ -29,7 +29,6 @@ import contextlib
 import json
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
 
@@ -39,20 +38,19 @@ from stream_dedup.index import keys
 from stream_dedup.index.backend import NO_ORDERED_PUTS, Backend, OrderedPuts, PreparedWrite
 from stream_dedup.index.epoch_filters import FILTER_FILE, LOOKUP_KINDS, EpochFilters
 from stream_dedup.index.filter import bucket_fingerprints, key_fingerprints
-from stream_dedup.index.memory import MemoryBackend
 from stream_dedup.index.params import IndexParams
 from stream_dedup.index.retention import (
     I64,
     NO_CLOCK,
     NO_RETENTION,
     Retention,
+    RetentionChange,
     Timeline,
     encode_points,
 )
-from stream_dedup.index.rocks import RocksBackend
 from stream_dedup.index.timeline_store import load_timeline, refresh_timeline, stored_epochs
 
-__all__ = ["COUNTERS", "FILTER_FILE", "DedupIndex", "IndexStats", "PendingCommit", "open_index"]
+__all__ = ["COUNTERS", "FILTER_FILE", "DedupIndex", "IndexStats", "PendingCommit"]
 
 #: Counters kept in the index, updated in the same write as the records they count.
 COUNTERS = ("documents", "indexed", "duplicates", "empty")
@@ -103,10 +101,12 @@ class PendingCommit:
 class DedupIndex:
     """One open index. Not thread-safe; one process writes an index (RocksDB's lock).
 
+    Open one with :func:`~stream_dedup.index.opener.open_index`, which picks the backend.
     ``retention`` says how much of the stream it holds (see
     :mod:`stream_dedup.index.retention`). The index stores the retention it was last
-    committed under and uses it when ``retention`` is ``None``; a different one given
-    here applies from the next batch and is stored with it. It is not one of the
+    committed under and uses it when ``retention`` is ``None``; a :class:`RetentionChange`
+    is made over the stored one. Given only here, at opening: a retention other than the
+    stored one applies from the next batch and is stored with it. It is not one of the
     parameters checked at opening: changing it needs no re-indexing.
     """
 
@@ -114,7 +114,7 @@ class DedupIndex:
         self,
         backend: Backend,
         params: IndexParams | None,
-        retention: Retention | None = None,
+        retention: Retention | RetentionChange | None = None,
     ) -> None:
         self._backend = backend
         self._shared = backend.shared
@@ -158,7 +158,9 @@ class DedupIndex:
             NO_RETENTION if raw_retention is None else Retention.from_bytes(raw_retention)
         )
         asked = self._asked_retention
-        self.retention = self._stored_retention if asked is None else asked
+        if isinstance(asked, RetentionChange):  # made once, over what was stored at opening
+            asked = self._asked_retention = asked.applied_to(self._stored_retention)
+        self._retention = self._stored_retention if asked is None else asked
         # The clock's change points only serve retention: without it a shared index, which
         # re-reads its state at every batch, reads none.
         points = not self._shared or self.retention != NO_RETENTION
@@ -192,6 +194,11 @@ class DedupIndex:
     @property
     def params(self) -> IndexParams:
         return self._params
+
+    @property
+    def retention(self) -> Retention:
+        """The retention in force: the one given at opening, else the one stored."""
+        return self._retention
 
     @property
     def location(self) -> str:
@@ -508,19 +515,3 @@ class DedupIndex:
         if self._filters.loaded:
             self._filters.save()
         self._backend.close()
-
-
-def open_index(
-    path: str | Path | None,
-    params: IndexParams | None,
-    *,
-    sync: bool = False,
-    retention: Retention | None = None,
-) -> DedupIndex:
-    """Open (or create) the index at ``path``; ``None`` means a fresh in-memory index.
-
-    With ``params=None`` an existing index is opened with whatever parameters it stores;
-    with ``retention=None``, with the retention it stores (see :class:`DedupIndex`).
-    """
-    backend: Backend = MemoryBackend() if path is None else RocksBackend(path, sync=sync)
-    return DedupIndex(backend, params, retention)

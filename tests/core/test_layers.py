@@ -53,5 +53,5 @@ def test_the_core_and_the_package_load_neither_rocksdb_nor_kafka(statement: str)
 
 
 def test_the_probe_sees_what_an_import_loads() -> None:
-    """The check above would catch a leak: the index layer does load RocksDB."""
-    assert loaded_after("import stream_dedup.index") == ["rocksdict"]
+    """The check above would catch a leak: the RocksDB backend does load RocksDB."""
+    assert loaded_after("import stream_dedup.index.rocks") == ["rocksdict"]
