@@ -36,9 +36,11 @@ from stream_dedup.core.hashing import U64
 from stream_dedup.errors import IndexCorruptError, IndexMismatchError, IndexStoreError
 from stream_dedup.index import keys
 from stream_dedup.index.backend import NO_ORDERED_PUTS, Backend, OrderedPuts, PreparedWrite
+from stream_dedup.index.bucket_records import Members, held_members, joined_members
 from stream_dedup.index.epoch_filters import FILTER_FILE, LOOKUP_KINDS, EpochFilters
 from stream_dedup.index.filter import bucket_fingerprints, key_fingerprints
 from stream_dedup.index.params import IndexParams
+from stream_dedup.index.records import decode_doc
 from stream_dedup.index.retention import (
     I64,
     NO_CLOCK,
@@ -48,12 +50,19 @@ from stream_dedup.index.retention import (
     Timeline,
     encode_points,
 )
+from stream_dedup.index.staged import COUNTERS, DocRecord, StoredVerdict
 from stream_dedup.index.timeline_store import load_timeline, refresh_timeline, stored_epochs
 
-__all__ = ["COUNTERS", "FILTER_FILE", "DedupIndex", "IndexStats", "PendingCommit"]
-
-#: Counters kept in the index, updated in the same write as the records they count.
-COUNTERS = ("documents", "indexed", "duplicates", "empty")
+__all__ = [
+    "COUNTERS",
+    "FILTER_FILE",
+    "DedupIndex",
+    "DocRecord",
+    "IndexStats",
+    "Members",
+    "PendingCommit",
+    "StoredVerdict",
+]
 
 #: Input ranges of one batch: (topic, partition) -> (first offset, last offset + 1).
 Ranges = Mapping[tuple[str, int], tuple[int, int]]
@@ -242,6 +251,49 @@ class DedupIndex:
             if nums:
                 out.extend(self._backend.get_many([keys.doc_key(n) for n in nums], epoch.number))
         return out
+
+    def read_decided(
+        self, doc_ids: Sequence[str], exact_keys: Sequence[bytes]
+    ) -> tuple[list[StoredVerdict | None], list[int | None]]:
+        """In one batched read: the verdict each of ``doc_ids`` was given (``None``: never
+        decided), and the docnum of the first document with each exact text
+        (``exact_keys``: :func:`~stream_dedup.core.lookup_keys.exact_key`; ``None``: no
+        indexed document has it)."""
+        n = len(doc_ids)
+        read = self.read_lookups([keys.verdict_key(i) for i in doc_ids] + list(exact_keys))
+        verdicts = [None if raw is None else StoredVerdict(raw) for raw in read[:n]]
+        docnums = [None if raw is None else int.from_bytes(raw, "little") for raw in read[n:]]
+        return verdicts, docnums
+
+    def has_decided(self, doc_ids: Sequence[str]) -> bool:
+        """Whether any of ``doc_ids`` has a verdict in the index."""
+        return any(self.read_lookups([keys.verdict_key(i) for i in doc_ids]))
+
+    def read_records(self, docnums: Sequence[int]) -> dict[int, DocRecord]:
+        """The records of the indexed documents ``docnums`` (ascending), in that order.
+
+        Asked for documents a bucket or an exact text names: one without a record is a
+        corrupt index (:class:`~stream_dedup.errors.IndexCorruptError`)."""
+        out: dict[int, DocRecord] = {}
+        for n, value in zip(docnums, self.read_documents(docnums), strict=True):
+            if value is None:
+                raise IndexCorruptError(f"bucket names document {n}, which has no record")
+            out[n] = decode_doc(value)
+        return out
+
+    def read_bucket_members(
+        self, bucket_keys: Sequence[bytes], fingerprints: U64, epoch: int
+    ) -> tuple[Members, Members | None]:
+        """The committed members of each bucket key (per position in ``bucket_keys``):
+        those in ``epoch`` (the one the batch writes to), and those the other live epochs
+        hold, joined oldest first (``None``: none do). ``fingerprints``: as for
+        :meth:`read_buckets_present`."""
+        present = self.read_buckets_present(bucket_keys, fingerprints)
+        mine = [(at, held) for e, at, held in present if e == epoch]
+        older = [(at, held) for e, at, held in present if e != epoch]
+        at, held = mine[0] if mine else ([], [])
+        n_keys = len(bucket_keys)
+        return held_members(n_keys, at, held), joined_members(n_keys, older) if older else None
 
     def read_lookups(self, lookup_keys: Sequence[bytes]) -> list[bytes | None]:
         """Committed values of verdict and exact-text keys (``None``: absent), from the
