@@ -141,14 +141,14 @@ def open_rocks(
     read_only: bool = False,
     must_exist: bool = False,
 ) -> RocksBackend:
-    """The RocksDB database at ``path``, under the rules every opener of one follows.
+    """The RocksDB backend at ``path``, for what works on a database's keys as they are
+    (snapshots and restores copy them whole); deciding documents opens an index with
+    :func:`open_index`, which comes here for a directory.
 
     ``read_only`` (a frozen view that takes no lock, readable while another process
     writes) and ``must_exist`` need a database there already: a directory without one is
     an :class:`~stream_dedup.errors.IndexStoreError` naming the path and how to create an
-    index, rather than an empty database created in its place. For what is stored by
-    other tools than the index itself (snapshots), not for deciding documents: those open
-    an index through :func:`open_index`.
+    index, rather than an empty database created in its place.
     """
     where = Path(path)
     if (read_only or must_exist) and not holds_database(where):
