@@ -34,8 +34,7 @@ from prometheus_client import CollectorRegistry
 
 from stream_dedup.core.sketch import Sketch
 from stream_dedup.dedup import Deduplicator
-from stream_dedup.index import DedupIndex
-from stream_dedup.index.opener import RedisSettings, open_index
+from stream_dedup.index import DedupIndex, RedisSettings, open_index
 from stream_dedup.index.params import IndexParams
 from stream_dedup.logs import fields
 from stream_dedup.service import gc_tuning
