@@ -202,6 +202,18 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
+    _add_dedup(sub)
+    _add_tune(sub)
+    _add_stats(sub)
+    _add_generate(sub)
+    cli_ops.register(sub)
+    cli_kafka.register(sub)
+    add_run_command(sub)
+    return parser
+
+
+def _add_dedup(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """``dedup``: a JSON Lines file decided in stream order."""
     p = sub.add_parser(
         "dedup",
         help="decide every document of a JSON Lines file against those before it",
@@ -245,6 +257,9 @@ def build_parser() -> argparse.ArgumentParser:
     add_detector_options(p)
     p.set_defaults(func=cmd_dedup)
 
+
+def _add_tune(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """``tune``: bands and rows for a threshold."""
     p = sub.add_parser(
         "tune",
         help="choose LSH bands and rows for a threshold and show the S-curve",
@@ -257,6 +272,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--plot", metavar="FILE.png", help="draw the S-curve (needs the plot extra)")
     p.set_defaults(func=cmd_tune)
 
+
+def _add_stats(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """``stats``: an index's parameters, counts and size."""
     p = sub.add_parser(
         "stats",
         help="print an index's parameters, counts and size",
@@ -275,6 +293,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.set_defaults(func=cmd_stats)
 
+
+def _add_generate(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """``generate``: a synthetic news stream."""
     p = sub.add_parser(
         "generate",
         help="write a synthetic wire-story stream (originals and re-runs) as JSON Lines",
@@ -287,11 +308,6 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--rerun-rate", type=float, default=0.45, help="share of re-runs (0.45)")
     p.add_argument("--seed", type=int, default=7, help="random seed (7)")
     p.set_defaults(func=cmd_generate)
-
-    cli_ops.register(sub)
-    cli_kafka.register(sub)
-    add_run_command(sub)
-    return parser
 
 
 def main(argv: Sequence[str] | None = None, out: IO[str] | None = None) -> int:
