@@ -3,7 +3,8 @@
 ``stream_dedup.core`` is the pure detector, usable without a database or a message
 broker, and ``import stream_dedup`` only names its exports (they are loaded on first use),
 so neither may bring in the RocksDB binding or the Kafka client. Each import runs in a
-fresh interpreter: in this one, other tests have long loaded both.
+fresh interpreter: in this one, other tests have long loaded both. And the index owns its
+bytes: its key and record encodings are imported by no module outside it.
 """
 
 from __future__ import annotations
