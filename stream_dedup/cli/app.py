@@ -143,7 +143,7 @@ def cmd_tune(args: argparse.Namespace, out: IO[str], err: IO[str]) -> int:
 def cmd_stats(args: argparse.Namespace, out: IO[str], err: IO[str]) -> int:
     # An absent index is an IndexStoreError (exit code 3) that says how to create one.
     where = RedisSettings(args.redis, args.namespace) if args.redis is not None else args.index
-    index = open_index(where, None, must_exist=True)
+    index = open_index(where, None)
     try:
         s = index.stats()
     finally:

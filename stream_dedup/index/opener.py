@@ -70,18 +70,18 @@ def open_index(
     *,
     retention: Retention | RetentionChange | None = None,
     sync: bool = False,
-    must_exist: bool = False,
 ) -> DedupIndex:
     """Open (or create) the index at ``where`` (see :data:`Location`).
 
-    ``params=None`` opens an existing index with the parameters it stores (an index without
-    them is an :class:`~stream_dedup.errors.IndexStoreError`); given, they must equal the
-    stored ones (else :class:`~stream_dedup.errors.IndexMismatchError`) and create the
-    index when there is none. ``retention`` is in force from the first batch: ``None``
-    keeps what the index stores, a :class:`RetentionChange` changes part of it; it cannot
-    be changed once the index is open. ``sync`` fsyncs every RocksDB commit (surviving a
-    machine crash, at one fsync per batch). ``must_exist`` refuses to create a RocksDB
-    directory that holds no index, with an error that says how to make one.
+    ``params=None`` opens an existing index with the parameters it stores; without them
+    there is nothing to create one with, so a location that holds no index is an
+    :class:`~stream_dedup.errors.IndexStoreError` that says how to make one (and a
+    directory is left as it was). Given, they must equal the stored ones (else
+    :class:`~stream_dedup.errors.IndexMismatchError`) and create the index when there is
+    none. ``retention`` is in force from the first batch: ``None`` keeps what the index
+    stores, a :class:`RetentionChange` changes part of it; it cannot be changed once the
+    index is open. ``sync`` fsyncs every RocksDB commit (surviving a machine crash, at one
+    fsync per batch).
     """
     backend: Backend
     if where is None:
@@ -97,7 +97,7 @@ def open_index(
             lock_ttl_ms=where.lock_ttl_ms,
         )
     else:
-        backend = open_rocks(where, sync=sync, must_exist=must_exist)
+        backend = open_rocks(where, sync=sync, must_exist=params is None)
     return DedupIndex(backend, params, retention)
 
 

@@ -81,14 +81,14 @@ def test_a_bad_retention_option_fails_before_anything_is_opened() -> None:
         RetentionChange.of(None, -1)
 
 
-@pytest.mark.parametrize("how", ["must_exist", "read_only"])
+@pytest.mark.parametrize("how", ["without parameters", "read_only"])
 def test_a_missing_rocksdb_index_is_a_clear_error_and_nothing_is_created(
     tmp_path: Path, how: str
 ) -> None:
     path = tmp_path / "nowhere"
     with pytest.raises(IndexStoreError, match="holds no index: create one with `stream-dedup"):
-        if how == "must_exist":
-            open_index(path, None, must_exist=True)
+        if how == "without parameters":
+            open_index(path, None)
         else:
             open_rocks(path, read_only=True)
     assert not path.exists()
