@@ -41,19 +41,20 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
-from itertools import count, islice
+from itertools import islice
 from pathlib import Path
 from types import TracebackType
 from typing import Any, Self
 
 from stream_dedup.core.config import DedupConfig
 from stream_dedup.dedup import Deduplicator
-from stream_dedup.errors import ConfigError, DecodeError, IndexMismatchError, IndexStoreError
-from stream_dedup.index import keys
-from stream_dedup.index.params import IndexParams
-from stream_dedup.index.store import DedupIndex, open_index
+from stream_dedup.dedup.queries import query_verdicts
+from stream_dedup.errors import ConfigError, DecodeError, IndexStoreError
+from stream_dedup.index.opener import open_or_create
+from stream_dedup.index.retention import RetentionChange
+from stream_dedup.index.store import DedupIndex
 from stream_dedup.models import Document, Verdict
 
 #: Documents decided and committed together by :meth:`Detector.add_many`, as the offline
@@ -142,12 +143,8 @@ class Detector:
             )
         _check_names(params)
         self._batch_size = batch_size
-        self._index, self._config = _open(path, config, params, sync=sync)
-        try:
-            self._index.retention = self._index.retention.updated(retention, max_documents)
-        except ConfigError:
-            self._index.close()
-            raise
+        change = RetentionChange.of(retention, max_documents)
+        self._index, self._config = _open(path, config, params, sync=sync, retention=change)
         self._dedup = Deduplicator(self._index, self._config)
         self._closed = False
 
@@ -226,7 +223,7 @@ class Detector:
 
     def query_many(self, texts: Iterable[str]) -> list[QueryResult]:
         """:meth:`query` for each text, each against the index only (not each other)."""
-        index = self._open_index()
+        self._open_index()
         batch = list(texts)
         for text in batch:
             if not isinstance(text, str):
@@ -234,21 +231,7 @@ class Detector:
         results: list[QueryResult] = []
         for start in range(0, len(batch), self._batch_size):
             chunk = batch[start : start + self._batch_size]
-            ids = _unused_ids(index, len(chunk))
-            docs = [Document(i, t) for i, t in zip(ids, chunk, strict=True)]
-            verdicts: list[Verdict | None] = [None] * len(docs)
-            sketched = self._dedup.sketch(docs)
-            groups = _independent_groups(
-                len(docs), sketched.live, sketched.bucket_keys, sketched.exact_keys
-            )
-            for group in groups:
-                whole = len(group) == len(docs)
-                decided = self._dedup.decide(
-                    docs if whole else [docs[i] for i in group], sketched if whole else None
-                )
-                for i, verdict in zip(group, decided.verdicts, strict=True):
-                    verdicts[i] = verdict
-            results.extend(_result(v) for v in verdicts if v is not None)
+            results.extend(map(_result, query_verdicts(self._dedup, chunk)))
         return results
 
     # -- closing ----------------------------------------------------------------------
@@ -301,26 +284,18 @@ def _open(
     params: dict[str, Any],
     *,
     sync: bool,
+    retention: RetentionChange,
 ) -> tuple[DedupIndex, DedupConfig]:
     """Open or create the index and settle the configuration (see :class:`Detector`)."""
+
+    def choose(stored: DedupConfig | None) -> DedupConfig:
+        return config if config is not None else _config(stored, params)
+
     where = None if path is None else Path(path)
     try:
-        if where is None or not (where / "CURRENT").exists():  # new: nothing stored
-            chosen = config if config is not None else _config(None, params)
-            return open_index(where, IndexParams.of(chosen), sync=sync), chosen
-        index = open_index(where, None, sync=sync)
+        return open_or_create(where, choose, retention=retention, sync=sync)
     except OSError as exc:  # e.g. the path is a file, or not writable
         raise IndexStoreError(f"cannot open an index at {where}: {exc}") from exc
-    try:
-        stored = index.params
-        chosen = config if config is not None else _config(stored.dedup_config(), params)
-        wanted = IndexParams.of(chosen)
-        if wanted != stored:
-            raise IndexMismatchError(index.location, stored.differences(wanted))
-    except BaseException:
-        index.close()
-        raise
-    return index, chosen
 
 
 def _document(item: Document | tuple[str, str]) -> Document:
@@ -353,47 +328,6 @@ def _batches(docs: Iterable[Document], size: int) -> Iterator[list[Document]]:
     it = iter(docs)
     while batch := list(islice(it, size)):
         yield batch
-
-
-def _unused_ids(index: DedupIndex, n: int) -> list[str]:
-    """``n`` ids that no document of the index has, for texts that are only asked about.
-
-    A query is decided under an id of its own; one the index had decided would return that
-    document's stored verdict instead. These ids start with a NUL, which no sensible id
-    does, and are checked against the index all the same.
-    """
-    for attempt in count():
-        ids = [f"\x00query {attempt}:{i}" for i in range(n)]
-        if not any(index.read_lookups([keys.verdict_key(i) for i in ids])):
-            return ids
-    raise AssertionError("unreachable")  # pragma: no cover
-
-
-def _independent_groups(
-    n_docs: int, live: Sequence[int], bucket_keys: Sequence[bytes], exact_keys: Sequence[bytes]
-) -> list[list[int]]:
-    """Positions of a batch's documents in groups whose documents share no lookup key.
-
-    Deciding a batch lets each document see the earlier ones (their exact texts and band
-    bucket appends). Documents that share no band bucket and no exact text cannot see each
-    other, so each group decides every query against the index alone, as if asked one at a
-    time. A document goes to the group after the last one holding any of its keys; texts
-    that are not near-duplicates of one another all land in the first group.
-    """
-    n_live = len(live)
-    bands = len(bucket_keys) // n_live if n_live else 0
-    last_group: dict[bytes, int] = {}
-    group_of: dict[int, int] = {}
-    for p, doc_index in enumerate(live):
-        doc_keys = [*bucket_keys[p * bands : (p + 1) * bands], exact_keys[p]]
-        g = 1 + max((last_group.get(k, -1) for k in doc_keys), default=-1)
-        for k in doc_keys:
-            last_group[k] = g
-        group_of[doc_index] = g
-    groups: list[list[int]] = [[] for _ in range(1 + max(group_of.values(), default=0))]
-    for i in range(n_docs):
-        groups[group_of.get(i, 0)].append(i)  # empty texts: nothing to share, group 0
-    return [g for g in groups if g]
 
 
 def _result(verdict: Verdict) -> QueryResult:

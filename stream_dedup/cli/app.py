@@ -33,10 +33,8 @@ from stream_dedup.errors import (
     StreamDedupError,
     TransactionError,
 )
-from stream_dedup.index import open_index
-from stream_dedup.index.params import IndexParams
-from stream_dedup.index.redis_backend import DEFAULT_NAMESPACE, RedisBackend
-from stream_dedup.index.rocks import RocksBackend
+from stream_dedup.index.opener import DEFAULT_NAMESPACE, RedisSettings, open_index, open_or_create
+from stream_dedup.index.retention import RetentionChange
 from stream_dedup.index.store import DedupIndex
 from stream_dedup.malloc_tuning import keep_freed_memory
 from stream_dedup.offline import MalformedLineError, RunSummary, open_input, run_offline
@@ -44,19 +42,12 @@ from stream_dedup.tools.generate import StreamSpec, write_jsonl
 
 
 def _open_for_dedup(args: argparse.Namespace) -> tuple[DedupIndex, DedupConfig]:
-    stored: DedupConfig | None = None
-    if args.index is not None and (Path(args.index) / "CURRENT").exists():
-        probe = DedupIndex(RocksBackend(args.index), None)
-        stored = probe.params.dedup_config()
-        probe.close()
-    config = detector_config(args, stored)
-    index = open_index(args.index, IndexParams.of(config))
-    try:
-        index.retention = index.retention.updated(args.retention, args.max_documents, "--retention")
-    except ConfigError:
-        index.close()
-        raise
-    return index, config
+    """The index of ``--index`` (in memory without it) and the configuration the flags
+    settle over what it stores; the retention options are in force from its opening."""
+    retention = RetentionChange.of(args.retention, args.max_documents, "--retention")
+    return open_or_create(
+        args.index, lambda stored: detector_config(args, stored), retention=retention
+    )
 
 
 def cmd_dedup(args: argparse.Namespace, out: IO[str], err: IO[str]) -> int:
@@ -150,14 +141,9 @@ def cmd_tune(args: argparse.Namespace, out: IO[str], err: IO[str]) -> int:
 
 
 def cmd_stats(args: argparse.Namespace, out: IO[str], err: IO[str]) -> int:
-    if args.redis is not None:
-        backend = RedisBackend(args.redis, namespace=args.namespace)
-        index = DedupIndex(backend, None)  # no metadata: IndexStoreError, exit code 3
-    elif not (Path(args.index) / "CURRENT").exists():
-        print(f"error: {args.index} holds no index (create one with `dedup --index`)", file=err)
-        return 3
-    else:
-        index = open_index(args.index, None)
+    # An absent index is an IndexStoreError (exit code 3) that says how to create one.
+    where = RedisSettings(args.redis, args.namespace) if args.redis is not None else args.index
+    index = open_index(where, None)
     try:
         s = index.stats()
     finally:
@@ -216,6 +202,18 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
+    _add_dedup(sub)
+    _add_tune(sub)
+    _add_stats(sub)
+    _add_generate(sub)
+    cli_ops.register(sub)
+    cli_kafka.register(sub)
+    add_run_command(sub)
+    return parser
+
+
+def _add_dedup(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """``dedup``: a JSON Lines file decided in stream order."""
     p = sub.add_parser(
         "dedup",
         help="decide every document of a JSON Lines file against those before it",
@@ -259,6 +257,9 @@ def build_parser() -> argparse.ArgumentParser:
     add_detector_options(p)
     p.set_defaults(func=cmd_dedup)
 
+
+def _add_tune(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """``tune``: bands and rows for a threshold."""
     p = sub.add_parser(
         "tune",
         help="choose LSH bands and rows for a threshold and show the S-curve",
@@ -271,6 +272,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--plot", metavar="FILE.png", help="draw the S-curve (needs the plot extra)")
     p.set_defaults(func=cmd_tune)
 
+
+def _add_stats(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """``stats``: an index's parameters, counts and size."""
     p = sub.add_parser(
         "stats",
         help="print an index's parameters, counts and size",
@@ -289,6 +293,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.set_defaults(func=cmd_stats)
 
+
+def _add_generate(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """``generate``: a synthetic news stream."""
     p = sub.add_parser(
         "generate",
         help="write a synthetic wire-story stream (originals and re-runs) as JSON Lines",
@@ -301,11 +308,6 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--rerun-rate", type=float, default=0.45, help="share of re-runs (0.45)")
     p.add_argument("--seed", type=int, default=7, help="random seed (7)")
     p.set_defaults(func=cmd_generate)
-
-    cli_ops.register(sub)
-    cli_kafka.register(sub)
-    add_run_command(sub)
-    return parser
 
 
 def main(argv: Sequence[str] | None = None, out: IO[str] | None = None) -> int:

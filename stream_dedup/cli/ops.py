@@ -7,13 +7,14 @@ import json
 from dataclasses import asdict, fields
 from typing import IO, Any
 
-from stream_dedup.index.redis_backend import redacted
-from stream_dedup.index.snapshot import restore, snapshot
+from stream_dedup.index.redis_layout import redacted
 from stream_dedup.service.config import ServiceConfig
 from stream_dedup.service.config_loading import load_config
 
 
 def cmd_snapshot(args: argparse.Namespace, out: IO[str], err: IO[str]) -> int:
+    from stream_dedup.index.snapshot import snapshot  # RocksDB's binding, for this command only
+
     def show(copied: int) -> None:
         err.write(f"\r{copied:,} keys copied")
         err.flush()
@@ -27,6 +28,8 @@ def cmd_snapshot(args: argparse.Namespace, out: IO[str], err: IO[str]) -> int:
 
 
 def cmd_restore(args: argparse.Namespace, out: IO[str], err: IO[str]) -> int:
+    from stream_dedup.index.snapshot import restore  # RocksDB's binding, for this command only
+
     info = restore(args.backup, args.index, force=args.force)
     print(f"restored {info.keys:,} keys from {args.backup} into {info.path}", file=out)
     if info.replaced is not None:

@@ -36,7 +36,6 @@ import uuid
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, ClassVar, NamedTuple
-from urllib.parse import urlsplit, urlunsplit
 
 import redis
 from redis.cluster import RedisCluster
@@ -51,6 +50,7 @@ from stream_dedup.index.redis_layout import (
     decode_redo,
     encode_redo,
     glob_escaped,
+    redacted,
 )
 
 __all__ = ["DEFAULT_NAMESPACE", "RedisBackend", "redacted"]
@@ -88,16 +88,6 @@ class _Write(NamedTuple):
     docs: Groups
     rest: Groups
     redo: bytes
-
-
-def redacted(url: str) -> str:
-    """``url`` without its password, for messages and logs."""
-    parts = urlsplit(url)
-    if parts.password is None:
-        return url
-    netloc = parts.netloc.rsplit("@", 1)[1]
-    user = f"{parts.username}:***@" if parts.username else ":***@"
-    return urlunsplit(parts._replace(netloc=user + netloc))
 
 
 class RedisBackend:

@@ -14,12 +14,21 @@ import zlib
 from collections.abc import Sequence
 from operator import itemgetter
 from typing import Any
+from urllib.parse import urlsplit, urlunsplit
 
 import numpy as np
 
 from stream_dedup.index.keys import BUCKET, SCOPED
 
-__all__ = ["DEFAULT_NAMESPACE", "NAMESPACE", "Groups", "RedisLayout", "decode_redo", "encode_redo"]
+__all__ = [
+    "DEFAULT_NAMESPACE",
+    "NAMESPACE",
+    "Groups",
+    "RedisLayout",
+    "decode_redo",
+    "encode_redo",
+    "redacted",
+]
 
 DEFAULT_NAMESPACE = "stream-dedup"
 #: What a namespace may be: it is inside every key, and its braces make the hash tag.
@@ -154,3 +163,13 @@ def decode_redo(blob: bytes) -> tuple[int, Groups]:
         groups[name] = (fields[first : first + size], values[first : first + size])
         first += size
     return epoch, groups
+
+
+def redacted(url: str) -> str:
+    """``url`` without its password, for messages and logs."""
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    netloc = parts.netloc.rsplit("@", 1)[1]
+    user = f"{parts.username}:***@" if parts.username else ":***@"
+    return urlunsplit(parts._replace(netloc=user + netloc))

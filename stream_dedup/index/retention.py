@@ -51,8 +51,8 @@ from stream_dedup.core.match import NO_CLOCK
 from stream_dedup.errors import ConfigError, IndexCorruptError
 
 __all__ = [
-    "NO_CLOCK", "NO_RETENTION", "SLICES", "Epoch", "Retention", "Timeline", "decode_points",
-    "encode_points", "first_held", "format_duration", "parse_duration",
+    "NO_CLOCK", "NO_RETENTION", "SLICES", "Epoch", "Retention", "RetentionChange", "Timeline",
+    "decode_points", "encode_points", "first_held", "format_duration", "parse_duration",
 ]  # fmt: skip
 
 #: Epochs per window: an epoch is dropped once all of it has expired, so the index holds up
@@ -125,17 +125,6 @@ class Retention:
             return True
         return bool(self.window) and span >= max(1, self.window // SLICES)
 
-    def updated(
-        self, window: str | int | None, max_documents: int | None, key: str = "retention"
-    ) -> Retention:
-        """This retention with what is given replaced (``None``: kept): how the command
-        line and the Python API apply their options over what an index stores. ``window``
-        is a duration (:func:`parse_duration`); ``key`` names the option in errors."""
-        return Retention(
-            self.window if window is None else parse_duration(window, key),
-            self.max_documents if max_documents is None else max_documents,
-        )
-
     def to_bytes(self) -> bytes:
         return json.dumps({"window": self.window, "max_documents": self.max_documents}).encode()
 
@@ -157,6 +146,36 @@ class Retention:
 
 
 NO_RETENTION = Retention()
+
+
+@dataclass(frozen=True, slots=True)
+class RetentionChange:
+    """Retention options given over what an index stores: each ``None`` keeps the stored
+    value. How the command line and the Python API say what they want when they open an
+    index (:func:`~stream_dedup.index.opener.open_index`), before the stored retention is
+    known; the index applies it once, at opening (:meth:`applied_to`)."""
+
+    window: int | None = None
+    max_documents: int | None = None
+
+    @classmethod
+    def of(
+        cls, window: str | int | None, max_documents: int | None, key: str = "retention"
+    ) -> RetentionChange:
+        """The change a duration (:func:`parse_duration`) and a count ask for, checked now,
+        so that a bad option fails before any index is opened; ``key`` names the option
+        in errors."""
+        seconds = None if window is None else parse_duration(window, key)
+        if max_documents is not None:
+            Retention(0, max_documents)  # a negative count fails as it would in force
+        return cls(seconds, max_documents)
+
+    def applied_to(self, stored: Retention) -> Retention:
+        """The retention in force once this change is made over ``stored``."""
+        return Retention(
+            stored.window if self.window is None else self.window,
+            stored.max_documents if self.max_documents is None else self.max_documents,
+        )
 
 
 def first_held(

@@ -21,7 +21,7 @@ from rocksdict import Checkpoint
 
 from stream_dedup.errors import IndexLockedError, IndexStoreError
 from stream_dedup.index import keys
-from stream_dedup.index.rocks import RocksBackend
+from stream_dedup.index.opener import holds_database, open_rocks
 
 _COPY_BATCH = 5000
 
@@ -45,7 +45,7 @@ def _check_target(dest: Path) -> None:
 
 
 def _count_keys(path: Path) -> int:
-    view = RocksBackend(path, read_only=True)
+    view = open_rocks(path, read_only=True)
     try:
         if view.get_many([keys.META])[0] is None:
             raise IndexStoreError(f"{path} holds no stream-dedup index metadata")
@@ -59,11 +59,11 @@ def snapshot(
 ) -> SnapshotInfo:
     """Write a consistent copy of the index at ``index_dir`` to the new directory ``dest``."""
     src, target = Path(index_dir), Path(dest)
-    if not (src / "CURRENT").exists():
+    if not holds_database(src):
         raise IndexStoreError(f"{src} holds no index")
     _check_target(target)
     try:
-        backend = RocksBackend(src)
+        backend = open_rocks(src)
     except IndexLockedError:
         return _copy_live(src, target, progress)
     try:
@@ -80,12 +80,12 @@ def _copy_live(src: Path, target: Path, progress: Callable[[int], None] | None) 
     The copy is written in the current layout, whichever layout the running index has,
     epoch by epoch (:mod:`stream_dedup.index.retention`).
     """
-    view = RocksBackend(src, read_only=True)
+    view = open_rocks(src, read_only=True)
     copied = 0
     try:
         if view.get_many([keys.META])[0] is None:
             raise IndexStoreError(f"{src} holds no stream-dedup index metadata")
-        out = RocksBackend(target)
+        out = open_rocks(target)
         try:
             for epoch in view.epochs():
                 scan = view.scan_prefix(b"", epoch)
@@ -114,7 +114,7 @@ def restore(backup: str | Path, index_dir: str | Path, *, force: bool = False) -
     src, target = Path(backup), Path(index_dir)
     count = _count_keys(src)
     if target.exists() and any(target.iterdir()):
-        RocksBackend(target).close()  # raises IndexLockedError while a service runs on it
+        open_rocks(target).close()  # raises IndexLockedError while a service runs on it
         if not force:
             raise IndexStoreError(
                 f"{target} already holds data: stop the service and pass --force to replace it "

@@ -1,9 +1,12 @@
 """The typed index over a backend: parameters, counters, offsets, atomic commits.
 
-The deduplicator reads through :meth:`DedupIndex.read` and hands every change of a batch to
-:meth:`DedupIndex.commit`, which writes index updates, counters and the processed input
-offsets in one atomic backend write. That single write is what lets the service resume
-exactly where it stopped.
+The deduplicator asks the index typed questions (:mod:`.reads`: the verdicts of ids, the
+first documents with exact texts, bucket members, document records), stages a batch's
+records in the index's own encodings (:mod:`.staged`) and hands every change of the batch
+to :meth:`DedupIndex.commit` (or :meth:`~DedupIndex.prepare` then :meth:`~DedupIndex.apply`),
+which writes index updates, counters and the processed input offsets in one atomic backend
+write. That single write is what lets the service resume exactly where it stopped. An
+index is opened through :func:`stream_dedup.index.opener.open_index`.
 
 Before a batch's events leave the process, the service records the batch's input ranges as
 the *batch intent* (:meth:`DedupIndex.write_intent`); the commit that stores the batch
@@ -27,35 +30,42 @@ from __future__ import annotations
 
 import contextlib
 import json
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
 
 from stream_dedup.core.hashing import U64
-from stream_dedup.errors import IndexCorruptError, IndexMismatchError, IndexStoreError
+from stream_dedup.errors import IndexMismatchError, IndexStoreError
 from stream_dedup.index import keys
 from stream_dedup.index.backend import NO_ORDERED_PUTS, Backend, OrderedPuts, PreparedWrite
+from stream_dedup.index.bucket_records import Members
 from stream_dedup.index.epoch_filters import FILTER_FILE, LOOKUP_KINDS, EpochFilters
 from stream_dedup.index.filter import bucket_fingerprints, key_fingerprints
-from stream_dedup.index.memory import MemoryBackend
 from stream_dedup.index.params import IndexParams
+from stream_dedup.index.reads import IndexReads
 from stream_dedup.index.retention import (
     I64,
     NO_CLOCK,
     NO_RETENTION,
     Retention,
+    RetentionChange,
     Timeline,
     encode_points,
 )
-from stream_dedup.index.rocks import RocksBackend
+from stream_dedup.index.staged import COUNTERS, DocRecord, StoredVerdict
 from stream_dedup.index.timeline_store import load_timeline, refresh_timeline, stored_epochs
 
-__all__ = ["COUNTERS", "FILTER_FILE", "DedupIndex", "IndexStats", "PendingCommit", "open_index"]
-
-#: Counters kept in the index, updated in the same write as the records they count.
-COUNTERS = ("documents", "indexed", "duplicates", "empty")
+__all__ = [
+    "COUNTERS",
+    "FILTER_FILE",
+    "DedupIndex",
+    "DocRecord",
+    "IndexStats",
+    "Members",
+    "PendingCommit",
+    "StoredVerdict",
+]
 
 #: Input ranges of one batch: (topic, partition) -> (first offset, last offset + 1).
 Ranges = Mapping[tuple[str, int], tuple[int, int]]
@@ -100,13 +110,18 @@ class PendingCommit:
     retention: Retention
 
 
-class DedupIndex:
+class DedupIndex(IndexReads):
     """One open index. Not thread-safe; one process writes an index (RocksDB's lock).
 
+    Its typed reads are those of :class:`~stream_dedup.index.reads.IndexReads`; its writes
+    are a batch's commit (:meth:`prepare`, :meth:`apply`), the batch intent and offsets.
+
+    Open one with :func:`~stream_dedup.index.opener.open_index`, which picks the backend.
     ``retention`` says how much of the stream it holds (see
     :mod:`stream_dedup.index.retention`). The index stores the retention it was last
-    committed under and uses it when ``retention`` is ``None``; a different one given
-    here applies from the next batch and is stored with it. It is not one of the
+    committed under and uses it when ``retention`` is ``None``; a :class:`RetentionChange`
+    is made over the stored one. Given only here, at opening: a retention other than the
+    stored one applies from the next batch and is stored with it. It is not one of the
     parameters checked at opening: changing it needs no re-indexing.
     """
 
@@ -114,7 +129,7 @@ class DedupIndex:
         self,
         backend: Backend,
         params: IndexParams | None,
-        retention: Retention | None = None,
+        retention: Retention | RetentionChange | None = None,
     ) -> None:
         self._backend = backend
         self._shared = backend.shared
@@ -158,7 +173,9 @@ class DedupIndex:
             NO_RETENTION if raw_retention is None else Retention.from_bytes(raw_retention)
         )
         asked = self._asked_retention
-        self.retention = self._stored_retention if asked is None else asked
+        if isinstance(asked, RetentionChange):  # made once, over what was stored at opening
+            asked = self._asked_retention = asked.applied_to(self._stored_retention)
+        self._retention = self._stored_retention if asked is None else asked
         # The clock's change points only serve retention: without it a shared index, which
         # re-reads its state at every batch, reads none.
         points = not self._shared or self.retention != NO_RETENTION
@@ -194,6 +211,11 @@ class DedupIndex:
         return self._params
 
     @property
+    def retention(self) -> Retention:
+        """The retention in force: the one given at opening, else the one stored."""
+        return self._retention
+
+    @property
     def location(self) -> str:
         return self._backend.location
 
@@ -213,116 +235,6 @@ class DedupIndex:
     def batch_epoch(self) -> int:
         """The epoch the next batch writes to (see :meth:`Timeline.batch_epoch`)."""
         return self._timeline.batch_epoch(self.retention, self._counters["indexed"])
-
-    def read(self, keys_: Sequence[bytes]) -> list[bytes | None]:
-        """One batched read of the index's own keys (and epoch 0's records)."""
-        return self._backend.get_many(keys_)
-
-    def read_documents(self, docnums: Sequence[int]) -> list[bytes | None]:
-        """The document records of ``docnums`` (ascending), each from its epoch."""
-        if len(self._timeline.epochs) == 1:
-            only = self._timeline.current.number
-            return self._backend.get_many([keys.doc_key(n) for n in docnums], only)
-        epochs = self._timeline.epochs
-        firsts = np.array([e.first for e in epochs], dtype=np.int64)
-        where = np.searchsorted(firsts, np.asarray(docnums, dtype=np.int64), side="right") - 1
-        if where.size and where[0] < 0:
-            raise IndexCorruptError(f"document {docnums[0]} precedes every live epoch")
-        out: list[bytes | None] = []
-        bounds = np.searchsorted(where, np.arange(len(epochs) + 1))  # docnums are ascending
-        for i, epoch in enumerate(epochs):
-            nums = docnums[bounds[i] : bounds[i + 1]]
-            if nums:
-                out.extend(self._backend.get_many([keys.doc_key(n) for n in nums], epoch.number))
-        return out
-
-    def read_lookups(self, lookup_keys: Sequence[bytes]) -> list[bytes | None]:
-        """Committed values of verdict and exact-text keys (``None``: absent), from the
-        newest live epoch that holds each.
-
-        Through the key filters, like :meth:`read_buckets`.
-        """
-        if not {k[:1] for k in lookup_keys} <= LOOKUP_KINDS:
-            raise ValueError("read_lookups reads verdict and exact-text keys only")
-        values: list[bytes | None] = [None] * len(lookup_keys)
-        fps = key_fingerprints(lookup_keys)
-        for _, where, found in self._read_epochs(lookup_keys, fps):
-            for i, value in zip(where, found, strict=True):
-                values[i] = value
-        return values
-
-    def read_buckets(
-        self, bucket_keys: Sequence[bytes], fingerprints: U64 | None = None
-    ) -> list[bytes | None]:
-        """Committed band buckets for ``bucket_keys``, every live epoch's members joined
-        oldest first (``None``: no such bucket).
-
-        Only the keys the key filters cannot rule out are read (see
-        :mod:`stream_dedup.index.filter`). ``fingerprints`` are the keys'
-        :func:`bucket_fingerprints` when the caller has them.
-        """
-        if fingerprints is None:
-            fingerprints = bucket_fingerprints(bucket_keys)
-        values: list[bytes | None] = [None] * len(bucket_keys)
-        for _, where, found in self.read_buckets_present(bucket_keys, fingerprints):
-            for i, value in zip(where, found, strict=True):
-                old = values[i]
-                values[i] = value if old is None else old + value
-        return values
-
-    def read_buckets_present(
-        self, bucket_keys: Sequence[bytes], fingerprints: U64
-    ) -> list[tuple[int, list[int], list[bytes]]]:
-        """Per live epoch, oldest first: the epoch, the positions of the buckets it holds
-        and their contents. A batch's ~36,000 keys find a few hundred, and a list of every
-        answer would be mostly ``None``s to walk past."""
-        if fingerprints.size != len(bucket_keys):
-            raise ValueError("one fingerprint per bucket key is needed")
-        return self._read_epochs(bucket_keys, fingerprints)
-
-    def _read_epochs(
-        self, wanted: Sequence[bytes], fingerprints: U64
-    ) -> list[tuple[int, list[int], list[bytes]]]:
-        out: list[tuple[int, list[int], list[bytes]]] = []
-        everything = list(range(len(wanted)))
-        for epoch in self._timeline.numbers():
-            if self._shared:  # no filter knows the other instances' keys
-                where = everything
-            else:
-                where = np.flatnonzero(self.load_filter().may_hold(epoch, fingerprints)).tolist()
-            if not where:
-                continue
-            read = self._backend.get_many([wanted[i] for i in where], epoch)
-            found = [(i, v) for i, v in zip(where, read, strict=True) if v is not None]
-            if found:
-                out.append((epoch, [i for i, _ in found], [v for _, v in found]))
-        return out
-
-    def load_filter(self, progress: Callable[[int], None] | None = None) -> EpochFilters:
-        """The key filters of the live epochs: those saved when the index was last
-        closed, if nothing was written since, else built from a scan of each epoch's
-        lookup keys (see :mod:`stream_dedup.index.epoch_filters`).
-
-        A built filter is sized for twice the keys its epoch can hold now (``bands``
-        buckets, a verdict and an exact-text key per indexed document, a verdict per
-        other one). Every later write adds its lookup keys (:meth:`apply`), so a filter
-        never misses a committed key. ``progress`` is called with the keys added so far
-        after every chunk of a scan (a fraction of a second each), so a long build can
-        be reported and kept alive. A shared index keeps no filter (nothing is loaded).
-        """
-        if not self._filters.loaded and not self._shared:
-            self._filters.load(self._capacities(), progress)
-        return self._filters
-
-    def _capacities(self) -> dict[int, int]:
-        """Epoch -> the keys a filter built for it is sized for."""
-        c, per_doc = self._counters, self._params.bands + 1
-        epochs = self._timeline.epochs
-        out: dict[int, int] = {}
-        for i, epoch in enumerate(epochs):
-            end = epochs[i + 1].first if i + 1 < len(epochs) else c["indexed"]
-            out[epoch.number] = 2 * ((end - epoch.first) * per_doc + c["documents"] // len(epochs))
-        return out
 
     def commit(
         self,
@@ -508,19 +420,3 @@ class DedupIndex:
         if self._filters.loaded:
             self._filters.save()
         self._backend.close()
-
-
-def open_index(
-    path: str | Path | None,
-    params: IndexParams | None,
-    *,
-    sync: bool = False,
-    retention: Retention | None = None,
-) -> DedupIndex:
-    """Open (or create) the index at ``path``; ``None`` means a fresh in-memory index.
-
-    With ``params=None`` an existing index is opened with whatever parameters it stores;
-    with ``retention=None``, with the retention it stores (see :class:`DedupIndex`).
-    """
-    backend: Backend = MemoryBackend() if path is None else RocksBackend(path, sync=sync)
-    return DedupIndex(backend, params, retention)

@@ -29,9 +29,8 @@ from confluent_kafka import Consumer, KafkaException
 from prometheus_client import CollectorRegistry
 
 from stream_dedup.dedup import Deduplicator
-from stream_dedup.index import DedupIndex, open_index
+from stream_dedup.index import DedupIndex, RedisSettings, open_index
 from stream_dedup.index.params import IndexParams
-from stream_dedup.index.redis_backend import RedisBackend
 from stream_dedup.logs import fields
 from stream_dedup.service import gc_tuning
 from stream_dedup.service.broker_watch import BrokerWatch
@@ -58,17 +57,13 @@ DeduplicatorFactory = Callable[[DedupIndex, ServiceConfig], Deduplicator]
 def open_configured_index(settings: IndexConfig, params: IndexParams) -> DedupIndex:
     """The index the ``[index]`` settings name: a RocksDB directory this instance owns, or
     the Redis index every instance of the group shares."""
-    if settings.backend == "redis":
-        r = settings.redis
-        backend = RedisBackend(
-            r.url,
-            namespace=r.namespace,
-            password=r.password or None,
-            tls_ca_file=r.tls_ca_file or None,
-            lock_ttl_ms=r.lock_ttl_ms,
-        )
-        return DedupIndex(backend, params, settings.policy())
-    return open_index(settings.path, params, sync=settings.sync, retention=settings.policy())
+    r = settings.redis
+    where = (
+        RedisSettings(r.url, r.namespace, r.password or None, r.tls_ca_file or None, r.lock_ttl_ms)
+        if settings.backend == "redis"
+        else settings.path
+    )
+    return open_index(where, params, sync=settings.sync, retention=settings.policy())
 
 
 def default_deduplicator(index: DedupIndex, config: ServiceConfig) -> Deduplicator:

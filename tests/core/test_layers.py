@@ -3,11 +3,13 @@
 ``stream_dedup.core`` is the pure detector, usable without a database or a message
 broker, and ``import stream_dedup`` only names its exports (they are loaded on first use),
 so neither may bring in the RocksDB binding or the Kafka client. Each import runs in a
-fresh interpreter: in this one, other tests have long loaded both.
+fresh interpreter: in this one, other tests have long loaded both. And the index owns its
+bytes: its key and record encodings are imported by no module outside it.
 """
 
 from __future__ import annotations
 
+import ast
 import json
 import subprocess
 import sys
@@ -53,5 +55,31 @@ def test_the_core_and_the_package_load_neither_rocksdb_nor_kafka(statement: str)
 
 
 def test_the_probe_sees_what_an_import_loads() -> None:
-    """The check above would catch a leak: the index layer does load RocksDB."""
-    assert loaded_after("import stream_dedup.index") == ["rocksdict"]
+    """The check above would catch a leak: the RocksDB backend does load RocksDB."""
+    assert loaded_after("import stream_dedup.index.rocks") == ["rocksdict"]
+
+
+#: The index's byte layout and value encodings: the index owns its bytes.
+ENCODINGS = {"stream_dedup.index.keys", "stream_dedup.index.records"}
+
+
+def _imported(tree: ast.AST) -> set[str]:
+    """The modules an import statement of ``tree`` names (``from a import b``: ``a.b`` too)."""
+    names: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            names.add(node.module)
+            names.update(f"{node.module}.{alias.name}" for alias in node.names)
+    return names
+
+
+def test_the_index_encodings_are_imported_only_inside_the_index() -> None:
+    package = ROOT / "stream_dedup"
+    outside = [p for p in package.rglob("*.py") if (package / "index") not in p.parents]
+    offenders = {
+        str(p.relative_to(ROOT)): sorted(_imported(ast.parse(p.read_text())) & ENCODINGS)
+        for p in outside
+    }
+    assert {p: m for p, m in offenders.items() if m} == {}

@@ -1,0 +1,34 @@
+"""The core composed over an index: a batch of documents in, verdicts out, one commit.
+
+``decide(docs)`` reads the committed index (batched reads, through the index's key filter,
+for replayed ids, exact-text digests and band buckets; one for candidate records) and
+decides the documents in order against everything before them *including earlier
+documents of the same batch*: the compiled matching pass
+(:mod:`stream_dedup.core.match`) keeps the batch's own bucket appends and exact texts
+beside what the index holds, so later documents of the batch see them. Nothing is
+written until ``commit(result, offsets)``, which hands all of the batch's records,
+counters and the input offsets to one atomic index write. Deciding the same batch again
+over the same committed index gives identical verdicts, which is what makes a replay
+after a crash emit identical events.
+
+Per document: a replayed id returns its stored verdict (a repeat whose normalised text
+differs from the first occurrence's is counted in ``BatchStats.mismatched_repeats``);
+empty normalised content is ``unique`` with ``empty=True`` and never indexed; identical
+normalised text (exact digest) is a duplicate with similarity 1.0 of the first document
+with that text; otherwise the band buckets give candidates, ranked by shared bands, the
+first ``max_candidates`` are verified, and the best verified match at or above the
+threshold decides.
+
+The index is asked typed questions and handed typed writes: no module here reads or
+writes the index's key and record encodings. Modules: :mod:`.deduplicator` (the steps of
+a batch), :mod:`.reads` (what a batch reads), :mod:`.writes` (verdicts and the batch's
+index writes), :mod:`.batch` (what a batch gives), :mod:`.queries` (texts asked about,
+decided against the index alone), :mod:`.kernels` (whether the compiled kernels are
+cached).
+"""
+
+from stream_dedup.dedup.batch import BatchResult, BatchStats
+from stream_dedup.dedup.deduplicator import Deduplicator
+from stream_dedup.dedup.kernels import COMPILING_NOTICE, kernels_cached
+
+__all__ = ["COMPILING_NOTICE", "BatchResult", "BatchStats", "Deduplicator", "kernels_cached"]

@@ -1,0 +1,177 @@
+"""The deduplicator: a batch of documents decided against one index, then committed.
+
+:meth:`Deduplicator.decide` goes in named steps: read what the index knows of the batch's
+ids and texts (:func:`~.reads.read_known`), read what it holds that they may match
+(:func:`~.reads.read_held`), run the compiled matching pass
+(:func:`~stream_dedup.core.match.match_batch`), and turn its numbers into verdicts and
+staged index writes (:func:`~.writes.verdicts_and_writes`). Nothing is written until
+:meth:`Deduplicator.commit`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+
+import numpy as np
+
+from stream_dedup.core.config import DedupConfig
+from stream_dedup.core.hashing import U32
+from stream_dedup.core.match import I64, Expiry, Matches, match_batch
+from stream_dedup.core.sketch import Sketch, sketch
+from stream_dedup.dedup.batch import BatchResult, BatchStats
+from stream_dedup.dedup.kernels import COMPILING_NOTICE, kernels_cached
+from stream_dedup.dedup.reads import Held, Known, clocks, payloads, read_held, read_known
+from stream_dedup.dedup.writes import verdicts_and_writes
+from stream_dedup.index.bucket_records import bucket_puts
+from stream_dedup.index.store import DedupIndex, PendingCommit
+from stream_dedup.models import Document
+
+
+class Deduplicator:
+    """Decides batches of documents against one :class:`DedupIndex`."""
+
+    def __init__(self, index: DedupIndex, config: DedupConfig) -> None:
+        self.index = index
+        self.config = config
+        self.plan = config.band_plan()
+        self._exact = config.verify == "exact"
+        self._bucket_bytes = 8 * config.max_bucket_size
+
+    def warm_up(self, notice: Callable[[str], None] | None = None) -> None:
+        """Load the compiled kernels now, so the first batch does not wait for them.
+
+        The first call of a compiled kernel loads it from numba's on-disk cache (or
+        compiles it, the first time on a machine): close to a second that would otherwise
+        land on the latency of the first documents. Deciding a throw-away pair of texts
+        (one near-duplicate of the other) runs every kernel the configuration uses; the
+        index is read, which builds its key filter now, but not written. ``notice`` is
+        given :data:`COMPILING_NOTICE` first when the kernels must be compiled (see
+        :func:`kernels_cached`), so a long silent pause is explained.
+        """
+        texts = ["warm-up text for the compiled kernels", "warm-up text for the kernels"]
+        if notice is not None and not kernels_cached():
+            notice(COMPILING_NOTICE)
+        self.decide([Document(f"\x00warm-up {i}", t) for i, t in enumerate(texts)])
+
+    def process(
+        self, docs: Sequence[Document], offsets: Mapping[tuple[str, int], int] | None = None
+    ) -> BatchResult:
+        """``decide`` then ``commit``: the offline path."""
+        result = self.decide(docs)
+        self.commit(result, offsets)
+        return result
+
+    def commit(
+        self, result: BatchResult, offsets: Mapping[tuple[str, int], int] | None = None
+    ) -> None:
+        """Persist a decided batch (and the input offsets it covers) in one atomic write."""
+        self.index.apply(self.prepare(result, offsets))
+
+    def prepare(
+        self, result: BatchResult, offsets: Mapping[tuple[str, int], int] | None = None
+    ) -> PendingCommit:
+        """The write :meth:`commit` makes, built for a later ``index.apply``."""
+        return self.index.prepare(
+            result.puts,
+            result.counter_deltas,
+            offsets,
+            ordered=result.bucket_puts,
+            ordered_fingerprints=result.bucket_fingerprints,
+            epoch=result.epoch,
+            points=result.points,
+            clock=result.clock,
+        )
+
+    def sketch(self, docs: Sequence[Document]) -> Sketch:
+        """The index-independent part of deciding ``docs`` (see :mod:`stream_dedup.core.sketch`)."""
+        return sketch([d.content for d in docs], self.config, self.plan)
+
+    def decide(self, docs: Sequence[Document], sketched: Sketch | None = None) -> BatchResult:
+        """Verdicts for ``docs`` in order; see :mod:`stream_dedup.dedup` for the rules.
+
+        ``sketched`` is ``docs``' sketch when it was computed elsewhere (the service's
+        sketch worker computes it one batch ahead); by default it is computed here. The
+        matching itself is one compiled pass (:func:`~stream_dedup.core.match.match_batch`);
+        this method gathers its inputs from the index and turns its numbers into verdicts
+        and records.
+        """
+        sk = sketched if sketched is not None else self.sketch(docs)
+        if sk.size != len(docs):
+            raise ValueError("the sketch handed in is not the sketch of these documents")
+        known = read_known(self.index, docs, sk)
+        epoch = self.index.batch_epoch()
+        held = read_held(self.index, sk, known, epoch)
+        doc_clock = clocks(docs, self.index.timeline.clock)
+        queries = self._queries(sk)
+        found = self._match(sk, known, held, epoch, doc_clock, queries)
+        stats = BatchStats.of(found, sk.live, len(docs))
+        verdicts, staged = verdicts_and_writes(docs, sk, known, held.records, found, queries, stats)
+        ordered, written = bucket_puts(
+            sk.bucket_keys, sk.bucket_order, held.slot, found, self.plan.bands
+        )
+        clock = int(doc_clock[-1]) if len(docs) else self.index.timeline.clock
+        return BatchResult(
+            verdicts,
+            staged.puts,
+            ordered,
+            staged.counters,
+            stats,
+            sk.bucket_fingerprints[written],
+            epoch,
+            (found.points_doc, found.points_clock),
+            clock,
+        )
+
+    def _queries(self, sk: Sketch) -> tuple[U32, I64, I64]:
+        """What verification compares for each live document of the batch, as ``(flat,
+        start, length)``: its verification set (``verify = "exact"``) or its signature."""
+        if self._exact:
+            return sk.set_flat, sk.set_at, sk.set_len
+        per, n_live = self.config.num_perm, len(sk.live)
+        q_flat = sk.sigs.reshape(-1)
+        return (
+            q_flat,
+            np.arange(n_live, dtype=np.int64) * per,
+            np.full(n_live, per, dtype=np.int64),
+        )
+
+    def _match(
+        self,
+        sk: Sketch,
+        known: Known,
+        held: Held,
+        epoch: int,
+        doc_clock: I64,
+        queries: tuple[U32, I64, I64],
+    ) -> Matches:
+        """The compiled matching pass over what :meth:`decide` read, with retention's
+        expiry measured on each document's clock (``doc_clock``)."""
+        cfg, index = self.config, self.index
+        first_docnum = index.counter("indexed")
+        timeline, retention, live = index.timeline, index.retention, sk.live
+        expiry = Expiry(
+            doc_clock[live] if live else np.empty(0, np.int64),
+            timeline.points_doc,
+            timeline.points_clock,
+            retention.window,
+            retention.max_documents,
+            epoch != timeline.current.number,
+        )
+        return match_batch(
+            fresh=known.fresh,
+            text_group=known.text_group,
+            group_docnum=known.group_docnum,
+            slot=held.slot,
+            committed=held.committed,
+            bands=self.plan.bands,
+            max_members=cfg.max_bucket_size,
+            max_candidates=cfg.max_candidates,
+            threshold=cfg.threshold,
+            exact=self._exact,
+            index_all=cfg.index_policy == "all",
+            first_docnum=first_docnum,
+            payloads=queries,
+            records=payloads(held.records),
+            older=held.older,
+            expiry=expiry,
+        )

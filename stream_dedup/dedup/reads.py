@@ -1,0 +1,134 @@
+"""What deciding a batch reads: what the index knows of its ids and texts, and what it
+holds that the batch's documents may match.
+
+Each is a few batched reads of the index's typed questions
+(:meth:`~stream_dedup.index.store.DedupIndex.read_decided`,
+:meth:`~stream_dedup.index.store.DedupIndex.read_bucket_members`,
+:meth:`~stream_dedup.index.store.DedupIndex.read_records`), turned into the arrays the
+compiled matching pass (:func:`~stream_dedup.core.match.match_batch`) takes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import numpy.typing as npt
+
+from stream_dedup.core.hashing import U32
+from stream_dedup.core.match import I64, NO_CLOCK
+from stream_dedup.core.sketch import Sketch
+from stream_dedup.index.store import DedupIndex, DocRecord, Members, StoredVerdict
+from stream_dedup.models import Document
+
+
+@dataclass(slots=True)
+class Known:
+    """What the index, and the batch itself, already say about the batch's documents."""
+
+    #: Per document: the verdict its id was given before (``None``: never decided).
+    stored: list[StoredVerdict | None]
+    #: Id -> the first position in the batch with that id: an id repeated within the
+    #: batch is decided once, there, and its later occurrences get that verdict back.
+    first_at: dict[str, int]
+    #: Per document: its position among the live ones (``None``: empty content).
+    live_pos: list[int | None]
+    #: Per live document: decided now (neither a replay nor a later repeat).
+    fresh: npt.NDArray[np.bool_]
+    #: Per live document its exact-text group, and per group the committed docnum with
+    #: that text, -1 if none (see :func:`text_groups`).
+    text_group: I64
+    group_docnum: I64
+
+
+def read_known(index: DedupIndex, docs: Sequence[Document], sk: Sketch) -> Known:
+    """What the index knows of ``docs``' ids and exact texts (``sk``: their sketch)."""
+    ids = [d.id for d in docs]
+    n_docs = len(ids)
+    stored, text_docnums = index.read_decided(ids, sk.exact_keys)
+    first_at = dict(zip(reversed(ids), range(n_docs - 1, -1, -1), strict=True))
+    live_pos: list[int | None] = [None] * n_docs
+    for p, doc_index in enumerate(sk.live):
+        live_pos[doc_index] = p
+    fresh = np.ones(len(sk.live), dtype=bool)
+    if len(first_at) < n_docs or stored.count(None) < n_docs:
+        for i, doc_id in enumerate(ids):
+            at_live = live_pos[i]
+            if at_live is not None and (stored[i] is not None or first_at[doc_id] != i):
+                fresh[at_live] = False
+    text_group, group_docnum = text_groups(sk.exact_keys, text_docnums)
+    return Known(stored, first_at, live_pos, fresh, text_group, group_docnum)
+
+
+def text_groups(xkeys: list[bytes], committed: list[int | None]) -> tuple[I64, I64]:
+    """Each live document's exact-text group (equal normalised texts share one: the last
+    position with that text) and each group's committed docnum, -1 where the index holds
+    none (``committed``: the docnum the index holds for each of ``xkeys``)."""
+    last_with = dict(zip(xkeys, range(len(xkeys)), strict=True))
+    group = np.array([last_with[x] for x in xkeys], dtype=np.int64)
+    docnum = np.full(len(xkeys), -1, dtype=np.int64)
+    for p, num in enumerate(committed):
+        if num is not None:
+            docnum[group[p]] = num
+    return group, docnum
+
+
+@dataclass(slots=True)
+class Held:
+    """What the index holds that the batch's documents may match."""
+
+    #: Per bucket key: the first position with the same key (its slot).
+    slot: npt.NDArray[np.intp]
+    #: The members of each bucket key in the epoch the batch writes to, and in the other
+    #: live epochs (read at each key's slot; ``None``: none).
+    committed: Members
+    older: Members | None
+    #: The records of every held document a bucket or an exact text names, by docnum
+    #: (ascending); the batch's indexed documents join them as they are decided.
+    records: dict[int, DocRecord]
+
+
+def read_held(index: DedupIndex, sk: Sketch, known: Known, epoch: int) -> Held:
+    """The bucket members and candidate records for a batch that writes to ``epoch``.
+
+    Only documents still held (at or after the index's cutoff) are read: an expired one
+    is no candidate, whatever a bucket of an older epoch still lists.
+    """
+    bkeys = sk.bucket_keys
+    committed, older = index.read_bucket_members(bkeys, sk.bucket_fingerprints, epoch)
+    slot = np.arange(len(bkeys), dtype=np.intp)
+    slot[sk.bucket_shared[:, 0]] = sk.bucket_shared[:, 1]
+    old = None if older is None else (older[0][slot], older[1][slot], older[2])
+    cutoff = index.cutoff()  # nothing older is held by any document of the batch
+    group_docnum = known.group_docnum
+    wanted = set(group_docnum[group_docnum >= cutoff].tolist())
+    members = [committed[2]] if old is None else [committed[2], old[2]]
+    wanted.update(m for m in np.unique(np.concatenate(members)).tolist() if m >= cutoff)
+    return Held(slot, committed, old, index.read_records(sorted(wanted)))
+
+
+def clocks(docs: Sequence[Document], committed: int) -> I64:
+    """The stream's clock as each of ``docs`` is decided: the latest time so far, in whole
+    seconds, starting from the ``committed`` clock (``NO_CLOCK`` while none is known)."""
+    seconds = np.fromiter(
+        (NO_CLOCK if d.time is None else d.time // 1000 for d in docs),
+        dtype=np.int64,
+        count=len(docs),
+    )
+    if not seconds.size:
+        return seconds
+    seconds[0] = max(int(seconds[0]), committed)
+    return np.maximum.accumulate(seconds)
+
+
+def payloads(
+    records: dict[int, DocRecord],
+) -> tuple[npt.NDArray[np.uint64], U32, I64, I64]:
+    """The verification payloads of ``records`` as :func:`match_batch` takes them (docnums
+    ascending: ``records`` is filled in that order)."""
+    docnums = np.fromiter(records, dtype=np.uint64, count=len(records))
+    held = [r.payload for r in records.values()]
+    flat = np.frombuffer(b"".join(held), dtype="<u4")
+    lengths = np.fromiter(map(len, held), dtype=np.int64, count=len(held)) >> 2
+    return docnums, flat, np.cumsum(lengths) - lengths, lengths

@@ -1,0 +1,81 @@
+"""The matching pass's numbers turned into verdicts and the batch's index writes.
+
+Documents are taken in batch order, so that a repeat of an id within the batch reads the
+verdict its first occurrence was just given, and a document indexed here is a candidate
+record for the later ones. The writes are staged in the index's own encodings
+(:class:`~stream_dedup.index.staged.StagedWrite`); the band buckets, written in key order
+apart from the rest, come from :func:`~stream_dedup.index.bucket_records.bucket_puts`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from stream_dedup.core.hashing import U32
+from stream_dedup.core.match import I64, Matches
+from stream_dedup.core.sketch import Sketch
+from stream_dedup.dedup.batch import BatchStats
+from stream_dedup.dedup.reads import Known
+from stream_dedup.index.staged import StagedWrite
+from stream_dedup.index.store import DocRecord
+from stream_dedup.models import Document, Verdict, VerdictKind
+
+#: The kinds, read once (on Python 3.11 a member looked up on the enum goes through its
+#: metaclass, far slower than reading a module global).
+_UNIQUE, _DUPLICATE = VerdictKind.UNIQUE, VerdictKind.DUPLICATE
+
+
+def verdicts_and_writes(
+    docs: Sequence[Document],
+    sk: Sketch,
+    known: Known,
+    records: dict[int, DocRecord],
+    found: Matches,
+    queries: tuple[U32, I64, I64],
+    stats: BatchStats,
+) -> tuple[list[Verdict], StagedWrite]:
+    """Each document's verdict, and the records and counters its commit writes.
+
+    ``records`` are the candidates' records (the batch's indexed documents are added);
+    ``queries`` the batch's verification payloads as the matching pass took them (flat,
+    start, length per live document); ``stats`` counts the replays.
+    """
+    xkeys, live_pos, stored, first_at = sk.exact_keys, known.live_pos, known.stored, known.first_at
+    matched, sims = found.match.tolist(), found.similarity.tolist()
+    given, new_text = found.docnum.tolist(), found.new_text.tolist()
+    q_flat, q_at, q_len = queries
+    payload_bytes = q_flat.tobytes()
+    starts, sizes = (4 * q_at).tolist(), (4 * q_len).tolist()
+    staged = StagedWrite()
+    verdicts: list[Verdict] = []
+    for i, doc in enumerate(docs):
+        replay = stored[i]
+        if replay is None and first_at[doc.id] != i:
+            replay = staged.decided(doc.id)  # what its first occurrence was given
+        live_at = live_pos[i]
+        xkey = None if live_at is None else xkeys[live_at]
+        if replay is not None:
+            verdict, differs = replay.replayed(doc.id, xkey)
+            verdicts.append(verdict)
+            stats.replayed += 1
+            stats.mismatched_repeats += differs
+            continue
+        if live_at is None:
+            verdict = Verdict(doc.id, _UNIQUE, None, None, doc.id, empty=True)
+        else:
+            p = live_at
+            n = matched[p]
+            if n < 0:
+                verdict = Verdict(doc.id, _UNIQUE, None, None, doc.id)
+            else:
+                rec = records[n]
+                verdict = Verdict(doc.id, _DUPLICATE, rec.doc_id, round(sims[p], 6), rec.cluster_id)
+            num = given[p]
+            if num >= 0:
+                payload = payload_bytes[starts[p] : starts[p] + sizes[p]]
+                records[num] = staged.document(num, doc.id, verdict.cluster_id, payload)
+                if new_text[p]:
+                    staged.new_text(xkeys[p], num)
+        staged.verdict(verdict, xkey)
+        verdicts.append(verdict)
+    return verdicts, staged
