@@ -8,7 +8,7 @@ import numpy as np
 
 from stream_dedup.core.hashing import U64
 from stream_dedup.core.match import I64, Matches
-from stream_dedup.index.backend import OrderedPuts
+from stream_dedup.index.backend import NO_ORDERED_PUTS, OrderedPuts
 from stream_dedup.models import Verdict
 
 
@@ -66,3 +66,9 @@ class BatchResult:
     epoch: int | None = None
     points: tuple[I64, I64] | None = None
     clock: int | None = None
+
+    @classmethod
+    def empty(cls) -> BatchResult:
+        """A batch with nothing to decide (every message was dead-lettered): its commit
+        writes only what the caller adds (offsets)."""
+        return cls([], {}, NO_ORDERED_PUTS, {}, BatchStats())

@@ -23,9 +23,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from stream_dedup.core.sketch import Sketch
-from stream_dedup.dedup import BatchResult, BatchStats, Deduplicator
+from stream_dedup.dedup import BatchResult, Deduplicator
 from stream_dedup.errors import IndexStoreError
-from stream_dedup.index.backend import NO_ORDERED_PUTS
 from stream_dedup.models import Document
 from stream_dedup.service.config import ServiceConfig
 from stream_dedup.service.events import OutRecord, Source, dead_letter, document_json, event
@@ -40,11 +39,6 @@ ENVIRONMENT_ERRORS: tuple[type[BaseException], ...] = (IndexStoreError, OSError,
 
 #: Called when the client rejects a record outright: returns a replacement (a dead letter).
 Rejected = Callable[[int, Exception], "OutRecord | None"]
-
-
-def empty_result() -> BatchResult:
-    """A batch with nothing to decide (every message was dead-lettered)."""
-    return BatchResult([], {}, NO_ORDERED_PUTS, {}, BatchStats())
 
 
 @dataclass(frozen=True, slots=True)
@@ -114,7 +108,7 @@ class Decider:
         dead-letter, and commit, a batch of good ones.
         """
         if not docs:
-            return empty_result(), []
+            return BatchResult.empty(), []
         try:
             return self.dedup.decide(docs, sketched), []
         except ENVIRONMENT_ERRORS:
@@ -132,7 +126,7 @@ class Decider:
                 raise batch_exc
             bad = {i for i, _ in failed}
             rest = [d for i, d in enumerate(docs) if i not in bad]
-            return (self.dedup.decide(rest) if rest else empty_result()), failed
+            return (self.dedup.decide(rest) if rest else BatchResult.empty()), failed
 
     def dead_letter(self, source: Source, reason: str, exc: BaseException, stage: str) -> OutRecord:
         """The dead letter for ``source``, counted and logged."""
