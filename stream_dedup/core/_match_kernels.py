@@ -2,17 +2,19 @@
 
 :func:`stream_dedup.core.match.match_batch` describes the pass, its arguments and its
 results. :func:`_match_batch` walks the batch's live documents in order and calls one
-helper per step; numba compiles the helpers into it, so the steps cost no calls at run
-time. They sit in the kernel's module because numba's on-disk cache checks only the source
-file of the function it caches: a helper elsewhere could change unseen by the cached kernel.
+helper per step. The helpers sit in the kernel's module because numba's on-disk cache
+checks only the source file of the function it caches: a helper elsewhere could change
+unseen by the cached kernel.
 
-Shapes the helpers share (``int64`` arrays unless said otherwise): ``committed = (at,
-len, members)``, and ``older`` alike, per bucket slot ``s`` the members
-``members[at[s] : at[s] + len[s]]`` the index holds; ``appends = (head, tail, count, doc,
-next)``, the batch's own appends as one linked list per slot, oldest first (``doc`` and
-``next`` per entry: one docnum appended to one slot); ``payloads = (flat, at, len)``, the
-live documents' verification payloads (``flat`` is ``uint32``), and ``records = (docnums,
-flat, at, len)`` the committed documents', by docnum.
+LLVM inlines only small helpers, and a call per document or per bucket costs about as
+much as the step itself (a document takes about a microsecond): the steps run per bucket
+(:func:`_held`, :func:`_bucket_into`, :func:`_append`) are kept small, gathering a
+document's members stays in the kernel's loop, and the steps that stay calls either do a
+document's real work (counting, verifying) or run only when retention or clocks are on.
+
+The batch's own appends are ``lists`` (:func:`_no_appends`): one linked list per bucket
+slot, oldest first, rows ``HEAD``, ``TAIL``, ``COUNT`` by slot and ``DOC``, ``NEXT`` by
+entry (one docnum appended to one slot; entries are numbered as the bucket keys).
 """
 
 from __future__ import annotations
@@ -78,13 +80,16 @@ def _similarity(a: Any, b: Any, exact: bool, threshold: float) -> float:
 
 
 @numba.njit(**_JIT)  # type: ignore[untyped-decorator]
-def _first_held(clock: int, expiry: Any, points: Any, n_pts: int, next_docnum: int) -> int:
+def _first_held(
+    clock: int, limits: Any, cp_doc: Any, cp_clock: Any, pt_doc: Any, pt_clock: Any, n_pts: int,
+    next_docnum: int,
+) -> int:  # fmt: skip
     """The first docnum still held for a document decided at ``clock``, the next indexed
-    document getting ``next_docnum`` (:func:`stream_dedup.index.retention.first_held`),
-    from the committed change points, then the first ``n_pts`` of ``points``: the batch's
-    own documents move the clock, and may expire earlier ones of the batch."""
-    _, cp_doc, cp_clock, window, max_docs, no_clock, _ = expiry
-    pt_doc, pt_clock = points
+    document getting ``next_docnum`` (:func:`stream_dedup.index.retention.first_held`;
+    ``limits``: window, max_documents, NO_CLOCK), from the committed change points
+    (``cp_*``), then the first ``n_pts`` the batch has added (``pt_*``): the batch's own
+    documents move the clock, and may expire earlier ones of the batch."""
+    window, max_docs, no_clock = limits
     lo = 0
     if window > 0 and clock != no_clock and cp_doc.size + n_pts > 0:
         since = clock - window
@@ -106,7 +111,7 @@ def _first_held(clock: int, expiry: Any, points: Any, n_pts: int, next_docnum: i
 
 @numba.njit(**_JIT)  # type: ignore[untyped-decorator]
 def _add_point(
-    points: Any, n_pts: int, num: int, clock: int, cp_clock: Any, no_clock: int, opens: bool
+    pt_doc: Any, pt_clock: Any, n_pts: int, num: int, clock: int, cp_clock: Any, opens: bool
 ) -> int:
     """Record document ``num``, indexed at ``clock``, as a change point if it moves the
     clock on or ``opens`` a new epoch; returns how many points the batch has added.
@@ -114,91 +119,76 @@ def _add_point(
     Retention needs only the documents where the clock changes to find a cutoff, and each
     epoch's points to start at its first docnum (:mod:`stream_dedup.index.retention`).
     """
-    pt_doc, pt_clock = points
     last = clock - 1
     if n_pts > 0:
         last = pt_clock[n_pts - 1]
     elif cp_clock.size > 0:
         last = cp_clock[cp_clock.size - 1]
-    if clock == no_clock or not (clock > last or opens):
+    if not (clock > last or opens):
         return n_pts
     pt_doc[n_pts] = num
     pt_clock[n_pts] = clock
     return n_pts + 1
 
 
+#: Rows of ``lists`` (:func:`_no_appends`).
+HEAD, TAIL, COUNT, DOC, NEXT = 0, 1, 2, 3, 4
+
+
 @numba.njit(**_JIT)  # type: ignore[untyped-decorator]
-def _no_appends(n_keys: int) -> tuple[Any, Any, Any, Any, Any]:
-    """Empty ``appends`` for ``n_keys`` bucket slots, with room for one entry per key.
+def _no_appends(n_keys: int) -> Any:
+    """Empty ``lists`` for ``n_keys`` bucket slots, with room for one entry per key.
 
     Linked lists, not a copy of the bucket per append: an append costs the same however
-    full the bucket, and readers walk the committed members, then the list.
+    full the bucket, and readers walk the committed members, then the list. One array of
+    five rows, so that every helper takes the lists as one argument.
     """
-    head = np.full(n_keys, -1, dtype=np.int64)
-    tail = np.full(n_keys, -1, dtype=np.int64)
-    count = np.zeros(n_keys, dtype=np.int64)
-    return head, tail, count, np.empty(n_keys, dtype=np.int64), np.empty(n_keys, dtype=np.int64)
+    lists = np.empty((5, n_keys), dtype=np.int64)
+    lists[HEAD] = -1
+    lists[TAIL] = -1
+    lists[COUNT] = 0
+    return lists
 
 
 @numba.njit(**_JIT)  # type: ignore[untyped-decorator]
-def _held(s: int, com_len: Any, count: Any, max_members: int) -> int:
+def _held(s: int, com_len: Any, lists: Any, max_members: int) -> int:
     """How many members bucket slot ``s`` holds now: the committed ones and the batch's
     appends, at most ``max_members`` once the batch has appended (the index keeps a
     bucket's newest ``max_members``; what it holds already is within the limit)."""
-    if count[s] > 0:
-        return min(max_members, com_len[s] + count[s])  # type: ignore[no-any-return]
+    if lists[COUNT, s] > 0:
+        return min(max_members, com_len[s] + lists[COUNT, s])  # type: ignore[no-any-return]
     return com_len[s]  # type: ignore[no-any-return]
 
 
 @numba.njit(**_JIT)  # type: ignore[untyped-decorator]
-def _bucket_into(out: Any, at: int, s: int, committed: Any, appends: Any, max_members: int) -> int:
-    """Write bucket slot ``s``'s members as they are now, oldest first, to ``out`` from
-    ``at``; returns the position after the last one written.
+def _pushed_out(s: int, com_len: Any, lists: Any, max_members: int) -> int:
+    """How many of bucket slot ``s``'s oldest members the batch's appends pushed out."""
+    return com_len[s] + lists[COUNT, s] - _held(s, com_len, lists, max_members)  # type: ignore[no-any-return]
 
-    The committed members, then the batch's appends, less the oldest the appends pushed
-    out (:func:`_held`): one reading for a document's candidates and for the index's write.
+
+@numba.njit(**_JIT)  # type: ignore[untyped-decorator]
+def _bucket_into(out: Any, at: int, skip: int, committed: Any, e: int, lists: Any) -> int:
+    """Write a bucket's members, oldest first (``committed``, then the batch's appends from
+    entry ``e`` on), less the first ``skip``, to ``out`` from ``at``; returns the position
+    after the last one written.
+
+    One reading for a document's candidates and for the index's write. Small on purpose:
+    it runs once per bucket of every document, and LLVM inlines it only while it is small.
     """
-    com_at, com_len, com_members = committed
-    head, _, count, app_doc, app_next = appends
-    skip = com_len[s] + count[s] - _held(s, com_len, count, max_members)
-    for i in range(com_at[s], com_at[s] + com_len[s]):
+    for member in committed:
         if skip > 0:
             skip -= 1
         else:
-            out[at] = com_members[i]
+            out[at] = member
             at += 1
-    e = head[s]
     while e >= 0:
         if skip > 0:
             skip -= 1
         else:
-            out[at] = app_doc[e]
+            out[at] = lists[DOC, e]
             at += 1
-        e = app_next[e]
+        e = lists[NEXT, e]
     return at
-
-
-@numba.njit(**_JIT)  # type: ignore[untyped-decorator]
-def _gather(
-    keys: Any, scratch: Any, committed: Any, older: Any, appends: Any, max_members: int
-) -> tuple[Any, int]:
-    """Every member of the bucket slots ``keys`` (one document's buckets, older epochs'
-    members first), a docnum once per bucket it is in, into ``scratch``; returns it (a new,
-    larger one if it was too small: one serves the whole batch) and how many were written.
-    """
-    old_at, old_len, old_members = older
-    size = 0
-    for s in keys:
-        size += _held(s, committed[1], appends[2], max_members) + old_len[s]
-    if size > scratch.size:
-        scratch = np.empty(2 * size, dtype=np.int64)
-    k = 0
-    for s in keys:
-        for i in range(old_at[s], old_at[s] + old_len[s]):
-            scratch[k] = old_members[i]
-            k += 1
-        k = _bucket_into(scratch, k, s, committed, appends, max_members)
-    return scratch, k
 
 
 @numba.njit(**_JIT)  # type: ignore[untyped-decorator]
@@ -228,33 +218,21 @@ def _shared_counts(members: Any, lo: int) -> tuple[Any, Any]:
 
 
 @numba.njit(**_JIT)  # type: ignore[untyped-decorator]
-def _ranked(unique: Any, counts: Any, max_candidates: int) -> Any:
-    """The candidates to verify: all, or if there are more than ``max_candidates``, the
-    ``max_candidates`` sharing the most bands, ties to the earliest (a stable sort on docnum
-    order), so a document in crowded buckets costs a bounded number of verifications."""
-    if unique.size <= max_candidates:
-        return unique
-    order = np.argsort(-counts, kind="mergesort")[:max_candidates]
-    return unique[order]
-
-
-@numba.njit(**_JIT)  # type: ignore[untyped-decorator]
 def _best_match(
-    p: int, chosen: Any, payloads: Any, records: Any, pos_of: Any, first: int, rules: Any
-) -> tuple[int, float]:
-    """Live document ``p``'s most similar candidate of ``chosen`` at or above the
-    threshold, ties to the earliest: (docnum, similarity), or (-1, -1.0) if none.
+    qa: Any, chosen: Any, q_flat: Any, q_at: Any, q_len: Any, records: Any, pos_of: Any,
+    first: int, exact: bool, threshold: float,
+) -> tuple[int, float]:  # fmt: skip
+    """The most similar of ``chosen`` to payload ``qa`` at or above the threshold, ties to
+    the earliest: (docnum, similarity), or (-1, -1.0) if none.
 
-    A candidate from docnum ``first`` on was indexed by this batch: its payload is at its
-    live position, ``pos_of[docnum - first]``; any other's is in ``records``.
+    A candidate from docnum ``first`` on was indexed by this batch: its payload is one of
+    ``q_*``, at live position ``pos_of[docnum - first]``; any other's is in ``records``.
     """
-    q_flat, q_at, q_len = payloads
     r_docnums, r_flat, r_at, r_len = records
-    _, _, _, threshold, exact, _ = rules
-    qa = q_flat[q_at[p] : q_at[p] + q_len[p]]
     found = -1
     best = -1.0
-    for d in chosen:
+    for j in range(chosen.size):
+        d = chosen[j]
         if d >= first:
             o = pos_of[d - first]
             other = q_flat[q_at[o] : q_at[o] + q_len[o]]
@@ -271,49 +249,48 @@ def _best_match(
 
 
 @numba.njit(**_JIT)  # type: ignore[untyped-decorator]
-def _append(keys: Any, num: int, first_entry: int, com_len: Any, appends: Any, mm: int) -> int:
-    """Append docnum ``num`` to the bucket slots ``keys`` (entries from ``first_entry``
-    on), where the batch's later documents find it; returns how many of those buckets were
-    full, each of which evicts its oldest member.
+def _append(lists: Any, s: int, e: int, num: int, com_len: Any, max_members: int) -> bool:
+    """Append docnum ``num`` to bucket slot ``s``'s list as entry ``e``, where the batch's
+    later documents find it; returns whether the bucket was full (it evicts its oldest).
+
+    Small on purpose, like :func:`_bucket_into`: it runs once per bucket of every indexed
+    document, and LLVM inlines it only while it is small.
     """
-    head, tail, count, app_doc, app_next = appends
-    evictions = 0
-    for b in range(keys.size):
-        s = keys[b]
-        e = first_entry + b
-        evictions += _held(s, com_len, count, mm) >= mm
-        app_doc[e] = num
-        app_next[e] = -1
-        if tail[s] >= 0:
-            app_next[tail[s]] = e
-        else:
-            head[s] = e
-        tail[s] = e
-        count[s] += 1
-    return evictions
+    full = _held(s, com_len, lists, max_members) >= max_members
+    lists[DOC, e] = num
+    lists[NEXT, e] = -1
+    if lists[TAIL, s] >= 0:
+        lists[NEXT, lists[TAIL, s]] = e
+    else:
+        lists[HEAD, s] = e
+    lists[TAIL, s] = e
+    lists[COUNT, s] += 1
+    return full  # type: ignore[no-any-return]
 
 
 @numba.njit(**_JIT)  # type: ignore[untyped-decorator]
-def _final_contents(committed: Any, appends: Any, max_members: int) -> tuple[Any, Any, Any]:
+def _final_contents(
+    com_at: Any, com_len: Any, com_members: Any, lists: Any, max_members: int
+) -> tuple[Any, Any, Any]:
     """The contents the index is to hold for every slot the batch appended to, but a new
     bucket of one member (written from its docnum alone): (contents, at, len) per slot,
     ``len`` 0 for the others."""
-    com_len = committed[1]
-    count = appends[2]
-    n_keys = count.size
+    n_keys = com_len.size
     content_at = np.zeros(n_keys, dtype=np.int64)
     content_len = np.zeros(n_keys, dtype=np.int64)
     total_len = 0
     for s in range(n_keys):
-        if count[s] > 0 and (com_len[s] > 0 or count[s] > 1):
-            content_len[s] = _held(s, com_len, count, max_members)
+        if lists[COUNT, s] > 0 and (com_len[s] > 0 or lists[COUNT, s] > 1):
+            content_len[s] = _held(s, com_len, lists, max_members)
             total_len += content_len[s]
     contents = np.empty(total_len, dtype=np.int64)
     w = 0
     for s in range(n_keys):
         if content_len[s] > 0:
             content_at[s] = w
-            w = _bucket_into(contents, w, s, committed, appends, max_members)
+            skip = _pushed_out(s, com_len, lists, max_members)
+            committed = com_members[com_at[s] : com_at[s] + com_len[s]]
+            w = _bucket_into(contents, w, skip, committed, lists[HEAD, s], lists)
     return contents, content_at, content_len
 
 
@@ -338,11 +315,17 @@ def _match_batch(
     NO_CLOCK, new_epoch; ``points``: room for the batch's change points).
 
     A document's steps in order: its retention cutoff, an exact-text match, else the
-    members of its buckets ranked and verified; then, if it is indexed, its docnum, its
-    text, its change point and its bucket appends, which the documents after it see.
+    members of its buckets gathered, counted, ranked and verified; then, if it is indexed,
+    its docnum, its text, its change point and its bucket appends, which the documents
+    after it see. The tuples are unpacked once, here, and the helpers take arrays.
     """
-    bands, max_members, max_candidates, _, _, index_all = rules
-    doc_clock, _, cp_clock, _, _, no_clock, new_epoch = expiry
+    bands, mm, max_candidates, threshold, exact, index_all = rules
+    com_at, com_len, com_members = committed
+    old_at, old_len, old_members = older
+    q_flat, q_at, q_len = payloads
+    doc_clock, cp_doc, cp_clock, window, max_docs, no_clock, new_epoch = expiry
+    pt_doc, pt_clock = points
+    retains = window > 0 or max_docs > 0
     n = fresh.size
     match = np.full(n, -1, dtype=np.int64)
     similarity = np.zeros(n, dtype=np.float64)
@@ -351,31 +334,50 @@ def _match_batch(
     docnum = np.full(n, -1, dtype=np.int64)
     new_text = np.zeros(n, dtype=np.bool_)
     pos_of = np.empty(n, dtype=np.int64)  # docnum - first_docnum -> live position
-    appends = _no_appends(slot.size)
+    lists = _no_appends(slot.size)
     scratch = np.empty(64, dtype=np.int64)
     exact_hits = truncated = evictions = n_pts = 0
     next_docnum = first_docnum
     for p in range(n):
         if not fresh[p]:
             continue
-        keys = slot[p * bands : (p + 1) * bands]
-        lo = _first_held(doc_clock[p], expiry, points, n_pts, next_docnum)
+        lo = 0  # the first docnum still held
+        if retains:
+            lo = _first_held(doc_clock[p], (window, max_docs, no_clock), cp_doc, cp_clock,
+                             pt_doc, pt_clock, n_pts, next_docnum)  # fmt: skip
         g = text_group[p]
         text_held = group_docnum[g] >= lo and group_docnum[g] >= 0
         found, best = -1, -1.0
+        size = 0
         if text_held:
             found, best = group_docnum[g], 1.0
             n_cand[p] = 1
             exact_hits += 1
         else:
-            scratch, k = _gather(keys, scratch, committed, older, appends, max_members)
-            if k > 0:
-                unique, counts = _shared_counts(np.sort(scratch[:k]), lo)
-                chosen = _ranked(unique, counts, max_candidates)
-                truncated += chosen.size < unique.size
-                n_cand[p] = unique.size
-                n_ver[p] = chosen.size
-                found, best = _best_match(p, chosen, payloads, records, pos_of, first_docnum, rules)
+            for b in range(p * bands, (p + 1) * bands):  # the members of its buckets
+                size += _held(slot[b], com_len, lists, mm) + old_len[slot[b]]
+        if not text_held and size > 0:
+            if size > scratch.size:  # one scratch array serves the whole batch
+                scratch = np.empty(2 * size, dtype=np.int64)
+            k = 0
+            for b in range(p * bands, (p + 1) * bands):
+                for i in range(old_at[slot[b]], old_at[slot[b]] + old_len[slot[b]]):
+                    scratch[k] = old_members[i]
+                    k += 1
+                s = slot[b]
+                skip = _pushed_out(s, com_len, lists, mm)
+                committed = com_members[com_at[s] : com_at[s] + com_len[s]]
+                k = _bucket_into(scratch, k, skip, committed, lists[HEAD, s], lists)
+            unique, counts = _shared_counts(np.sort(scratch[:k]), lo)
+            n_cand[p] = unique.size
+            chosen = unique
+            if unique.size > max_candidates:  # most shared bands first, ties to the earliest
+                truncated += 1
+                chosen = unique[np.argsort(-counts, kind="mergesort")[:max_candidates]]
+            n_ver[p] = chosen.size
+            qa = q_flat[q_at[p] : q_at[p] + q_len[p]]
+            found, best = _best_match(qa, chosen, q_flat, q_at, q_len, records, pos_of,
+                                      first_docnum, exact, threshold)  # fmt: skip
         if found >= 0:
             match[p] = found
             similarity[p] = best
@@ -387,11 +389,12 @@ def _match_batch(
             if not text_held:  # no document held has this text
                 group_docnum[g] = num
                 new_text[p] = True
-            opens = new_epoch and num == first_docnum
-            n_pts = _add_point(points, n_pts, num, doc_clock[p], cp_clock, no_clock, opens)
-            entry = (num - first_docnum) * bands  # each indexed document appends `bands`
-            evictions += _append(keys, num, entry, committed[1], appends, max_members)
-    contents, content_at, content_len = _final_contents(committed, appends, max_members)
+            if doc_clock[p] != no_clock:
+                opens = new_epoch and num == first_docnum
+                n_pts = _add_point(pt_doc, pt_clock, n_pts, num, doc_clock[p], cp_clock, opens)
+            for e in range(p * bands, (p + 1) * bands):  # entries numbered as the keys
+                evictions += _append(lists, slot[e], e, num, com_len, mm)
+    contents, content_at, content_len = _final_contents(com_at, com_len, com_members, lists, mm)
     return (
         match, similarity, n_cand, n_ver, docnum, new_text,
         exact_hits, truncated, evictions, contents, content_at, content_len, n_pts,
