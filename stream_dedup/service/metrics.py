@@ -179,18 +179,31 @@ class _ScrapeCollector(Collector):
 
 
 class Metrics:
-    """Every metric of the service, registered on ``registry``."""
+    """Every metric of the service, registered on ``registry``.
+
+    The constructor registers them group by group, one method per group, in the order of
+    the table in the module docstring; the scrape-time collector comes last.
+    """
 
     def __init__(self, registry: CollectorRegistry) -> None:
         disable_created_metrics()  # type: ignore[no-untyped-call]
         self.registry = registry
-        #: (documents, bytes on disk, key filter bytes) of the index, read at scrape time.
         #: The index's stats and key-filter bytes, read at scrape time.
         self.index_source: Callable[[], tuple[IndexStats, int]] | None = None
         self._lag: dict[tuple[str, int], int] = {}
         self._lag_lock = threading.Lock()
+        self._register_messages(registry)
+        self._register_lease(registry)
+        self._register_batches(registry)
+        self._register_checkpoints(registry)
+        self._register_partitions(registry)
+        self._register_transactions(registry)
+        registry.register(_ScrapeCollector(self))
+
+    def _register_messages(self, r: CollectorRegistry) -> None:
+        """What became of the input messages: consumed, verdicts, dead letters, replays,
+        and lookups cut at ``max_candidates``."""
         p = PREFIX
-        r = registry
         self.consumed = Counter(f"{p}_messages_consumed", "Input messages consumed.", registry=r)
         self.verdicts = Counter(
             f"{p}_verdicts", "Events emitted, by verdict.", ["verdict"], registry=r
@@ -208,6 +221,10 @@ class Metrics:
         self.truncated = Counter(
             f"{p}_truncated_lookups", "Lookups cut at max_candidates.", registry=r
         )
+
+    def _register_lease(self, r: CollectorRegistry) -> None:
+        """The shared index's lease (Redis backend): waiting for it, and holding it."""
+        p = PREFIX
         self.lease_wait = Histogram(
             f"{p}_index_lease_wait_seconds",
             "Waits for the shared index's lease (Redis backend) before deciding a batch.",
@@ -221,6 +238,11 @@ class Metrics:
             buckets=_LATENCY_BUCKETS,
             registry=r,
         )
+
+    def _register_batches(self, r: CollectorRegistry) -> None:
+        """One batch: its duration, its documents' latency, its size, and the candidates
+        and verifications per document."""
+        p = PREFIX
         self.batch_duration = Histogram(
             f"{p}_batch_duration_seconds",
             "Decide and checkpoint of one batch.",
@@ -245,6 +267,11 @@ class Metrics:
             _COUNT_BUCKETS,
             r,
         )
+
+    def _register_checkpoints(self, r: CollectorRegistry) -> None:
+        """Checkpoints, and what can fail around them: Kafka offset commits and the sketch
+        worker."""
+        p = PREFIX
         self.commits = Counter(f"{p}_commits", "Completed checkpoints.", registry=r)
         self.last_commit = Gauge(
             f"{p}_last_commit_timestamp_seconds",
@@ -265,6 +292,10 @@ class Metrics:
             "Batches the sketch worker failed on (then sketched in the service process).",
             registry=r,
         )
+
+    def _register_partitions(self, r: CollectorRegistry) -> None:
+        """The partitions held, and how far deciding trails the documents' time."""
+        p = PREFIX
         self.rebalances = Counter(
             f"{p}_rebalances", "Partition assignments and revocations.", ["kind"], registry=r
         )
@@ -285,6 +316,10 @@ class Metrics:
             "Messages consumed and held by the time-ordered merge of partitions.",
             registry=r,
         )
+
+    def _register_transactions(self, r: CollectorRegistry) -> None:
+        """Exactly-once delivery: Kafka transactions ended, by outcome."""
+        p = PREFIX
         self.transactions = Counter(
             f"{p}_transactions",
             "Kafka transactions ended (exactly-once delivery), by outcome.",
@@ -293,7 +328,6 @@ class Metrics:
         )
         for outcome in ("committed", "aborted"):
             self.transactions.labels(outcome)
-        r.register(_ScrapeCollector(self))
 
     def observe_work(self, candidates: Sequence[int], verifications: Sequence[int]) -> None:
         """Per-document candidate and verification counts of one batch."""
