@@ -215,14 +215,14 @@ class BatchLife:
         self, batch: list[Message], result: BatchResult, started: float, received: list[float]
     ) -> None:
         """The metrics of a committed batch."""
-        metrics = self._metrics
         done = time.perf_counter()
-        metrics.batch_duration.observe(done - started)
-        metrics.document_latency.observe_many([done - t for t in received])
+        times = [self._time_of(m) for m in batch]
         duplicates = sum(v.is_duplicate for v in result.verdicts)
-        metrics.verdicts.labels("duplicate").inc(duplicates)
-        metrics.verdicts.labels("unique").inc(len(result.verdicts) - duplicates)
-        metrics.observe_work(result.stats.candidates, result.stats.verifications)
-        metrics.observe_decided_times([self._time_of(m) for m in batch], time.time())
-        metrics.replayed.inc(result.stats.replayed)
-        metrics.truncated.inc(result.stats.truncated_lookups)
+        self._metrics.observe_batch(
+            done - started,
+            [done - t for t in received],
+            (duplicates, len(result.verdicts) - duplicates),
+            result.stats,
+            times,
+            time.time(),
+        )

@@ -53,6 +53,7 @@ from __future__ import annotations
 import json
 import threading
 from collections.abc import Callable, Iterator, Sequence
+from typing import TYPE_CHECKING
 
 import numpy as np
 from prometheus_client import (
@@ -69,6 +70,9 @@ from prometheus_client.utils import floatToGoString
 from stream_dedup.errors import DecodeError
 from stream_dedup.index.store import IndexStats
 from stream_dedup.models import VerdictKind
+
+if TYPE_CHECKING:
+    from stream_dedup.dedup import BatchStats
 
 PREFIX = "stream_dedup"
 
@@ -328,6 +332,26 @@ class Metrics:
         )
         for outcome in ("committed", "aborted"):
             self.transactions.labels(outcome)
+
+    def observe_batch(
+        self,
+        duration_s: float,
+        latencies_s: Sequence[float],
+        verdicts: tuple[int, int],
+        stats: BatchStats,
+        times_ms: Sequence[int],
+        now_s: float,
+    ) -> None:
+        """A committed batch: how long it took, each document's latency, its (duplicate,
+        unique) verdicts, the deciding work, and its documents' times (epoch ms)."""
+        self.batch_duration.observe(duration_s)
+        self.document_latency.observe_many(latencies_s)
+        self.verdicts.labels("duplicate").inc(verdicts[0])
+        self.verdicts.labels("unique").inc(verdicts[1])
+        self.observe_work(stats.candidates, stats.verifications)
+        self.observe_decided_times(times_ms, now_s)
+        self.replayed.inc(stats.replayed)
+        self.truncated.inc(stats.truncated_lookups)
 
     def observe_work(self, candidates: Sequence[int], verifications: Sequence[int]) -> None:
         """Per-document candidate and verification counts of one batch."""
