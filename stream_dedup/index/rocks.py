@@ -14,11 +14,12 @@ stops on the former instead of blaming, and dead-lettering, the documents of the
 was deciding.
 
 Layout: the column families, and why records are split among them, are described in
-:mod:`stream_dedup.index.rocks_families`. Keys are routed to a family by their first byte
-and epoch, so the split is invisible above this class; a write batch spans families and
-stays atomic, and a scan of every record merges the families (:mod:`.rocks_scans`). An
-index of the older layout (documents in the default family) is moved over when it is
-opened for writing (:mod:`.rocks_move`); a read-only view reads whichever layout it finds.
+:mod:`stream_dedup.index.rocks_families`, each epoch's in :mod:`.rocks_epochs`. Keys are
+routed to a family by their first byte and epoch, so the split is invisible above this
+class; a write batch spans families and stays atomic, and a scan of every record merges
+the families (:mod:`.rocks_scans`). An index of the older layout (documents in the default
+family) is moved over when it is opened for writing (:mod:`.rocks_move`); a read-only view
+reads whichever layout it finds.
 """
 
 from __future__ import annotations
@@ -30,20 +31,19 @@ from collections import deque
 from collections.abc import Iterator, Mapping, Sequence
 from itertools import repeat
 from pathlib import Path
-from typing import Any, ClassVar, NamedTuple
+from typing import ClassVar, NamedTuple
 
 from rocksdict import AccessType, Options, Rdict, WriteBatch, WriteOptions
 
 from stream_dedup.errors import IndexStoreError
 from stream_dedup.index.backend import NO_ORDERED_PUTS, OrderedPuts
 from stream_dedup.index.keys import DOC, SCOPED
+from stream_dedup.index.rocks_epochs import EpochFamilies
 from stream_dedup.index.rocks_errors import failed, from_rocksdb, open_failed
 from stream_dedup.index.rocks_families import (
     DOC_END,
     DOCS_FAMILY,
     docs_options,
-    epoch_docs_family,
-    epoch_family,
     epoch_number,
     small_options,
 )
@@ -51,8 +51,6 @@ from stream_dedup.index.rocks_move import move_documents
 from stream_dedup.index.rocks_scans import epoch_items, epoch_keys
 
 _READ_CHUNK = 512
-#: Key ranges of the records that belong to an epoch, in the default family (epoch 0).
-_SCOPED_RANGES = [(bytes([k]), bytes([k + 1])) for k in sorted(SCOPED) if bytes([k]) != DOC]
 
 
 class PreparedBatch(NamedTuple):
@@ -95,12 +93,13 @@ class RocksBackend:
             families = self._open_database()
         except Exception as exc:  # rocksdict raises plain Exception with RocksDB's text
             raise open_failed(self._path, exc) from exc
-        self._open_families(families)
+        #: Each epoch's families (see :mod:`.rocks_epochs`).
+        self._epochs = EpochFamilies(self._db, self._path, read_only, families)
         self._write_opts = WriteOptions()
         self._write_opts.sync = sync
         self._writing: int | None = None  # the epoch the last write went to
         if not read_only:
-            move_documents(self._db, self._docs_handle, self._write_opts, self._path)
+            move_documents(self._db, self._epochs.docs_handle, self._write_opts, self._path)
 
     def _open_database(self) -> list[str]:
         """Open the database with every column family it has (RocksDB requires them all)
@@ -126,70 +125,15 @@ class RocksBackend:
             self._db = Rdict(self._path, opts, column_families=families)
         return list(families)
 
-    def _open_families(self, families: list[str]) -> None:
-        """Hold the handles of the opened ``families``: epoch 0's and each other epoch's."""
-        # An old-layout index opened read-only keeps its documents in the default family.
-        has_docs = DOCS_FAMILY in families
-        self._docs = self._db.get_column_family(DOCS_FAMILY) if has_docs else self._db
-        self._docs_handle = self._db.get_column_family_handle(DOCS_FAMILY) if has_docs else None
-        #: Epoch -> (records family, documents family, their handles); epoch 0 is the
-        #: default layout (handle None: the default family).
-        self._epochs: dict[int, tuple[Rdict, Rdict, Any, Any]] = {
-            0: (self._db, self._docs, None, self._docs_handle)
-        }
-        for name in families:
-            number = epoch_number(name)
-            if number is not None and number not in self._epochs:
-                self._open_epoch(number)
-
-    def _open_epoch(self, epoch: int) -> tuple[Rdict, Rdict, Any, Any]:
-        """The families of ``epoch``, created if they do not exist yet."""
-        names = epoch_family(epoch), epoch_docs_family(epoch)
-        handles: list[Any] = []
-        for name, options in zip(names, (small_options(), docs_options()), strict=True):
-            family: Rdict | None
-            try:
-                family = self._db.get_column_family(name)
-            except Exception:  # absent: created empty (unlisted until a commit names it)
-                family = None if self._read_only else self._db.create_column_family(name, options)
-            handles.append(family)
-        small, docs = handles
-        if small is None or docs is None:  # a read-only view of an epoch half created
-            raise IndexStoreError(f"{self._path}: epoch {epoch} has no column families")
-        entry = (
-            small,
-            docs,
-            self._db.get_column_family_handle(names[0]),
-            self._db.get_column_family_handle(names[1]),
-        )
-        self._epochs[epoch] = entry
-        return entry
-
-    def _epoch(self, epoch: int) -> tuple[Rdict, Rdict, Any, Any]:
-        entry = self._epochs.get(epoch)
-        return entry if entry is not None else self._open_epoch(epoch)
-
     def epochs(self) -> list[int]:
         """The epochs whose records are stored (0 always), ascending."""
-        return sorted(self._epochs)
+        return self._epochs.numbers()
 
     def drop_epoch(self, epoch: int) -> None:
         """Delete every record of ``epoch``: its families dropped whole, or, for epoch 0,
         range deletes of the kinds that belong to an epoch (compaction reclaims them)."""
         try:
-            if epoch == 0:
-                for lo, hi in _SCOPED_RANGES:
-                    self._db.delete_range(lo, hi)
-                self._docs.delete_range(DOC, DOC_END)
-                return
-            entry = self._epochs.pop(epoch, None)
-            if entry is None:
-                return
-            for family in entry[:2]:
-                family.close()
-            del entry
-            self._db.drop_column_family(epoch_family(epoch))
-            self._db.drop_column_family(epoch_docs_family(epoch))
+            self._epochs.drop(epoch)
         except Exception as exc:
             if not from_rocksdb(exc):
                 raise
@@ -212,7 +156,7 @@ class RocksBackend:
             raise self._failed(f"reading {len(keys)} key(s)", exc) from exc
 
     def _get_many_routed(self, keys: Sequence[bytes], epoch: int) -> list[bytes | None]:
-        small, docs_family, _, _ = self._epoch(epoch) if epoch else self._epochs[0]
+        small, docs_family, _, _ = self._epochs[epoch]
         if epoch and any(key[0] not in SCOPED for key in keys):
             raise ValueError("only keys that belong to an epoch are read from one")
         docs = [i for i, key in enumerate(keys) if key[:1] == DOC]
@@ -247,7 +191,7 @@ class RocksBackend:
     ) -> PreparedBatch:
         # In key order: the memtable's skiplist then continues each insert from the last
         # one, which makes a batch of ~20k keys several times cheaper to apply.
-        _, _, small, docs_handle = self._epoch(epoch)
+        _, _, small, docs_handle = self._epochs[epoch]
         batch = WriteBatch(raw_mode=True)
         put = batch.put
         keys = sorted(puts)  # keys alone: sorting (key, value) pairs is several times dearer
@@ -280,40 +224,23 @@ class RocksBackend:
             self._db.write(batch, self._write_opts)
             if epoch and epoch != self._writing:  # epoch 0's writes are the index's own keys
                 self._writing = epoch
-                self._flush_idle(epoch)
+                self._epochs.flush_idle(epoch)
         except Exception as exc:
             if not from_rocksdb(exc):
                 raise
             raise self._failed("writing a batch", exc) from exc
 
-    def _flush_idle(self, current: int) -> None:
-        """Start flushing the memtables of epochs no longer written (not waiting for it).
-
-        An epoch's families stop receiving writes when the next epoch opens; what their
-        memtables hold would otherwise keep every write-ahead log file since their last
-        write from being recycled, up to :data:`~.rocks_families.MAX_WAL_BYTES` of log.
-        """
-        for epoch, (small, docs, _, _) in self._epochs.items():
-            if epoch in (0, current):
-                continue
-            for family in (small, docs):
-                if family.property_int_value("rocksdb.num-entries-active-mem-table"):
-                    family.flush(wait=False)
-
     def scan_prefix(self, prefix: bytes, epoch: int = 0) -> Iterator[tuple[bytes, bytes]]:
-        small, docs, _, _ = self._epochs.get(epoch) or self._empty_epoch(epoch)
+        small, docs, _, _ = self._epochs.held(epoch)
         return epoch_items(self._path, small, docs, prefix)
 
     def scan_keys(self, prefix: bytes, epoch: int = 0) -> Iterator[bytes]:
-        small, docs, _, _ = self._epochs.get(epoch) or self._empty_epoch(epoch)
+        small, docs, _, _ = self._epochs.held(epoch)
         return epoch_keys(self._path, small, docs, prefix)
-
-    def _empty_epoch(self, epoch: int) -> tuple[Rdict, Rdict, Any, Any]:
-        raise KeyError(f"{self._path} holds no epoch {epoch}")
 
     def size_bytes(self) -> int:
         total = 0
-        for family in self._families():
+        for family in self._epochs.families():
             for name in ("rocksdb.total-sst-files-size", "rocksdb.cur-size-all-mem-tables"):
                 total += int(family.property_int_value(name) or 0)
         return total + _wal_bytes(self._path)
@@ -327,14 +254,6 @@ class RocksBackend:
     def sequence(self) -> int:
         return int(self._db.latest_sequence_number())
 
-    def _families(self) -> list[Rdict]:
-        out: list[Rdict] = []
-        for small, docs, _, _ in self._epochs.values():
-            out.append(small)
-            if docs is not small:
-                out.append(docs)
-        return out
-
     @property
     def db(self) -> Rdict:
         """The underlying rocksdict handle (for checkpoints)."""
@@ -343,7 +262,7 @@ class RocksBackend:
     def flush(self) -> None:
         """Flush memtables to SST files (for snapshots and size reports)."""
         try:
-            for family in self._families():
+            for family in self._epochs.families():
                 family.flush()
         except Exception as exc:
             if not from_rocksdb(exc):
@@ -351,12 +270,5 @@ class RocksBackend:
             raise self._failed("flushing memtables", exc) from exc
 
     def close(self) -> None:
-        for epoch, (small, docs, _, _) in self._epochs.items():
-            if docs is not small:
-                docs.close()
-            if epoch:
-                small.close()
-        # A column family handle keeps the database open, lock included, while it lives.
-        self._epochs.clear()
-        self._docs_handle = None
+        self._epochs.close()
         self._db.close()
