@@ -8,72 +8,49 @@ opener gets :class:`~stream_dedup.errors.IndexLockedError`.
 
 Errors: rocksdict raises a plain ``Exception`` carrying RocksDB's status text for every
 failed read or write. Each is raised on as :class:`~stream_dedup.errors.IndexIOError`
-(:class:`~stream_dedup.errors.IndexCorruptError` for RocksDB's "Corruption" status), so a
-caller tells a broken index from a bug by type: the service stops on the former instead of
-blaming, and dead-lettering, the documents of the batch it was deciding.
+(:class:`~stream_dedup.errors.IndexCorruptError` for RocksDB's "Corruption" status; see
+:mod:`.rocks_errors`), so a caller tells a broken index from a bug by type: the service
+stops on the former instead of blaming, and dead-lettering, the documents of the batch it
+was deciding.
 
 Layout: the column families, and why records are split among them, are described in
-:mod:`stream_dedup.index.rocks_families`. Keys are routed to a family by their first byte
-and epoch, so the split is invisible above this class; a write batch spans families and
-stays atomic. An index of the older layout (documents in the default family) is moved
-over when it is opened for writing, a chunk per atomic write, so an interrupted move
-resumes at the next open; a read-only view reads whichever layout it finds.
+:mod:`stream_dedup.index.rocks_families`, each epoch's in :mod:`.rocks_epochs`. Keys are
+routed to a family by their first byte and epoch, so the split is invisible above this
+class; a write batch spans families and stays atomic, and a scan of every record merges
+the families (:mod:`.rocks_scans`). An index of the older layout (documents in the default
+family) is moved over when it is opened for writing (:mod:`.rocks_move`); a read-only view
+reads whichever layout it finds.
 """
 
 from __future__ import annotations
 
 import contextlib
-import heapq
-import logging
 import os
 from bisect import bisect_left
 from collections import deque
 from collections.abc import Iterator, Mapping, Sequence
-from itertools import islice, repeat
-from operator import itemgetter
+from itertools import repeat
 from pathlib import Path
-from typing import Any, ClassVar, NamedTuple
+from typing import ClassVar, NamedTuple
 
-from rocksdict import (
-    AccessType,
-    DbClosedError,
-    Options,
-    Rdict,
-    ReadOptions,
-    WriteBatch,
-    WriteOptions,
-)
+from rocksdict import AccessType, Options, Rdict, WriteBatch, WriteOptions
 
-from stream_dedup.errors import (
-    IndexCorruptError,
-    IndexIOError,
-    IndexLockedError,
-    IndexStoreError,
-)
+from stream_dedup.errors import IndexStoreError
 from stream_dedup.index.backend import NO_ORDERED_PUTS, OrderedPuts
 from stream_dedup.index.keys import DOC, SCOPED
+from stream_dedup.index.rocks_epochs import EpochFamilies
+from stream_dedup.index.rocks_errors import failed, from_rocksdb, open_failed
 from stream_dedup.index.rocks_families import (
+    DOC_END,
     DOCS_FAMILY,
     docs_options,
-    epoch_docs_family,
-    epoch_family,
     epoch_number,
     small_options,
 )
-
-log = logging.getLogger("stream_dedup.index")
+from stream_dedup.index.rocks_move import move_documents
+from stream_dedup.index.rocks_scans import epoch_items, epoch_keys
 
 _READ_CHUNK = 512
-#: Document records moved per atomic write when an index of the old layout is opened.
-_MOVE_CHUNK = 2000
-#: Records between two progress lines of such a move.
-_MOVE_REPORT = 200_000
-#: The first key after every document key.
-_DOC_END = bytes([DOC[0] + 1])
-#: The key of a (key, value) pair, to merge the two families' scans in key order.
-_KEY = itemgetter(0)
-#: Key ranges of the records that belong to an epoch, in the default family (epoch 0).
-_SCOPED_RANGES = [(bytes([k]), bytes([k + 1])) for k in sorted(SCOPED) if bytes([k]) != DOC]
 
 
 class PreparedBatch(NamedTuple):
@@ -81,22 +58,6 @@ class PreparedBatch(NamedTuple):
 
     batch: WriteBatch
     epoch: int
-
-
-def _upper_bound(prefix: bytes) -> bytes | None:
-    """The first key after every key that starts with ``prefix`` (``None``: no bound)."""
-    while prefix and prefix[-1] == 0xFF:
-        prefix = prefix[:-1]
-    return prefix[:-1] + bytes([prefix[-1] + 1]) if prefix else None
-
-
-def _from_rocksdb(exc: Exception) -> bool:
-    """Whether rocksdict raised ``exc`` for a failed database operation.
-
-    Those are plain ``Exception`` (RocksDB's status text) or ``DbClosedError``; a
-    ``TypeError`` and the like is a bug in the caller and stays what it is.
-    """
-    return type(exc) is Exception or isinstance(exc, DbClosedError)
 
 
 def _wal_bytes(path: str) -> int:
@@ -128,153 +89,59 @@ class RocksBackend:
         self._read_only = read_only
         if not read_only:
             Path(self._path).mkdir(parents=True, exist_ok=True)
-        opts = small_options()
-        opts.create_missing_column_families(True)
-        families = {DOCS_FAMILY: docs_options()}
         try:
-            present = (
-                Rdict.list_cf(self._path, Options(raw_mode=True))
-                if (Path(self._path) / "CURRENT").exists()
-                else []
-            )
-            for name in present:
-                number = epoch_number(name)
-                if number is not None:
-                    families[name] = docs_options() if name.endswith("-docs") else small_options()
-            if read_only:
-                families = {f: o for f, o in families.items() if f in present}
-                self._db = Rdict(
-                    self._path, opts, column_families=families, access_type=AccessType.read_only()
-                )
-            else:
-                self._db = Rdict(self._path, opts, column_families=families)
+            families = self._open_database()
         except Exception as exc:  # rocksdict raises plain Exception with RocksDB's text
-            text = str(exc)
-            if "LOCK" in text or "lock" in text:
-                raise IndexLockedError(self._path, text) from exc
-            if "comparator" in text:
-                raise IndexStoreError(
-                    f"{self._path} is not a stream-dedup index (a RocksDB database written by "
-                    f"another program: {text}); point --index at a stream-dedup index directory"
-                ) from exc
-            raise IndexStoreError(f"cannot open RocksDB index at {self._path}: {text}") from exc
-        # An old-layout index opened read-only keeps its documents in the default family.
-        has_docs = DOCS_FAMILY in families
-        self._docs = self._db.get_column_family(DOCS_FAMILY) if has_docs else self._db
-        self._docs_handle = self._db.get_column_family_handle(DOCS_FAMILY) if has_docs else None
-        #: Epoch -> (records family, documents family, their handles); epoch 0 is the
-        #: default layout (handle None: the default family).
-        self._epochs: dict[int, tuple[Rdict, Rdict, Any, Any]] = {
-            0: (self._db, self._docs, None, self._docs_handle)
-        }
-        for name in families:
-            number = epoch_number(name)
-            if number is not None and number not in self._epochs:
-                self._open_epoch(number)
+            raise open_failed(self._path, exc) from exc
+        #: Each epoch's families (see :mod:`.rocks_epochs`).
+        self._epochs = EpochFamilies(self._db, self._path, read_only, families)
         self._write_opts = WriteOptions()
         self._write_opts.sync = sync
         self._writing: int | None = None  # the epoch the last write went to
         if not read_only:
-            try:
-                self._move_documents()
-            except Exception as exc:
-                if not _from_rocksdb(exc):
-                    raise
-                raise self._failed("moving document records", exc) from exc
+            move_documents(self._db, self._epochs.docs_handle, self._write_opts, self._path)
 
-    def _open_epoch(self, epoch: int) -> tuple[Rdict, Rdict, Any, Any]:
-        """The families of ``epoch``, created if they do not exist yet."""
-        names = epoch_family(epoch), epoch_docs_family(epoch)
-        handles: list[Any] = []
-        for name, options in zip(names, (small_options(), docs_options()), strict=True):
-            family: Rdict | None
-            try:
-                family = self._db.get_column_family(name)
-            except Exception:  # absent: created empty (unlisted until a commit names it)
-                family = None if self._read_only else self._db.create_column_family(name, options)
-            handles.append(family)
-        small, docs = handles
-        if small is None or docs is None:  # a read-only view of an epoch half created
-            raise IndexStoreError(f"{self._path}: epoch {epoch} has no column families")
-        entry = (
-            small,
-            docs,
-            self._db.get_column_family_handle(names[0]),
-            self._db.get_column_family_handle(names[1]),
+    def _open_database(self) -> list[str]:
+        """Open the database with every column family it has (RocksDB requires them all)
+        and, for a writer, the ``docs`` family; the names of the families opened."""
+        opts = small_options()
+        opts.create_missing_column_families(True)
+        families = {DOCS_FAMILY: docs_options()}
+        present = (
+            Rdict.list_cf(self._path, Options(raw_mode=True))
+            if (Path(self._path) / "CURRENT").exists()
+            else []
         )
-        self._epochs[epoch] = entry
-        return entry
-
-    def _epoch(self, epoch: int) -> tuple[Rdict, Rdict, Any, Any]:
-        entry = self._epochs.get(epoch)
-        return entry if entry is not None else self._open_epoch(epoch)
+        for name in present:
+            number = epoch_number(name)
+            if number is not None:
+                families[name] = docs_options() if name.endswith("-docs") else small_options()
+        if self._read_only:
+            families = {f: o for f, o in families.items() if f in present}
+            self._db = Rdict(
+                self._path, opts, column_families=families, access_type=AccessType.read_only()
+            )
+        else:
+            self._db = Rdict(self._path, opts, column_families=families)
+        return list(families)
 
     def epochs(self) -> list[int]:
         """The epochs whose records are stored (0 always), ascending."""
-        return sorted(self._epochs)
+        return self._epochs.numbers()
 
     def drop_epoch(self, epoch: int) -> None:
         """Delete every record of ``epoch``: its families dropped whole, or, for epoch 0,
         range deletes of the kinds that belong to an epoch (compaction reclaims them)."""
         try:
-            if epoch == 0:
-                for lo, hi in _SCOPED_RANGES:
-                    self._db.delete_range(lo, hi)
-                self._docs.delete_range(DOC, _DOC_END)
-                return
-            entry = self._epochs.pop(epoch, None)
-            if entry is None:
-                return
-            for family in entry[:2]:
-                family.close()
-            del entry
-            self._db.drop_column_family(epoch_family(epoch))
-            self._db.drop_column_family(epoch_docs_family(epoch))
+            self._epochs.drop(epoch)
         except Exception as exc:
-            if not _from_rocksdb(exc):
+            if not from_rocksdb(exc):
                 raise
             raise self._failed(f"dropping epoch {epoch}", exc) from exc
 
     def _failed(self, operation: str, exc: Exception) -> IndexStoreError:
         """The package's error for rocksdict's ``exc`` raised while doing ``operation``."""
-        text = str(exc)
-        if text.startswith("Corruption"):
-            return IndexCorruptError(
-                f"index at {self._path}: {operation} found corrupt data ({text}). Restore "
-                "the index from a snapshot (`stream-dedup restore`) or rebuild it in an "
-                "empty directory."
-            )
-        return IndexIOError(self._path, operation, text)
-
-    def _move_documents(self) -> None:
-        """Move document records of the old layout into the ``docs`` family.
-
-        Each chunk is one atomic write (put there, delete here), so a move cut short leaves
-        every record in exactly one family and the next open carries on. One iterator reads
-        them all: it sees the records as they were when it started, and a new seek per chunk
-        would step over every record deleted so far. A large index takes a while, so
-        progress is logged every :data:`_MOVE_REPORT` records.
-        """
-        moved = 0
-        scan = self._scan(self._db, DOC)
-        while chunk := list(islice(scan, _MOVE_CHUNK)):
-            batch = WriteBatch(raw_mode=True)
-            for key, value in chunk:
-                batch.put(key, value, self._docs_handle)
-                batch.delete(key)
-            self._db.write(batch, self._write_opts)
-            moved += len(chunk)
-            if moved % _MOVE_REPORT < _MOVE_CHUNK:
-                log.info(
-                    "moving document records to their own column family",
-                    extra={"fields": {"index": self._path, "records": moved}},
-                )
-        if moved:
-            self._db.compact_range(DOC, _DOC_END)  # drop the deleted records' tombstones
-            log.info(
-                "document records moved to their own column family",
-                extra={"fields": {"index": self._path, "records": moved}},
-            )
+        return failed(self._path, operation, exc)
 
     @property
     def location(self) -> str:
@@ -284,12 +151,12 @@ class RocksBackend:
         try:
             return self._get_many_routed(keys, epoch)
         except Exception as exc:
-            if not _from_rocksdb(exc):
+            if not from_rocksdb(exc):
                 raise
             raise self._failed(f"reading {len(keys)} key(s)", exc) from exc
 
     def _get_many_routed(self, keys: Sequence[bytes], epoch: int) -> list[bytes | None]:
-        small, docs_family, _, _ = self._epoch(epoch) if epoch else self._epochs[0]
+        small, docs_family, _, _ = self._epochs[epoch]
         if epoch and any(key[0] not in SCOPED for key in keys):
             raise ValueError("only keys that belong to an epoch are read from one")
         docs = [i for i, key in enumerate(keys) if key[:1] == DOC]
@@ -324,12 +191,12 @@ class RocksBackend:
     ) -> PreparedBatch:
         # In key order: the memtable's skiplist then continues each insert from the last
         # one, which makes a batch of ~20k keys several times cheaper to apply.
-        _, _, small, docs_handle = self._epoch(epoch)
+        _, _, small, docs_handle = self._epochs[epoch]
         batch = WriteBatch(raw_mode=True)
         put = batch.put
         keys = sorted(puts)  # keys alone: sorting (key, value) pairs is several times dearer
         # Document keys are one run of the sorted keys; they go to their own family.
-        lo, hi = bisect_left(keys, DOC), bisect_left(keys, _DOC_END)
+        lo, hi = bisect_left(keys, DOC), bisect_left(keys, DOC_END)
         docs, others = keys[lo:hi], keys[:lo] + keys[hi:]
         value = puts.__getitem__
         # map() drives the ~40,000 puts from C: a Python for loop costs as much again.
@@ -343,7 +210,7 @@ class RocksBackend:
         deque(map(put, docs, map(value, docs), repeat(docs_handle)), maxlen=0)
         ordered_keys = ordered.keys
         at = bisect_left(ordered_keys, DOC)  # they are in key order: one probe finds any
-        if at < len(ordered_keys) and ordered_keys[at] < _DOC_END:
+        if at < len(ordered_keys) and ordered_keys[at] < DOC_END:
             raise ValueError("ordered puts may not hold document records")
         if small is None:
             deque(map(put, ordered_keys, ordered.values), maxlen=0)
@@ -357,97 +224,23 @@ class RocksBackend:
             self._db.write(batch, self._write_opts)
             if epoch and epoch != self._writing:  # epoch 0's writes are the index's own keys
                 self._writing = epoch
-                self._flush_idle(epoch)
+                self._epochs.flush_idle(epoch)
         except Exception as exc:
-            if not _from_rocksdb(exc):
+            if not from_rocksdb(exc):
                 raise
             raise self._failed("writing a batch", exc) from exc
 
-    def _flush_idle(self, current: int) -> None:
-        """Start flushing the memtables of epochs no longer written (not waiting for it).
-
-        An epoch's families stop receiving writes when the next epoch opens; what their
-        memtables hold would otherwise keep every write-ahead log file since their last
-        write from being recycled, up to :data:`~.rocks_families.MAX_WAL_BYTES` of log.
-        """
-        for epoch, (small, docs, _, _) in self._epochs.items():
-            if epoch in (0, current):
-                continue
-            for family in (small, docs):
-                if family.property_int_value("rocksdb.num-entries-active-mem-table"):
-                    family.flush(wait=False)
-
     def scan_prefix(self, prefix: bytes, epoch: int = 0) -> Iterator[tuple[bytes, bytes]]:
-        small, docs, _, _ = self._epochs.get(epoch) or self._empty_epoch(epoch)
-        if prefix[:1] == DOC:
-            return self._scan(docs, prefix)
-        if not prefix and docs is not small:
-            return heapq.merge(self._scan(small, b""), self._scan(docs, b""), key=_KEY)
-        return self._scan(small, prefix)
-
-    def _empty_epoch(self, epoch: int) -> tuple[Rdict, Rdict, Any, Any]:
-        raise KeyError(f"{self._path} holds no epoch {epoch}")
-
-    def _scan(self, family: Rdict, prefix: bytes) -> Iterator[tuple[bytes, bytes]]:
-        try:
-            it = family.iter()
-            it.seek(prefix)
-            while it.valid():
-                key: bytes = it.key()
-                if not key.startswith(prefix):
-                    break
-                yield key, it.value()
-                it.next()
-            it.status()  # valid() is False at the end, and also after a failed read
-        except Exception as exc:
-            if not _from_rocksdb(exc):
-                raise
-            raise self._failed(f"scanning records under prefix {prefix!r}", exc) from exc
+        small, docs, _, _ = self._epochs.held(epoch)
+        return epoch_items(self._path, small, docs, prefix)
 
     def scan_keys(self, prefix: bytes, epoch: int = 0) -> Iterator[bytes]:
-        small, docs, _, _ = self._epochs.get(epoch) or self._empty_epoch(epoch)
-        if prefix[:1] == DOC:
-            return self._scan_keys(docs, prefix)
-        if not prefix and docs is not small:
-            return heapq.merge(self._scan_keys(small, b""), self._scan_keys(docs, b""))
-        return self._scan_keys(small, prefix)
-
-    def _scan_keys(self, family: Rdict, prefix: bytes) -> Iterator[bytes]:
-        # Keys only, iterated on rocksdict's side up to the prefix's end: several times
-        # faster than stepping an iterator from Python, which costs a call per key.
-        opts = ReadOptions()
-        bound = _upper_bound(prefix)
-        if bound is not None:
-            opts.set_iterate_upper_bound(bound)
-        key: bytes
-        last: bytes | None = None
-        try:
-            for key in family.keys(from_key=prefix, read_opt=opts):  # type: ignore[assignment]
-                if not key.startswith(prefix):
-                    return
-                last = key
-                yield key
-            # rocksdict's key iterator ends at a failed read as it ends at the last key,
-            # which would truncate the scan (a key filter missing keys) without a word.
-            # One seek past the last key seen tells the two apart.
-            it = family.iter(opts)
-            it.seek(prefix if last is None else last + b"\0")  # the first key not seen
-            it.status()
-            missed: bytes | None = it.key() if it.valid() else None
-        except Exception as exc:
-            if not _from_rocksdb(exc):
-                raise
-            raise self._failed(f"scanning keys under prefix {prefix!r}", exc) from exc
-        if missed is not None and missed.startswith(prefix):
-            raise IndexIOError(
-                self._path,
-                f"scanning keys under prefix {prefix!r}",
-                f"the key iterator ended before {missed!r}, a key it should have returned",
-            )
+        small, docs, _, _ = self._epochs.held(epoch)
+        return epoch_keys(self._path, small, docs, prefix)
 
     def size_bytes(self) -> int:
         total = 0
-        for family in self._families():
+        for family in self._epochs.families():
             for name in ("rocksdb.total-sst-files-size", "rocksdb.cur-size-all-mem-tables"):
                 total += int(family.property_int_value(name) or 0)
         return total + _wal_bytes(self._path)
@@ -461,14 +254,6 @@ class RocksBackend:
     def sequence(self) -> int:
         return int(self._db.latest_sequence_number())
 
-    def _families(self) -> list[Rdict]:
-        out: list[Rdict] = []
-        for small, docs, _, _ in self._epochs.values():
-            out.append(small)
-            if docs is not small:
-                out.append(docs)
-        return out
-
     @property
     def db(self) -> Rdict:
         """The underlying rocksdict handle (for checkpoints)."""
@@ -477,20 +262,13 @@ class RocksBackend:
     def flush(self) -> None:
         """Flush memtables to SST files (for snapshots and size reports)."""
         try:
-            for family in self._families():
+            for family in self._epochs.families():
                 family.flush()
         except Exception as exc:
-            if not _from_rocksdb(exc):
+            if not from_rocksdb(exc):
                 raise
             raise self._failed("flushing memtables", exc) from exc
 
     def close(self) -> None:
-        for epoch, (small, docs, _, _) in self._epochs.items():
-            if docs is not small:
-                docs.close()
-            if epoch:
-                small.close()
-        # A column family handle keeps the database open, lock included, while it lives.
-        self._epochs.clear()
-        self._docs_handle = None
+        self._epochs.close()
         self._db.close()

@@ -19,8 +19,12 @@ from __future__ import annotations
 
 from rocksdict import BlockBasedOptions, DBCompactionStyle, DBCompressionType, Options
 
+from stream_dedup.index.keys import DOC
+
 #: The column family of document records (see the module docstring).
 DOCS_FAMILY = "docs"
+#: The first key after every document key: ``[DOC, DOC_END)`` is what that family holds.
+DOC_END = bytes([DOC[0] + 1])
 #: Sorted runs of the default family before universal compaction merges some (see small_options).
 _SORTED_RUNS = 12
 #: Write-ahead log files kept for reuse (see small_options).

@@ -5,8 +5,9 @@ first documents with exact texts, bucket members, document records), stages a ba
 records in the index's own encodings (:mod:`.staged`) and hands every change of the batch
 to :meth:`DedupIndex.commit` (or :meth:`~DedupIndex.prepare` then :meth:`~DedupIndex.apply`),
 which writes index updates, counters and the processed input offsets in one atomic backend
-write. That single write is what lets the service resume exactly where it stopped. An
-index is opened through :func:`stream_dedup.index.opener.open_index`.
+write (:mod:`.pending` builds the index's own records in it and the filters' new keys). That
+single write is what lets the service resume exactly where it stopped. An index is opened
+through :func:`stream_dedup.index.opener.open_index`.
 
 Before a batch's events leave the process, the service records the batch's input ranges as
 the *batch intent* (:meth:`DedupIndex.write_intent`); the commit that stores the batch
@@ -38,11 +39,16 @@ import numpy as np
 from stream_dedup.core.hashing import U64
 from stream_dedup.errors import IndexMismatchError, IndexStoreError
 from stream_dedup.index import keys
-from stream_dedup.index.backend import NO_ORDERED_PUTS, Backend, OrderedPuts, PreparedWrite
+from stream_dedup.index.backend import NO_ORDERED_PUTS, Backend, OrderedPuts
 from stream_dedup.index.bucket_records import Members
-from stream_dedup.index.epoch_filters import FILTER_FILE, LOOKUP_KINDS, EpochFilters
-from stream_dedup.index.filter import bucket_fingerprints, key_fingerprints
+from stream_dedup.index.epoch_filters import FILTER_FILE, EpochFilters
 from stream_dedup.index.params import IndexParams
+from stream_dedup.index.pending import (
+    PendingCommit,
+    counter_records,
+    offset_records,
+    written_fingerprints,
+)
 from stream_dedup.index.reads import IndexReads
 from stream_dedup.index.retention import (
     I64,
@@ -92,22 +98,6 @@ class IndexStats:
     #: Live epochs, and the retention in force.
     epochs: int = 1
     retention: Retention = NO_RETENTION
-
-
-@dataclass(slots=True)
-class PendingCommit:
-    """A commit built by :meth:`DedupIndex.prepare`, waiting for :meth:`DedupIndex.apply`."""
-
-    write: PreparedWrite
-    counters: dict[str, int]
-    after_writes: int
-    fingerprints: U64
-    epoch: int
-    timeline: Timeline
-    #: Epochs the commit lets go: dropped once it is applied.
-    dead: list[int]
-    #: The retention the commit stores.
-    retention: Retention
 
 
 class DedupIndex(IndexReads):
@@ -265,19 +255,16 @@ class DedupIndex(IndexReads):
 
         ``ordered`` are more puts in ascending key order (see
         :meth:`~stream_dedup.index.backend.Backend.prepare`), and ``ordered_fingerprints``
-        their keys' :func:`bucket_fingerprints` when the caller has them. The batch's
+        their keys' :func:`~.filter.bucket_fingerprints` when the caller has them. The batch's
         records go to ``epoch`` (by default :meth:`batch_epoch`), ``points`` are its clock
         change points (docnums, clocks) and ``clock`` the stream's clock after it. Nothing
         may be written to the index between ``prepare`` and ``apply``: the counters, the
         epochs and the intent to clear are read now.
         """
         batch = dict(puts)
-        new_counters = dict(self._counters)
-        for name, delta in counter_deltas.items():
-            new_counters[name] += delta
-            batch[keys.counter_key(name)] = new_counters[name].to_bytes(8, "little")
-        for (topic, partition), offset in (offsets or {}).items():
-            batch[keys.offset_key(topic, partition)] = offset.to_bytes(8, "little")
+        new_counters, counted = counter_records(self._counters, counter_deltas)
+        batch.update(counted)
+        batch.update(offset_records(offsets or {}))
         if self._intent_pending:
             batch[keys.INTENT] = b""  # the backend has no delete; empty means "none"
         epoch = self.batch_epoch() if epoch is None else epoch
@@ -299,24 +286,12 @@ class DedupIndex(IndexReads):
         if self.retention != self._stored_retention:
             batch[keys.RETENTION] = self.retention.to_bytes()
         # Every lookup key written reaches the filter, however it was handed in.
-        buckets: list[bytes] = []
-        lookups: list[bytes] = []
-        for key in batch:
-            kind = key[:1]
-            if kind == keys.BUCKET:
-                buckets.append(key)
-            elif kind in LOOKUP_KINDS:
-                lookups.append(key)
-        if ordered_fingerprints is None:
-            ordered_fingerprints = bucket_fingerprints(ordered.keys)
-        elif ordered_fingerprints.size != len(ordered.keys):
-            raise ValueError("one fingerprint per ordered put is needed")
-        fps = [bucket_fingerprints(buckets), key_fingerprints(lookups), ordered_fingerprints]
+        fingerprints = written_fingerprints(batch, ordered, ordered_fingerprints)
         return PendingCommit(
             self._backend.prepare(batch, ordered, epoch),
             new_counters,
             self._writes,
-            np.concatenate(fps),
+            fingerprints,
             epoch,
             timeline,
             dead,
@@ -368,9 +343,7 @@ class DedupIndex(IndexReads):
         """Store the next input offsets alone (one small atomic write): how a shared
         index records progress once a batch's events are confirmed."""
         if offsets:
-            self._backend.write(
-                {keys.offset_key(t, p): o.to_bytes(8, "little") for (t, p), o in offsets.items()}
-            )
+            self._backend.write(offset_records(offsets))
             self._writes += 1
 
     def intent(self) -> dict[tuple[str, int], tuple[int, int]] | None:

@@ -13,10 +13,11 @@ where one came from:
 
 An unknown section or key, a value of the wrong type or out of range is a
 :class:`ConfigError` naming the key: a typo must fail loudly rather than silently run with
-a default. Types come from the sections' dataclass fields. A value in the TOML file must
-already have its setting's type (``max_messages = "2000"`` is a string, an error: the
-quotes are a mistake worth pointing out); environment variables and flags can only be
-strings, so theirs are parsed (``STREAM_DEDUP_BATCH__MAX_MESSAGES=2000``). The ``[kafka]``
+a default. Types come from the sections' dataclass fields (:mod:`.config_values` checks
+them). A value in the TOML file must already have its setting's type (``max_messages =
+"2000"`` is a string, an error: the quotes are a mistake worth pointing out); environment
+variables and flags can only be strings, so theirs are parsed
+(``STREAM_DEDUP_BATCH__MAX_MESSAGES=2000``). The ``[kafka]``
 table's dotted librdkafka keys pass through to the client (see
 :mod:`stream_dedup.service.kafka_settings` for how they merge with ours); :func:`load_config` has
 librdkafka itself check them, so a misspelt key fails here and not when ``run`` connects.
@@ -24,15 +25,9 @@ librdkafka itself check them, so a misspelt key fails here and not when ``run`` 
 
 from __future__ import annotations
 
-import contextlib
-import dataclasses
 import difflib
-import enum
-import math
 import os
 import tomllib
-import types
-import typing
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -43,6 +38,7 @@ from stream_dedup.service.config import (
     SECTIONS,
     ServiceConfig,
 )
+from stream_dedup.service.config_values import build_fields
 
 ENV_PREFIX = "STREAM_DEDUP_"
 
@@ -56,177 +52,9 @@ class TextLayer(dict[str, dict[str, Any]]):
     """
 
 
-#: What a TOML value is, in words, for error messages.
-_KINDS: dict[type, str] = {
-    bool: "a boolean",
-    int: "an integer",
-    float: "a number",
-    str: "a string",
-    list: "a list",
-    dict: "a table",
-}
-
-
-def _describe(hint: Any) -> str:
-    """The kind of value a setting of type ``hint`` takes, in words."""
-    origin, args = typing.get_origin(hint), typing.get_args(hint)
-    if hint is bool:
-        return "true or false"
-    if hint in _KINDS:
-        return _KINDS[hint]
-    if origin is typing.Literal:
-        return "one of " + ", ".join(repr(a) for a in args)
-    if origin is tuple:
-        return f"a list, each item {_describe(args[0] if args else str)}"
-    if origin in (typing.Union, types.UnionType):
-        return " or ".join(_describe(a) for a in args if a is not type(None))
-    if isinstance(hint, type) and issubclass(hint, enum.Enum):
-        return "one of " + ", ".join(repr(m.value) for m in hint)
-    if dataclasses.is_dataclass(hint):
-        return "a table"
-    return getattr(hint, "__name__", str(hint))
-
-
-def _toml(value: Any) -> str:
-    """``value`` as it is written in TOML (for suggestions in error messages)."""
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, enum.Enum):
-        return _toml(value.value)
-    if isinstance(value, tuple | list):
-        return "[" + ", ".join(_toml(v) for v in value) + "]"
-    if isinstance(value, str):
-        return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
-    return repr(value)
-
-
-def _wrong(key: str, hint: Any, value: Any, text: bool) -> ConfigError:
-    """The error for a value that is not of its setting's type, with the fix if one is known."""
-    kind = _KINDS.get(type(value), type(value).__name__)
-    problem = f"expected {_describe(hint)}, got {value!r} ({kind})"
-    if not text and isinstance(value, str):
-        # A quoted number, flag or list in the file: show how the value is written.
-        try:
-            meant = _coerce(key, hint, value, text=True)
-        except ConfigError:
-            pass
-        else:
-            problem += f"; in TOML write {key.rsplit('.', 1)[-1]} = {_toml(meant)}"
-    return ConfigError(key, problem)
-
-
-def _coerce(key: str, hint: Any, value: Any, *, text: bool) -> Any:
-    """``value`` as a setting of type ``hint``, or a :class:`ConfigError` naming ``key``.
-
-    With ``text`` (environment variables, flags) a string is parsed into the type; without
-    (a TOML value) the value must already be of the type, except that an integer is taken
-    for a float setting (TOML writes 30 and 30.0 for the same number of seconds).
-    """
-    origin, args = typing.get_origin(hint), typing.get_args(hint)
-    if origin in (typing.Union, types.UnionType):
-        if value is None and type(None) in args:
-            return None
-        blank = isinstance(value, str) and value.strip().lower() in ("", "none")
-        if text and type(None) in args and blank:
-            return None
-        for option in args:
-            if option is type(None):
-                continue
-            try:
-                return _coerce(key, option, value, text=text)
-            except ConfigError:
-                continue
-        raise _wrong(key, hint, value, text)
-    if origin is typing.Literal:
-        for choice in args:
-            if type(choice) is type(value) and choice == value:
-                return choice
-            if text and isinstance(value, str) and str(choice) == value.strip():
-                return choice
-        raise ConfigError(key, f"must be {_describe(hint)}, got {value!r}")
-    if origin is tuple:
-        item = args[0] if args else str
-        if text and isinstance(value, str):
-            parts = [v.strip() for v in value.split(",") if v.strip()]
-            return tuple(_coerce(key, item, v, text=True) for v in parts)
-        if isinstance(value, list | tuple):
-            return tuple(_coerce(key, item, v, text=text) for v in value)
-        raise _wrong(key, hint, value, text)
-    if isinstance(hint, type) and issubclass(hint, enum.Enum):
-        for member in hint:
-            if value == member.value or value is member or (text and value == member.name):
-                return member
-        raise ConfigError(key, f"must be {_describe(hint)}, got {value!r}")
-    if isinstance(hint, type) and dataclasses.is_dataclass(hint):
-        if isinstance(value, Mapping):
-            names = set(value) if text else set()
-            return _build_fields(key, hint, value, names)
-        raise _wrong(key, hint, value, text)
-    if hint is bool:
-        if isinstance(value, bool):
-            return value
-        if text and isinstance(value, str):
-            word = value.strip().lower()
-            if word in ("true", "1", "yes", "on"):
-                return True
-            if word in ("false", "0", "no", "off"):
-                return False
-    elif hint is int:
-        if isinstance(value, int) and not isinstance(value, bool):
-            return value
-        if text and isinstance(value, str):
-            try:
-                return int(value.strip())
-            except ValueError:
-                pass
-    elif hint is float:
-        number: float | None = None
-        if isinstance(value, int | float) and not isinstance(value, bool):
-            number = float(value)
-        elif text and isinstance(value, str):
-            with contextlib.suppress(ValueError):
-                number = float(value.strip())
-        if number is not None:
-            if not math.isfinite(number):
-                raise ConfigError(key, f"must be a finite number, got {value!r}")
-            return number
-    elif hint is str:
-        if isinstance(value, str):
-            return value
-    elif isinstance(hint, type) and isinstance(value, hint):
-        return value
-    raise _wrong(key, hint, value, text)
-
-
-def _build_fields(prefix: str, cls: type[Any], values: Mapping[str, Any], text: set[str]) -> Any:
-    """An instance of the dataclass ``cls`` from ``values``, each checked against its field.
-
-    ``text`` names the keys whose values are strings to parse (see :class:`TextLayer`).
-    Unknown keys are errors; a :class:`ConfigError` the class raises about one of its own
-    fields is re-raised naming the key as the configuration spells it (``dedup.threshold``).
-    """
-    hints = typing.get_type_hints(cls)
-    known = {f.name for f in dataclasses.fields(cls) if f.init}
-    kwargs: dict[str, Any] = {}
-    for key, value in values.items():
-        if key not in known:
-            close = difflib.get_close_matches(key, known, n=1)
-            hint = f"did you mean {close[0]!r}? " if close else ""
-            raise ConfigError(
-                f"{prefix}.{key}", f"unknown setting; {hint}known: {', '.join(sorted(known))}"
-            )
-        kwargs[key] = _coerce(f"{prefix}.{key}", hints[key], value, text=key in text)
-    try:
-        return cls(**kwargs)
-    except ConfigError as exc:
-        if exc.key in known:
-            raise ConfigError(f"{prefix}.{exc.key}", exc.problem) from exc
-        raise
-
-
 def _build_section(name: str, values: Mapping[str, Any], text: set[str] | None = None) -> Any:
     """Section ``name`` from its merged values; ``text`` names the keys given as text."""
-    return _build_fields(name, SECTIONS[name], values, text or set())
+    return build_fields(name, SECTIONS[name], values, text or set())
 
 
 def _merge(
