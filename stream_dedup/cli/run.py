@@ -1,6 +1,6 @@
 """The ``stream-dedup run`` subcommand: configuration layers -> :class:`Service`.
 
-Kept out of :mod:`stream_dedup.cli` so the command line module stays a thin dispatcher.
+Kept out of :mod:`stream_dedup.cli.app` so the command line module stays a thin dispatcher.
 Exit codes follow the CLI's: 0 clean stop, 1 stopped with an unconfirmed last batch,
 2 configuration error, 3 index error (locked by another instance, other parameters, a
 read or write that failed).

@@ -1,7 +1,8 @@
 """The persistent state of the detector: band buckets, document records, offsets.
 
-Layers: :mod:`.backend` is the key-value contract (RocksDB in :mod:`.rocks`, a dict in
-:mod:`.memory`), :mod:`.keys` the byte layout, :mod:`.records` the value encodings and
+Layers: :mod:`.backend` is the key-value contract (RocksDB in :mod:`.rocks`, Redis for an
+index shared by several instances in :mod:`.redis_backend`, a dict in :mod:`.memory`),
+:mod:`.keys` the byte layout, :mod:`.records` the value encodings and
 :mod:`.store` the typed index the deduplicator and the service use. Nothing here knows
 about Kafka: input offsets are opaque (topic, partition) -> next offset pairs.
 """
