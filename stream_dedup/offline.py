@@ -276,7 +276,10 @@ class InterruptBetweenBatches:
     ) -> None:
         if self._installed:
             # A handler installed outside Python reads as None: SIGINT's Python default.
-            signal.signal(signal.SIGINT, self._previous or signal.default_int_handler)
+            signal.signal(
+                signal.SIGINT,
+                signal.default_int_handler if self._previous is None else self._previous,
+            )
 
     def _handle(self, signum: int, frame: FrameType | None) -> None:
         again = self.requested

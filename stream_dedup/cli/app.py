@@ -342,7 +342,7 @@ def main(argv: Sequence[str] | None = None, out: IO[str] | None = None) -> int:
     try:
         return _main(argv, out)
     finally:
-        signal.signal(signal.SIGINT, previous or signal.default_int_handler)
+        signal.signal(signal.SIGINT, signal.default_int_handler if previous is None else previous)
 
 
 def _main(argv: Sequence[str] | None, out: IO[str] | None) -> int:

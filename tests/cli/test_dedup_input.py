@@ -298,6 +298,19 @@ def test_ctrl_c_while_waiting_for_input_stops_at_once() -> None:
     assert target.getvalue() == ""
 
 
+@pytest.mark.parametrize("before", [signal.SIG_DFL, signal.SIG_IGN])
+def test_the_sigint_handler_found_is_put_back(before: signal.Handlers, tmp_path: Path) -> None:
+    saved = signal.signal(signal.SIGINT, before)
+    try:
+        with offline.InterruptBetweenBatches():
+            assert signal.getsignal(signal.SIGINT) is not before
+        assert signal.getsignal(signal.SIGINT) is before
+        assert run("generate", "-n", "2", "-o", str(tmp_path / "g.jsonl"))[0] == 0
+        assert signal.getsignal(signal.SIGINT) is before
+    finally:
+        signal.signal(signal.SIGINT, saved)
+
+
 # -- the first run's compilation --------------------------------------------------------
 
 
