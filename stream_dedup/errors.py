@@ -12,10 +12,10 @@ module is named::
     │                                 the raw input); dead-lettered, never stops a run
     ├── InputError                    an input file or stream cannot be read
     │   └── MalformedLineError        offline.py: a bad line under ``--on-error fail``
-    ├── IndexStoreError               base for problems with the on-disk index; the
+    ├── IndexStoreError               base for problems with the index (RocksDB or Redis); the
     │   │                             service and the commands stop (exit code 3)
     │   ├── IndexMismatchError        the index on disk was built with other parameters
-    │   ├── IndexLockedError          another process already writes this index
+    │   ├── IndexLockedError          another process already writes this index directory
     │   ├── IndexCorruptError         stored bytes do not parse
     │   └── IndexIOError              the index could not be read or written (disk,
     │       │                         permissions, a closed database): the service
@@ -86,7 +86,7 @@ class DecodeError(StreamDedupError):
 
 
 class IndexStoreError(StreamDedupError):
-    """Base for problems with the on-disk index."""
+    """Base for problems with the index: a RocksDB directory or a shared index on Redis."""
 
 
 class IndexMismatchError(IndexStoreError):
@@ -108,12 +108,13 @@ class IndexMismatchError(IndexStoreError):
 
 
 class IndexLockedError(IndexStoreError):
-    """Another process holds the index's write lock (one index, one writer)."""
+    """Another process holds a RocksDB index's write lock: a directory has one writer (a
+    shared index on Redis has several, which take turns instead)."""
 
     def __init__(self, path: str, detail: str) -> None:
         super().__init__(
-            f"index at {path} is already open by another process ({detail}). An index has "
-            "exactly one writer: stop the other stream-dedup process or point this one at a "
+            f"index at {path} is already open by another process ({detail}). An index directory "
+            "has exactly one writer: stop the other stream-dedup process or point this one at a "
             "different --index directory."
         )
         self.path = path

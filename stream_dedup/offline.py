@@ -5,6 +5,10 @@ batch is decided against everything before it and committed in one write, so a r
 persistent index can be interrupted and continued, and a later run on more input carries
 on from the index.
 
+Ctrl-C (SIGINT) stops a run between batches: a batch being decided, committed and written
+when it arrives is finished first, and the run then raises ``KeyboardInterrupt``; while
+the run waits for input it stops at once (see :class:`InterruptBetweenBatches`).
+
 Input is JSON Lines from a file or standard input, plain or gzip-compressed (recognised by
 its first bytes, whatever the file is called), with or without a UTF-8 byte order mark.
 """
@@ -14,6 +18,7 @@ from __future__ import annotations
 import gzip
 import io
 import json
+import signal
 import sys
 import time
 import zlib
@@ -21,6 +26,7 @@ from collections.abc import Iterable, Iterator
 from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import FrameType, TracebackType
 from typing import IO, Any, Literal, Protocol
 
 from stream_dedup.decode import DocumentFormat, document_from_json
@@ -140,18 +146,20 @@ class _Readable(Protocol):
 
 
 class _Reader(io.RawIOBase):
-    """``head`` (bytes read ahead to look at them), then the rest of ``stream``.
+    """``head`` (bytes read ahead to look at them), then the rest of ``stream`` (with
+    ``partial``, each read takes what the stream has, up to the size asked for).
 
     Read errors of ``stream`` (an unreadable file, a corrupt or truncated gzip stream)
     become :class:`InputError` naming the input, so they reach the user as what to do
     rather than as a traceback.
     """
 
-    def __init__(self, head: bytes, stream: _Readable, name: str) -> None:
+    def __init__(self, head: bytes, stream: _Readable, name: str, partial: bool = False) -> None:
         super().__init__()
         self._head = head
         self._stream = stream
         self._name = name
+        self._partial = partial
 
     def readable(self) -> bool:
         return True
@@ -163,15 +171,19 @@ class _Reader(io.RawIOBase):
             view[:n] = self._head[:n]
             self._head = self._head[n:]
             return n
-        data = _read(self._stream, len(view), self._name)
+        data = _read(self._stream, len(view), self._name, partial=self._partial)
         view[: len(data)] = data
         return len(data)
 
 
-def _read(stream: _Readable, size: int, name: str) -> bytes:
-    """Up to ``size`` bytes of ``stream``; read errors as :class:`InputError`."""
+def _read(stream: _Readable, size: int, name: str, *, partial: bool = False) -> bytes:
+    """``size`` bytes of ``stream`` (fewer at its end), or with ``partial`` at most ``size``
+    in one read of the stream beneath (fewer when no more have arrived yet, as on a pipe);
+    read errors as :class:`InputError`."""
+    read = getattr(stream, "read1", stream.read) if partial else stream.read
     try:
-        return stream.read(size)
+        data: bytes = read(size)
+        return data
     except (gzip.BadGzipFile, EOFError, zlib.error) as exc:
         raise InputError(
             f"cannot read {name}: it starts like gzip but the compressed data is corrupt or "
@@ -210,7 +222,11 @@ def open_input(path: str, stack: ExitStack) -> IO[bytes]:
     while len(head) < len(UTF8_BOM) and (more := _read(stream, len(UTF8_BOM) - len(head), name)):
         head += more
     head = head.removeprefix(UTF8_BOM)
-    return io.BufferedReader(_Reader(head, stream, name), buffer_size=1 << 20)
+    # Plain input is read as it comes, so lines from a pipe are decided as they arrive, not
+    # once a megabyte has; gzip input in whole buffers, so a corrupt stream fails before
+    # anything of the buffer around it is decided.
+    plain = stream is raw
+    return io.BufferedReader(_Reader(head, stream, name, plain), buffer_size=1 << 20)
 
 
 def verdict_line(v: Verdict) -> str:
@@ -221,6 +237,61 @@ def verdict_line(v: Verdict) -> str:
     if v.replayed:
         body["replayed"] = True
     return json.dumps(body, ensure_ascii=False)
+
+
+class InterruptBetweenBatches:
+    """SIGINT handling for a run over batches (a context manager; SIGINT's handler inside).
+
+    Python raises ``KeyboardInterrupt`` wherever the main thread happens to be when the
+    signal arrives: in a compiled kernel, in a call into RocksDB, in a finaliser, places
+    where an exception can be turned into another or dropped. So while a batch is being
+    decided, committed and written (:attr:`in_batch`), SIGINT only records the request,
+    and :meth:`check` raises ``KeyboardInterrupt`` once the batch is whole. Outside a
+    batch (the run reading or waiting for input) it raises at once, so a run blocked on
+    standard input stops; a second SIGINT raises at once wherever it lands.
+
+    The handler is installed from the main thread only (Python delivers signals there);
+    elsewhere the context does nothing and ``KeyboardInterrupt`` behaves as usual.
+    """
+
+    def __init__(self) -> None:
+        self.requested = False
+        self.in_batch = False
+        self._previous: Any = None
+        self._installed = False
+
+    def __enter__(self) -> InterruptBetweenBatches:
+        try:
+            self._previous = signal.signal(signal.SIGINT, self._handle)
+        except ValueError:  # not the main thread
+            return self
+        self._installed = True
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        if self._installed:
+            # A handler installed outside Python reads as None: SIGINT's Python default.
+            signal.signal(
+                signal.SIGINT,
+                signal.default_int_handler if self._previous is None else self._previous,
+            )
+
+    def _handle(self, signum: int, frame: FrameType | None) -> None:
+        again = self.requested
+        self.requested = True
+        if again or not self.in_batch:
+            raise KeyboardInterrupt
+
+    def check(self) -> None:
+        """Raise ``KeyboardInterrupt`` if SIGINT arrived (also one whose exception was
+        raised and lost on the way)."""
+        if self.requested:
+            raise KeyboardInterrupt
 
 
 def run_offline(
@@ -234,32 +305,43 @@ def run_offline(
     progress: IO[str] | None = None,
     report: IO[str] = sys.stderr,
 ) -> RunSummary:
-    """Decide every document of ``lines`` in order and write one verdict line each."""
+    """Decide every document of ``lines`` in order and write one verdict line each.
+
+    The verdicts of a batch are written, and ``out`` flushed, after the batch's commit:
+    what ``out`` holds is always whole batches that the index holds too. SIGINT stops the
+    run between batches with ``KeyboardInterrupt`` (see :class:`InterruptBetweenBatches`).
+    """
     summary = RunSummary()
     start = time.perf_counter()
     last_shown = 0.0
-    for batch in batched(read_documents(lines, fmt, summary, on_error, report), batch_size):
-        result = dedup.process(batch)
-        for v in result.verdicts:
-            out.write(verdict_line(v))
-            out.write("\n")
-            summary.duplicates += v.is_duplicate
-            summary.empty += v.empty
-        summary.documents += len(batch)
-        summary.replayed += result.stats.replayed
-        summary.mismatched_repeats += result.stats.mismatched_repeats
-        summary.candidates += sum(result.stats.candidates)
-        summary.verifications += sum(result.stats.verifications)
-        summary.truncated_lookups += result.stats.truncated_lookups
-        now = time.perf_counter()
-        if progress is not None and now - last_shown > 0.5:
-            last_shown = now
-            rate = summary.documents / (now - start)
-            progress.write(
-                f"\r{summary.documents:,} documents, {summary.duplicates:,} duplicates, "
-                f"{rate:,.0f} docs/s"
-            )
-            progress.flush()
+    with InterruptBetweenBatches() as interrupts:
+        for batch in batched(read_documents(lines, fmt, summary, on_error, report), batch_size):
+            interrupts.in_batch = True
+            result = dedup.process(batch)
+            for v in result.verdicts:
+                out.write(verdict_line(v))
+                out.write("\n")
+                summary.duplicates += v.is_duplicate
+                summary.empty += v.empty
+            out.flush()
+            interrupts.in_batch = False
+            interrupts.check()
+            summary.documents += len(batch)
+            summary.replayed += result.stats.replayed
+            summary.mismatched_repeats += result.stats.mismatched_repeats
+            summary.candidates += sum(result.stats.candidates)
+            summary.verifications += sum(result.stats.verifications)
+            summary.truncated_lookups += result.stats.truncated_lookups
+            now = time.perf_counter()
+            if progress is not None and now - last_shown > 0.5:
+                last_shown = now
+                rate = summary.documents / (now - start)
+                progress.write(
+                    f"\r{summary.documents:,} documents, {summary.duplicates:,} duplicates, "
+                    f"{rate:,.0f} docs/s"
+                )
+                progress.flush()
+        interrupts.check()  # one that arrived as the input ended
     if progress is not None and summary.documents:
         progress.write("\n")
     summary.seconds = time.perf_counter() - start

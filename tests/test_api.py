@@ -21,6 +21,7 @@ import pytest
 
 import stream_dedup
 import stream_dedup.api
+import stream_dedup.errors
 from stream_dedup import DedupConfig, Detector, DetectorStats, Document, QueryResult, Verdict
 from stream_dedup.cli.app import main
 from stream_dedup.core.normalize import normalize
@@ -367,6 +368,28 @@ def test_the_package_exports_the_api() -> None:
         check=True,
     )
     assert run.stdout.strip() == "stream_dedup.api"
+
+
+def test_the_package_exports_the_error_tree_and_only_public_names() -> None:
+    from stream_dedup import IndexLockedError as Locked
+    from stream_dedup import StreamDedupError as Root
+
+    assert Root is StreamDedupError
+    assert Locked is IndexLockedError
+    tree = {
+        name
+        for name, value in vars(stream_dedup.errors).items()
+        if isinstance(value, type) and issubclass(value, StreamDedupError)
+    }
+    assert tree <= set(stream_dedup.__all__)
+    for name in stream_dedup.__all__:
+        assert getattr(stream_dedup, name) is not None, name
+        exec(f"from stream_dedup import {name}", {})
+    # The deduplicator and the index are internals (docs/design.md), not the package's face.
+    for internal in ("BatchResult", "Deduplicator", "DedupIndex", "open_index"):
+        assert internal not in stream_dedup.__all__
+        with pytest.raises(AttributeError):
+            getattr(stream_dedup, internal)
 
 
 def test_retention_bounds_what_a_detector_holds(tmp_path: Path) -> None:

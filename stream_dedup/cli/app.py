@@ -10,22 +10,18 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import sys
 from collections.abc import Sequence
 from contextlib import ExitStack
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import IO
+from typing import IO, TYPE_CHECKING
 
 from stream_dedup.cli import kafka as cli_kafka
 from stream_dedup.cli import ops as cli_ops
 from stream_dedup.cli.detector_options import add_detector_options, detector_config
 from stream_dedup.cli.run import add_run_command
-from stream_dedup.cli.tune_report import plot_s_curve, render_report
-from stream_dedup.core.bands import datasketch_choice
-from stream_dedup.core.config import DedupConfig
-from stream_dedup.decode import DocumentFormat
-from stream_dedup.dedup import COMPILING_NOTICE, Deduplicator, kernels_cached
 from stream_dedup.errors import (
     ConfigError,
     IndexStoreError,
@@ -33,17 +29,25 @@ from stream_dedup.errors import (
     StreamDedupError,
     TransactionError,
 )
-from stream_dedup.index.opener import DEFAULT_NAMESPACE, RedisSettings, open_index, open_or_create
-from stream_dedup.index.retention import RetentionChange
-from stream_dedup.index.store import DedupIndex
-from stream_dedup.malloc_tuning import keep_freed_memory
-from stream_dedup.offline import MalformedLineError, RunSummary, open_input, run_offline
-from stream_dedup.tools.generate import StreamSpec, write_jsonl
+
+# Building the parser and parsing the arguments load only the light modules above: each
+# command imports what it runs (numpy, numba, RocksDB, Redis, the Kafka client) itself.
+if TYPE_CHECKING:
+    from stream_dedup.core.config import DedupConfig
+    from stream_dedup.index.store import DedupIndex
+    from stream_dedup.offline import RunSummary
+
+#: ``stats --namespace``'s default: :data:`stream_dedup.index.redis_layout.DEFAULT_NAMESPACE`
+#: (the tests hold one to the other), spelled here so that ``--help`` does not load the index.
+DEFAULT_NAMESPACE = "stream-dedup"
 
 
 def _open_for_dedup(args: argparse.Namespace) -> tuple[DedupIndex, DedupConfig]:
     """The index of ``--index`` (in memory without it) and the configuration the flags
     settle over what it stores; the retention options are in force from its opening."""
+    from stream_dedup.index.opener import open_or_create
+    from stream_dedup.index.retention import RetentionChange
+
     retention = RetentionChange.of(args.retention, args.max_documents, "--retention")
     return open_or_create(
         args.index, lambda stored: detector_config(args, stored), retention=retention
@@ -51,6 +55,10 @@ def _open_for_dedup(args: argparse.Namespace) -> tuple[DedupIndex, DedupConfig]:
 
 
 def cmd_dedup(args: argparse.Namespace, out: IO[str], err: IO[str]) -> int:
+    from stream_dedup.decode import DocumentFormat
+    from stream_dedup.dedup import COMPILING_NOTICE, Deduplicator, kernels_cached
+    from stream_dedup.offline import MalformedLineError, open_input, run_offline
+
     fmt = DocumentFormat(
         args.id_field, tuple(args.content_fields.split(",")), time_field=args.time_field or ""
     )
@@ -125,6 +133,9 @@ def _nothing_read(args: argparse.Namespace, summary: RunSummary) -> str:
 
 
 def cmd_tune(args: argparse.Namespace, out: IO[str], err: IO[str]) -> int:
+    from stream_dedup.cli.tune_report import plot_s_curve, render_report
+    from stream_dedup.core.bands import datasketch_choice
+
     config = detector_config(args)
     plan = config.band_plan()
     print(render_report(plan, config.recall_at_threshold, config.bands > 0), file=out)
@@ -141,6 +152,8 @@ def cmd_tune(args: argparse.Namespace, out: IO[str], err: IO[str]) -> int:
 
 
 def cmd_stats(args: argparse.Namespace, out: IO[str], err: IO[str]) -> int:
+    from stream_dedup.index.opener import RedisSettings, open_index
+
     # An absent index is an IndexStoreError (exit code 3) that says how to create one.
     where = RedisSettings(args.redis, args.namespace) if args.redis is not None else args.index
     index = open_index(where, None)
@@ -185,6 +198,8 @@ def _when(seconds: int | None) -> str:
 
 
 def cmd_generate(args: argparse.Namespace, out: IO[str], err: IO[str]) -> int:
+    from stream_dedup.tools.generate import StreamSpec, write_jsonl
+
     spec = StreamSpec(documents=args.documents, rerun_rate=args.rerun_rate, seed=args.seed)
     if args.output == "-":
         count = write_jsonl(spec, out)
@@ -311,12 +326,32 @@ def _add_generate(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
 
 
 def main(argv: Sequence[str] | None = None, out: IO[str] | None = None) -> int:
-    """Run one command; errors print a message that says what to do, and set the code."""
+    """Run one command; errors print a message that says what to do, and set the code.
+
+    SIGINT raises ``KeyboardInterrupt`` (exit code 130) from the start, however the process
+    was started: a background job of a shell script inherits SIGINT *ignored*, and Python
+    then installs no handler of its own, so without this a ``kill -INT`` (or Ctrl-C to the
+    script's process group) would be lost and the command run to its end. The handler found
+    is put back on return.
+    """
+    try:
+        previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    except ValueError:  # not the main thread: signals are not ours to handle
+        return _main(argv, out)
+    try:
+        return _main(argv, out)
+    finally:
+        signal.signal(signal.SIGINT, signal.default_int_handler if previous is None else previous)
+
+
+def _main(argv: Sequence[str] | None, out: IO[str] | None) -> int:
     out = out or sys.stdout
     err = sys.stderr
     args: argparse.Namespace | None = None
     try:
         args = build_parser().parse_args(argv)
+        from stream_dedup.malloc_tuning import keep_freed_memory
+
         keep_freed_memory()
         code: int = args.func(args, out, err)
     except KeyboardInterrupt:

@@ -7,13 +7,12 @@ from contextlib import ExitStack
 from typing import IO, Any
 
 from stream_dedup.cli.run import add_set_option
-from stream_dedup.logs import setup_logging
-from stream_dedup.offline import open_input
-from stream_dedup.service.config_loading import load_config, parse_assignments
-from stream_dedup.tools.demo import DemoOptions, run_demo
 
 
 def cmd_produce(args: argparse.Namespace, out: IO[str], err: IO[str]) -> int:
+    from stream_dedup.logs import setup_logging
+    from stream_dedup.offline import open_input
+    from stream_dedup.service.config_loading import load_config, parse_assignments
     from stream_dedup.tools.produce import produce_lines
 
     overrides = parse_assignments(args.assignments)
@@ -41,6 +40,8 @@ def cmd_produce(args: argparse.Namespace, out: IO[str], err: IO[str]) -> int:
 
 
 def cmd_demo(args: argparse.Namespace, out: IO[str], err: IO[str]) -> int:
+    from stream_dedup.tools.demo import DemoOptions, run_demo
+
     opts = DemoOptions(
         documents=args.documents,
         seed=args.seed,

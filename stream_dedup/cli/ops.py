@@ -5,15 +5,14 @@ from __future__ import annotations
 import argparse
 import json
 from dataclasses import asdict, fields
-from typing import IO, Any
+from typing import IO, TYPE_CHECKING, Any
 
-from stream_dedup.index.redis_layout import redacted
-from stream_dedup.service.config import ServiceConfig
-from stream_dedup.service.config_loading import load_config
+if TYPE_CHECKING:
+    from stream_dedup.service.config import ServiceConfig
 
 
 def cmd_snapshot(args: argparse.Namespace, out: IO[str], err: IO[str]) -> int:
-    from stream_dedup.index.snapshot import snapshot  # RocksDB's binding, for this command only
+    from stream_dedup.index.snapshot import snapshot
 
     def show(copied: int) -> None:
         err.write(f"\r{copied:,} keys copied")
@@ -28,7 +27,7 @@ def cmd_snapshot(args: argparse.Namespace, out: IO[str], err: IO[str]) -> int:
 
 
 def cmd_restore(args: argparse.Namespace, out: IO[str], err: IO[str]) -> int:
-    from stream_dedup.index.snapshot import restore  # RocksDB's binding, for this command only
+    from stream_dedup.index.snapshot import restore
 
     info = restore(args.backup, args.index, force=args.force)
     print(f"restored {info.keys:,} keys from {args.backup} into {info.path}", file=out)
@@ -79,6 +78,8 @@ def _masked(key: str, value: object) -> object:
     """Values of secret-looking keys (passwords, secrets, tokens, private keys) as ``***``,
     and the password inside a URL."""
     if isinstance(value, str) and "://" in value:
+        from stream_dedup.index.redis_layout import redacted
+
         return redacted(value)
     return "***" if any(w in key.lower() for w in _SECRET_WORDS) and value else value
 
@@ -115,6 +116,8 @@ def render_effective(config: ServiceConfig) -> str:
 
 
 def cmd_config_check(args: argparse.Namespace, out: IO[str], err: IO[str]) -> int:
+    from stream_dedup.service.config_loading import load_config
+
     config = load_config(args.file)
     print(
         f"# {args.file}: valid (file < STREAM_DEDUP_* environment; [kafka] accepted by "

@@ -1,6 +1,6 @@
 """The ``stream-dedup run`` subcommand: configuration layers -> :class:`Service`.
 
-Kept out of :mod:`stream_dedup.cli` so the command line module stays a thin dispatcher.
+Kept out of :mod:`stream_dedup.cli.app` so the command line module stays a thin dispatcher.
 Exit codes follow the CLI's: 0 clean stop, 1 stopped with an unconfirmed last batch,
 2 configuration error, 3 index error (locked by another instance, other parameters, a
 read or write that failed).
@@ -9,14 +9,9 @@ read or write that failed).
 from __future__ import annotations
 
 import argparse
-import logging
 from typing import IO, Any
 
 from stream_dedup.errors import IndexLockedError
-from stream_dedup.logs import setup_logging
-from stream_dedup.service.config_loading import load_config, parse_assignments
-
-log = logging.getLogger("stream_dedup.service")
 
 
 def add_set_option(p: argparse.ArgumentParser) -> None:
@@ -53,6 +48,8 @@ def add_run_command(sub: Any) -> None:
 
 
 def _flag_overrides(args: argparse.Namespace) -> dict[str, dict[str, Any]]:
+    from stream_dedup.service.config_loading import parse_assignments
+
     out = parse_assignments(args.assignments)
     shortcuts = [
         ("kafka", "bootstrap.servers", args.bootstrap_servers),
@@ -69,14 +66,18 @@ def _flag_overrides(args: argparse.Namespace) -> dict[str, dict[str, Any]]:
 
 def cmd_run(args: argparse.Namespace, out: IO[str], err: IO[str]) -> int:
     """Load the configuration, start the service, run until SIGTERM/SIGINT."""
-    from stream_dedup.service.loop import Service  # the Kafka client loads only for `run`
+    import logging
+
+    from stream_dedup.logs import setup_logging
+    from stream_dedup.service.config_loading import load_config
+    from stream_dedup.service.loop import Service
 
     config = load_config(args.config, overrides=_flag_overrides(args))
     setup_logging(config.log.level, config.log.format)
     try:
         service = Service(config)
     except IndexLockedError as exc:
-        log.error(
+        logging.getLogger("stream_dedup.service").error(
             "another instance holds the index; refusing to start",
             extra={"fields": {"index": config.index.path, "error": str(exc)}},
         )

@@ -23,9 +23,9 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
+from stream_dedup.core.config import DEFAULT_RECALL_AT_THRESHOLD
 from stream_dedup.core.hashing import POLY, U32, U64, fmix64, mix_seed
 
-DEFAULT_RECALL_AT_THRESHOLD = 0.95
 _SALT_BAND = 0x42414E44
 
 

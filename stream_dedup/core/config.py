@@ -2,23 +2,22 @@
 
 The service's ``[dedup]`` configuration section, the command line's detector flags and the
 parameters an index stores all derive from :class:`DedupConfig`'s fields; the core only
-ever sees validated values.
+ever sees validated values. The band and shingle modules (numpy) load when a
+configuration is first built, not with this module, so ``--help`` lists the flags
+without loading numpy.
 """
 
 from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
-from stream_dedup.core.bands import (
-    DEFAULT_RECALL_AT_THRESHOLD,
-    BandPlan,
-    choose_bands,
-    explicit_bands,
-)
-from stream_dedup.core.shingles import ShingleSpec
 from stream_dedup.errors import ConfigError
+
+if TYPE_CHECKING:
+    from stream_dedup.core.bands import BandPlan
+    from stream_dedup.core.shingles import ShingleSpec
 
 VerifyMode = Literal["exact", "signature"]
 IndexPolicy = Literal["all", "uniques"]
@@ -28,6 +27,9 @@ ShingleKind = Literal["char", "word"]
 
 #: The shingle size a kind gets when none is given: 5 characters, or 3 words.
 DEFAULT_SHINGLE_SIZE: dict[str, int] = {"char": 5, "word": 3}
+
+#: The default tuning target: P(candidate) for a pair at exactly the threshold.
+DEFAULT_RECALL_AT_THRESHOLD = 0.95
 
 
 def _param(default: Any, help: str, *, stored: bool, flags: tuple[str, ...] = ()) -> Any:
@@ -118,7 +120,7 @@ class DedupConfig:
         except ValueError as exc:
             raise ConfigError("bands" if self.bands else "threshold", str(exc)) from exc
         try:
-            ShingleSpec(self.shingle_kind, self.shingle.k)
+            _ = self.shingle  # ShingleSpec checks the size
         except ValueError as exc:
             raise ConfigError("shingle_size", str(exc)) from exc
 
@@ -142,11 +144,15 @@ class DedupConfig:
     @property
     def shingle(self) -> ShingleSpec:
         """The shingle kind and its size, resolved."""
+        from stream_dedup.core.shingles import ShingleSpec
+
         size = self.shingle_size or DEFAULT_SHINGLE_SIZE[self.shingle_kind]
         return ShingleSpec(self.shingle_kind, size)
 
     def band_plan(self) -> BandPlan:
         """The explicit (bands, rows) if given, else the tuned choice."""
+        from stream_dedup.core.bands import choose_bands, explicit_bands
+
         if self.bands and self.rows:
             return explicit_bands(self.bands, self.rows, self.num_perm, self.threshold)
         return choose_bands(self.threshold, self.num_perm, self.recall_at_threshold)

@@ -1,12 +1,13 @@
 """The persistent state of the detector: band buckets, document records, offsets.
 
-Layers: :mod:`.backend` is the key-value contract (RocksDB in :mod:`.rocks`, Redis in
-:mod:`.redis_backend`, a dict in :mod:`.memory`), :mod:`.keys` the byte layout,
-:mod:`.records` the value encodings, :mod:`.store` the typed index the deduplicator and the
-service use (its typed reads in :mod:`.reads`, a batch's staged writes in :mod:`.staged`
-and :mod:`.bucket_records`: no module outside this package reads or writes the index's
-bytes), and :mod:`.opener` the one door every caller opens an index through. Nothing here
-knows about Kafka: input offsets are opaque (topic, partition) -> next offset pairs.
+Layers: :mod:`.backend` is the key-value contract (RocksDB in :mod:`.rocks`, Redis for an
+index shared by several instances in :mod:`.redis_backend`, a dict in :mod:`.memory`),
+:mod:`.keys` the byte layout, :mod:`.records` the value encodings, :mod:`.store` the typed
+index the deduplicator and the service use (its typed reads in :mod:`.reads`, a batch's
+staged writes in :mod:`.staged` and :mod:`.bucket_records`: no module outside this package
+reads or writes the index's bytes), and :mod:`.opener` the one door every caller opens an
+index through. Nothing here knows about Kafka: input offsets are opaque (topic, partition)
+-> next offset pairs.
 
 The names below are loaded on first use, so that importing the opener loads neither the
 RocksDB binding nor the Redis client until an index on that backend is opened.

@@ -1,7 +1,7 @@
-"""The key-value contract both index backends implement.
+"""The key-value contract the three index backends implement (memory, RocksDB, Redis).
 
-Deliberately narrow (batched reads, one atomic write, prefix scan) so that the RocksDB and
-in-memory implementations are interchangeable and tested by one suite, and so that all
+Deliberately narrow (batched reads, one atomic write, prefix scan) so that the
+implementations are interchangeable and tested by one suite, and so that all
 layout and decision logic lives above it, once.
 
 The atomic write comes in two halves, :meth:`Backend.prepare` and :meth:`Backend.apply`:

@@ -9,17 +9,26 @@ from __future__ import annotations
 import gzip
 import io
 import json
+import os
 import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from stream_dedup.cli import app
-from stream_dedup.dedup import COMPILING_NOTICE
-from tests.cli.test_cli import RECORDS, Capsys, jsonl, read_verdicts, run, write
+from stream_dedup import dedup, offline
+from stream_dedup.core.config import DedupConfig
+from stream_dedup.decode import DocumentFormat
+from stream_dedup.dedup import COMPILING_NOTICE, BatchResult, Deduplicator
+from stream_dedup.index import open_index
+from stream_dedup.index.params import IndexParams
+from stream_dedup.models import Document
+from tests.cli.test_cli import RECORDS, Capsys, article, jsonl, read_verdicts, run, write
+
+CONFIG = DedupConfig()
 
 
 def verdicts_of(path: Path) -> list[tuple[str, str, str | None]]:
@@ -146,7 +155,7 @@ def _raise_interrupt(*args: object, **kwargs: object) -> None:
 def test_interrupt_is_one_line_and_exit_130(
     tmp_path: Path, capsys: Capsys, monkeypatch: pytest.MonkeyPatch, raiser: object
 ) -> None:
-    monkeypatch.setattr(app, "run_offline", raiser)
+    monkeypatch.setattr(offline, "run_offline", raiser)
     src = write(tmp_path / "in.jsonl", jsonl(RECORDS))
     index = tmp_path / "index"
     assert run("dedup", str(src), "-o", str(tmp_path / "out"), "--index", str(index))[0] == 130
@@ -163,7 +172,7 @@ def test_interrupt_is_one_line_and_exit_130(
 def test_interrupt_without_an_index_says_nothing_was_kept(
     tmp_path: Path, capsys: Capsys, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(app, "run_offline", _raise_from_a_kernel)
+    monkeypatch.setattr(offline, "run_offline", _raise_from_a_kernel)
     src = write(tmp_path / "in.jsonl", jsonl(RECORDS))
     assert run("dedup", str(src), "-o", str(tmp_path / "out"))[0] == 130
     assert "nothing was kept" in capsys.readouterr().err
@@ -175,40 +184,57 @@ def test_a_system_error_of_another_cause_is_not_an_interrupt(
     def broken(*args: object, **kwargs: object) -> None:
         raise SystemError("a real bug")
 
-    monkeypatch.setattr(app, "run_offline", broken)
+    monkeypatch.setattr(offline, "run_offline", broken)
     src = write(tmp_path / "in.jsonl", jsonl(RECORDS))
     with pytest.raises(SystemError, match="a real bug"):
         run("dedup", str(src), "-o", str(tmp_path / "out"))
 
 
+BATCH = 500
+
+
+def _story(i: int) -> bytes:
+    return json.dumps({"id": f"s{i}", "text": article(i, words=40)}).encode() + b"\n"
+
+
+def _lines_in(path: Path) -> int:
+    return path.read_bytes().count(b"\n") if path.exists() else 0
+
+
 @pytest.mark.slow
-def test_ctrl_c_during_a_long_run_exits_130_and_keeps_whole_batches(tmp_path: Path) -> None:
-    """SIGINT to a real run over a generated stream, fed as it is generated."""
-    cli = [sys.executable, "-m", "stream_dedup.cli"]
+@pytest.mark.parametrize("sigint", ["default", "ignored"])
+def test_ctrl_c_during_a_long_run_exits_130_and_keeps_whole_batches(
+    tmp_path: Path, sigint: str
+) -> None:
+    """SIGINT to a real run, at a known point: after three whole batches, while it waits
+    for more input. The run is started with SIGINT at its default and, as a background job
+    of a shell script starts, ignored: both stop."""
     index, out = tmp_path / "index", tmp_path / "verdicts.jsonl"
-    generate = subprocess.Popen(
-        [*cli, "generate", "-n", "200000"], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL
+    disposition = signal.SIG_DFL if sigint == "default" else signal.SIG_IGN
+    command = ["dedup", "-", "-o", str(out), "--index", str(index), "--batch-size", str(BATCH)]
+    dedup_run = subprocess.Popen(
+        [sys.executable, "-m", "stream_dedup.cli", *command],
+        stdin=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, disposition),
     )
+    assert dedup_run.stdin is not None
     try:
-        dedup = subprocess.Popen(
-            [*cli, "dedup", "-", "-o", str(out), "--index", str(index), "--batch-size", "500"],
-            stdin=generate.stdout,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        assert generate.stdout is not None
-        generate.stdout.close()  # dedup holds the pipe now
+        dedup_run.stdin.write(b"".join(_story(i) for i in range(3 * BATCH)))
+        dedup_run.stdin.flush()  # the pipe stays open: the run waits for a fourth batch
         deadline = time.monotonic() + 120
-        while (not out.exists() or out.stat().st_size < 100_000) and dedup.poll() is None:
-            assert time.monotonic() < deadline, "no verdicts within two minutes"
-            time.sleep(0.05)
-        assert dedup.poll() is None, dedup.communicate()[1]
-        dedup.send_signal(signal.SIGINT)
-        _, err = dedup.communicate(timeout=60)
+        while _lines_in(out) < 3 * BATCH and dedup_run.poll() is None:
+            assert time.monotonic() < deadline, "three batches not decided in two minutes"
+            time.sleep(0.02)
+        assert dedup_run.poll() is None
+        dedup_run.send_signal(signal.SIGINT)
+        # Closing its input now would end a run that lost the signal with exit code 0.
+        err = dedup_run.communicate(timeout=60)[1].decode()
     finally:
-        generate.kill()
-        generate.wait()
-    assert dedup.returncode == 130, err
+        if dedup_run.poll() is None:
+            dedup_run.kill()
+            dedup_run.communicate()
+    assert dedup_run.returncode == 130, err
     assert "Traceback" not in err
     assert err.strip().splitlines()[-1].startswith("interrupted; every batch committed")
     code, stats = run("stats", "--index", str(index))
@@ -216,11 +242,73 @@ def test_ctrl_c_during_a_long_run_exits_130_and_keeps_whole_batches(tmp_path: Pa
     documents = int(
         next(line for line in stats.splitlines() if line.startswith("documents")).split()[1]
     )
-    assert 0 < documents < 200_000
-    assert documents % 500 == 0  # whole batches only
-    written = out.read_text(encoding="utf-8").splitlines()
-    assert len(written) <= documents  # a verdict line follows its batch's commit
-    assert all(json.loads(line)["id"] for line in written[:-1])
+    assert documents == 3 * BATCH
+    assert [v["id"] for v in read_verdicts(out)] == [f"s{i}" for i in range(3 * BATCH)]
+
+
+class _SignalInBatch:
+    """A deduplicator whose second batch receives SIGINT while it is decided, as a signal
+    lands in a compiled kernel or a call into RocksDB; ``swallow`` drops the exception
+    raised there, as such code can."""
+
+    def __init__(self, real: Deduplicator, swallow: bool) -> None:
+        self.real, self.swallow, self.batches = real, swallow, 0
+
+    def process(self, docs: list[Document]) -> BatchResult:
+        self.batches += 1
+        if self.batches == 2:
+            try:
+                os.kill(os.getpid(), signal.SIGINT)
+                time.sleep(0.01)  # the handler runs in here
+            except KeyboardInterrupt:
+                if not self.swallow:
+                    raise
+        return self.real.process(docs)
+
+
+@pytest.mark.parametrize("swallow", [False, True])
+def test_ctrl_c_inside_a_batch_stops_after_that_batch(swallow: bool) -> None:
+    src = [_story(i) for i in range(10)]
+    target = io.StringIO()
+    dedup_ = _SignalInBatch(Deduplicator(open_index(None, IndexParams.of(CONFIG)), CONFIG), swallow)
+    fmt = DocumentFormat("id", ("text",))
+    handler = signal.getsignal(signal.SIGINT)
+    with pytest.raises(KeyboardInterrupt):
+        offline.run_offline(dedup_, src, target, fmt=fmt, batch_size=4)  # type: ignore[arg-type]
+    assert dedup_.batches == 2
+    assert [json.loads(line)["id"] for line in target.getvalue().splitlines()] == [
+        f"s{i}" for i in range(8)
+    ]
+    assert signal.getsignal(signal.SIGINT) is handler  # put back
+
+
+def test_ctrl_c_while_waiting_for_input_stops_at_once() -> None:
+    def lines() -> Iterator[bytes]:
+        yield _story(0)
+        os.kill(os.getpid(), signal.SIGINT)
+        time.sleep(5)  # a read that blocks: the interrupt ends it
+        yield _story(1)
+
+    target = io.StringIO()
+    dedup_ = Deduplicator(open_index(None, IndexParams.of(CONFIG)), CONFIG)
+    started = time.monotonic()
+    with pytest.raises(KeyboardInterrupt):
+        offline.run_offline(dedup_, lines(), target, fmt=DocumentFormat("id", ("text",)))
+    assert time.monotonic() - started < 4
+    assert target.getvalue() == ""
+
+
+@pytest.mark.parametrize("before", [signal.SIG_DFL, signal.SIG_IGN])
+def test_the_sigint_handler_found_is_put_back(before: signal.Handlers, tmp_path: Path) -> None:
+    saved = signal.signal(signal.SIGINT, before)
+    try:
+        with offline.InterruptBetweenBatches():
+            assert signal.getsignal(signal.SIGINT) is not before
+        assert signal.getsignal(signal.SIGINT) is before
+        assert run("generate", "-n", "2", "-o", str(tmp_path / "g.jsonl"))[0] == 0
+        assert signal.getsignal(signal.SIGINT) is before
+    finally:
+        signal.signal(signal.SIGINT, saved)
 
 
 # -- the first run's compilation --------------------------------------------------------
@@ -230,7 +318,7 @@ def test_ctrl_c_during_a_long_run_exits_130_and_keeps_whole_batches(tmp_path: Pa
 def test_the_first_compilation_is_announced(
     tmp_path: Path, capsys: Capsys, monkeypatch: pytest.MonkeyPatch, cached: bool
 ) -> None:
-    monkeypatch.setattr(app, "kernels_cached", lambda: cached)
+    monkeypatch.setattr(dedup, "kernels_cached", lambda: cached)
     src = write(tmp_path / "in.jsonl", jsonl(RECORDS))
     assert run("dedup", str(src), "-o", str(tmp_path / "out"))[0] == 0
     err = capsys.readouterr().err

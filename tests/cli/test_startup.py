@@ -1,0 +1,81 @@
+"""Start-up is part of every command: each imports only what it uses.
+
+A fresh interpreter runs the command and lists which heavy modules it loaded. Timing
+tests would be flaky on a busy machine; what the command imports is not (the times are
+in docs/benchmarks.md).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from stream_dedup.cli import app
+from stream_dedup.index.redis_layout import DEFAULT_NAMESPACE
+
+#: Modules no command's parser needs: the Kafka client, Redis, RocksDB, the compiler and
+#: numpy, the metrics library, the service and the index.
+HEAVY = (
+    "confluent_kafka",
+    "redis",
+    "rocksdict",
+    "numba",
+    "numpy",
+    "prometheus_client",
+    "stream_dedup.service",
+    "stream_dedup.index",
+)
+#: What ``dedup`` (an offline run) never needs.
+SERVICE_ONLY = ("confluent_kafka", "redis", "prometheus_client", "stream_dedup.service")
+
+
+def loaded_by(argv: list[str], cwd: Path) -> list[str]:
+    """The modules of ``HEAVY`` loaded after ``main(argv)`` in a fresh interpreter."""
+    script = (
+        "import json, sys\n"
+        "from stream_dedup.cli import main\n"
+        "try:\n"
+        f"    main({argv!r})\n"
+        "except SystemExit:\n"
+        "    pass\n"
+        f"print(json.dumps(sorted(m for m in {HEAVY!r} if m in sys.modules)), file=sys.stderr)\n"
+    )
+    run = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, cwd=cwd, check=True
+    )
+    loaded: list[str] = json.loads(run.stderr.strip().splitlines()[-1])
+    return loaded
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["--help"],
+        ["dedup", "--help"],
+        ["tune", "--help"],
+        ["stats", "--help"],
+        ["run", "--help"],
+        ["produce", "--help"],
+        ["config", "check", "--help"],
+    ],
+)
+def test_help_loads_no_heavy_module(argv: list[str], tmp_path: Path) -> None:
+    assert loaded_by(argv, tmp_path) == []
+
+
+def test_dedup_loads_nothing_of_the_service(tmp_path: Path) -> None:
+    (tmp_path / "one.jsonl").write_text('{"id": "a", "text": "hello world"}\n')
+    loaded = loaded_by(["dedup", "one.jsonl", "-o", "out.jsonl", "-q"], tmp_path)
+    assert "numba" in loaded  # it did run
+    assert not set(loaded) & set(SERVICE_ONLY), loaded
+    assert (tmp_path / "out.jsonl").read_text().count("\n") == 1
+
+
+def test_the_namespace_default_is_the_index_layouts() -> None:
+    assert app.DEFAULT_NAMESPACE == DEFAULT_NAMESPACE
+    args = app.build_parser().parse_args(["stats", "--redis", "redis://x"])
+    assert args.namespace == DEFAULT_NAMESPACE
