@@ -65,8 +65,18 @@ def _flag_overrides(args: argparse.Namespace) -> dict[str, dict[str, Any]]:
 
 
 def cmd_run(args: argparse.Namespace, out: IO[str], err: IO[str]) -> int:
-    """Load the configuration, start the service, run until SIGTERM/SIGINT."""
+    """Load the configuration, start the service, run until SIGTERM/SIGINT.
+
+    The signal handlers come first: a stop asked for while the settings are read, the
+    index opened or the key filter built is honoured as soon as it can be (see
+    :mod:`stream_dedup.service.stopping`), not lost and not a traceback.
+    """
     import logging
+
+    from stream_dedup.service.stopping import StopRequest
+
+    stop = StopRequest()
+    stop.install()
 
     from stream_dedup.logs import setup_logging
     from stream_dedup.service.config_loading import load_config
@@ -74,13 +84,14 @@ def cmd_run(args: argparse.Namespace, out: IO[str], err: IO[str]) -> int:
 
     config = load_config(args.config, overrides=_flag_overrides(args))
     setup_logging(config.log.level, config.log.format)
+    if stop.is_set():
+        return 0
     try:
-        service = Service(config)
+        service = Service(config, stop=stop)
     except IndexLockedError as exc:
         logging.getLogger("stream_dedup.service").error(
             "another instance holds the index; refusing to start",
             extra={"fields": {"index": config.index.path, "error": str(exc)}},
         )
         raise
-    service.install_signal_handlers()
     return service.run()

@@ -18,12 +18,8 @@ cannot be decoded, or whose processing raises, goes to the dead-letter topic
 from __future__ import annotations
 
 import logging
-import os
-import signal
-import threading
 import time
 from collections.abc import Callable
-from types import FrameType
 
 from confluent_kafka import Consumer, KafkaException
 from prometheus_client import CollectorRegistry
@@ -45,8 +41,14 @@ from stream_dedup.service.metrics import Metrics
 from stream_dedup.service.ordering import RecordTime
 from stream_dedup.service.prefetch.ahead import SketchAhead
 from stream_dedup.service.prefetch.worker import SketchWorkerError
+from stream_dedup.service.stopping import StopRequest
 
 log = logging.getLogger("stream_dedup.service")
+
+
+class _StartInterruptedError(Exception):
+    """A stop was requested before the service subscribed: start no Kafka client."""
+
 
 #: Keys between progress lines while the key filter is built at start-up (a few seconds).
 _FILTER_LOG_EVERY = 5_000_000
@@ -82,8 +84,13 @@ class Service:
         config: ServiceConfig,
         registry: CollectorRegistry | None = None,
         deduplicator: DeduplicatorFactory = default_deduplicator,
+        stop: StopRequest | None = None,
     ) -> None:
+        """``stop``: the request that SIGTERM/SIGINT set, when the command installed its
+        handlers before building the service (``stream-dedup run`` does, first thing)."""
         self.config = config
+        self._stop = stop if stop is not None else StopRequest()
+        self._stop.bound(config.service.shutdown_timeout_s)
         self.registry = registry if registry is not None else CollectorRegistry()
         self.metrics = Metrics(self.registry)
         dedup_config = config.dedup
@@ -94,8 +101,6 @@ class Service:
             config.input.message_format(), RecordTime(config.input.time_field)
         )
         self._decider = Decider(config, self.dedup, self.metrics)
-        self._stop = threading.Event()
-        self._stop_requested_at: float | None = None
         self._last_beat = time.monotonic()
         self._filter_logged = 0
         self._index_open = True
@@ -107,24 +112,24 @@ class Service:
 
     def stop(self) -> None:
         """Ask the loop to finish its batch, checkpoint and return (thread- and signal-safe)."""
-        if self._stop_requested_at is None:
-            self._stop_requested_at = time.monotonic()
-        self._stop.set()
+        self._stop.request()
 
     def _keep_waiting(self) -> bool:
         """While confirming deliveries: beat, and give up only when a stop is overdue."""
         self._beat()
-        if self._stop_requested_at is None:
-            return True
-        budget = self.config.service.shutdown_timeout_s * 0.8
-        return time.monotonic() - self._stop_requested_at < budget
+        waited = self._stop.waited_s()
+        return waited is None or waited < self.config.service.shutdown_timeout_s * 0.8
 
     def _beat(self) -> None:
         self._last_beat = time.monotonic()
 
     def _filter_progress(self, added: int) -> None:
-        """While the key filter is built at start-up: beat, and log every ~5 million keys."""
+        """While the key filter is built at start-up: beat, log every ~5 million keys, and
+        give up the build when a stop is requested (the epochs built so far are saved at
+        close; the next start builds the rest)."""
         self._beat()
+        if self._stop.is_set():
+            raise _StartInterruptedError
         if added >= self._filter_logged + _FILTER_LOG_EVERY:
             self._filter_logged = added
             log.info(
@@ -141,39 +146,17 @@ class Service:
         ok = assigned > 0 and self._index_open
         return ok, {"partitions": assigned, "index_open": self._index_open}
 
-    def install_signal_handlers(self) -> None:
-        """SIGTERM and SIGINT request a graceful stop (only from the main thread)."""
-
-        def handler(signum: int, _frame: FrameType | None) -> None:
-            log.info("stop requested", extra=fields(signal=signal.Signals(signum).name))
-            self.stop()
-            self._arm_watchdog()
-
-        signal.signal(signal.SIGTERM, handler)
-        signal.signal(signal.SIGINT, handler)
-
-    def _arm_watchdog(self) -> None:
-        """Bound the stop: if it takes longer than ``shutdown_timeout_s``, exit hard."""
-
-        def expire() -> None:
-            log.error(
-                "graceful stop overran its time; exiting without a final checkpoint",
-                extra=fields(
-                    timeout_s=self.config.service.shutdown_timeout_s,
-                    action="none: the last batch is replayed at the next start",
-                ),
-            )
-            os._exit(1)
-
-        timer = threading.Timer(self.config.service.shutdown_timeout_s, expire)
-        timer.daemon = True
-        timer.start()
-
     # -- the loop ------------------------------------------------------------------------
 
     def run(self) -> int:
         """Consume until stopped; returns the exit code (0 after a clean stop)."""
         ahead = self._start_worker()
+        try:
+            self._warm_up()
+        except _StartInterruptedError:
+            log.info("stop requested while starting; no Kafka client was started")
+            self._release(ahead)
+            return 0
         consumer_watch = BrokerWatch("consumer")
         consumer = build_consumer(
             self.config.client_settings(),
@@ -192,7 +175,7 @@ class Service:
             ahead,
             self._inputs,
             self.metrics,
-            self._stop,
+            self._stop.event,
         )
         self._life = life
         consumer.subscribe(
@@ -239,8 +222,7 @@ class Service:
         return code
 
     def _start_worker(self) -> SketchAhead:
-        """The HTTP port, the sketch worker (it loads while we warm up), the key filter
-        and the compiled kernels: everything before the first Kafka client."""
+        """The HTTP port and the sketch worker (it loads while :meth:`_warm_up` runs)."""
         cfg = self.config
         if cfg.http.enabled:
             self.http = HttpEndpoints(
@@ -253,9 +235,15 @@ class Service:
             self._worker_failed,
             cfg.service.sketch_inline_max,
         )
+        return ahead
+
+    def _warm_up(self) -> None:
+        """The key filter and the compiled kernels, before the first Kafka client; a stop
+        requested meanwhile ends the start here."""
         self.index.load_filter(self._filter_progress)
         self.dedup.warm_up(log.info)  # says so first when the kernels must be compiled
-        return ahead
+        if self._stop.is_set():
+            raise _StartInterruptedError
 
     def _log_started(self) -> None:
         cfg = self.config
@@ -276,7 +264,7 @@ class Service:
         """Leave the group, then release everything else even if leaving failed: the
         revoke callback commits leftovers, and an index error there must not keep the
         index's lock held or the HTTP port open."""
-        self._stop.set()
+        self._stop.event.set()
         try:
             consumer.close()  # leaves the group; the revoke callback commits leftovers
         except (KafkaException, RuntimeError) as exc:
@@ -285,11 +273,16 @@ class Service:
             left = strategy.close(5.0)
             if left:
                 log.warning("records left undelivered at exit", extra=fields(records=left))
+            self._release(ahead)
+
+    def _release(self, ahead: SketchAhead | None) -> None:
+        """Close the sketch worker, the index and the HTTP port."""
+        if ahead is not None:
             ahead.close()
-            self._index_open = False
-            self.index.close()
-            if self.http is not None:
-                self.http.stop()
+        self._index_open = False
+        self.index.close()
+        if self.http is not None:
+            self.http.stop()
         log.info("stopped", extra=fields(documents=self.index.counter("documents")))
 
     def _worker_failed(self, exc: SketchWorkerError) -> None:
