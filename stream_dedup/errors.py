@@ -26,6 +26,8 @@ module is named::
     │                                 before this one stored its batch
     ├── SketchWorkerError             service/prefetch/worker.py: the sketch worker failed
     │                                 on a batch; the service sketches it in process
+    ├── StartInterruptedError         service/stopping.py: a stop came while the service
+    │                                 started; it returns 0 before any Kafka client
     ├── DeliveryAbandonedError        service/kafka.py: deliveries were unconfirmed when
     │                                 the service stopped; the batch is replayed
     ├── TransactionError              exactly-once delivery cannot go on (fenced by another

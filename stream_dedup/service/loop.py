@@ -41,13 +41,9 @@ from stream_dedup.service.metrics import Metrics
 from stream_dedup.service.ordering import RecordTime
 from stream_dedup.service.prefetch.ahead import SketchAhead
 from stream_dedup.service.prefetch.worker import SketchWorkerError
-from stream_dedup.service.stopping import StopRequest
+from stream_dedup.service.stopping import StartInterruptedError, StopRequest
 
 log = logging.getLogger("stream_dedup.service")
-
-
-class _StartInterruptedError(Exception):
-    """A stop was requested before the service subscribed: start no Kafka client."""
 
 
 #: Keys between progress lines while the key filter is built at start-up (a few seconds).
@@ -129,7 +125,7 @@ class Service:
         close; the next start builds the rest)."""
         self._beat()
         if self._stop.is_set():
-            raise _StartInterruptedError
+            raise StartInterruptedError
         if added >= self._filter_logged + _FILTER_LOG_EVERY:
             self._filter_logged = added
             log.info(
@@ -153,7 +149,7 @@ class Service:
         ahead = self._start_worker()
         try:
             self._warm_up()
-        except _StartInterruptedError:
+        except StartInterruptedError:
             log.info("stop requested while starting; no Kafka client was started")
             self._release(ahead)
             return 0
@@ -243,7 +239,7 @@ class Service:
         self.index.load_filter(self._filter_progress)
         self.dedup.warm_up(log.info)  # says so first when the kernels must be compiled
         if self._stop.is_set():
-            raise _StartInterruptedError
+            raise StartInterruptedError
 
     def _log_started(self) -> None:
         cfg = self.config

@@ -20,9 +20,15 @@ import threading
 import time
 from types import FrameType
 
+from stream_dedup.errors import StreamDedupError
 from stream_dedup.logs import fields
 
 log = logging.getLogger("stream_dedup.service")
+
+
+class StartInterruptedError(StreamDedupError):
+    """A stop was requested while the service started: the start ends before any Kafka
+    client is created, and the run returns 0 (caught by the service, never raised out)."""
 
 
 class StopRequest:
