@@ -17,6 +17,8 @@ module is named::
     │   ├── IndexMismatchError        the index on disk was built with other parameters
     │   ├── IndexLockedError          another process already writes this index directory
     │   ├── IndexCorruptError         stored bytes do not parse
+    │   ├── IndexLostError            the index is empty but the consumer group has
+    │   │                             committed offsets (``index.on_lost = "fail"``)
     │   └── IndexIOError              the index could not be read or written (disk,
     │       │                         permissions, a closed database): the service
     │       │                         stops without dead-lettering; fix and restart
@@ -124,6 +126,24 @@ class IndexLockedError(IndexStoreError):
 
 class IndexCorruptError(IndexStoreError):
     """Stored bytes in the index could not be parsed."""
+
+
+class IndexLostError(IndexStoreError):
+    """The index holds nothing, yet the consumer group has committed offsets: the index
+    was lost (a deleted directory, a Redis restarted without its data, another path), and
+    resuming from the group's offsets would call every copy of what it forgot unique."""
+
+    def __init__(self, location: str, committed: dict[str, int]) -> None:
+        shown = ", ".join(f"{tp} at offset {o}" for tp, o in sorted(committed.items())[:5])
+        super().__init__(
+            f"the index at {location} is empty, but the consumer group has committed offsets "
+            f"({shown}{', ...' if len(committed) > 5 else ''}): the index was lost or this is "
+            "the wrong index. Restore it (e.g. `stream-dedup restore`) or point index.path at "
+            'it; or set index.on_lost = "rebuild" to decide again from the earliest retained '
+            'messages, or "continue" to resume from the group\'s offsets with an empty index.'
+        )
+        self.location = location
+        self.committed = committed
 
 
 class InputError(StreamDedupError):

@@ -113,7 +113,7 @@ class IndexConfig:
     ``retention`` (a duration: ``"30d"``, ``"12h"``; ``"none"``) and ``max_documents``
     (0: no limit) bound what the index holds, on the documents' time (see
     :mod:`stream_dedup.index.retention`). They are not index parameters: changing them
-    needs no re-indexing.
+    needs no re-indexing. ``on_lost`` says what a lost index does at start.
     """
 
     backend: typing.Literal["rocksdb", "redis"] = "rocksdb"
@@ -121,6 +121,11 @@ class IndexConfig:
     sync: bool = False
     retention: str = "none"
     max_documents: int = 0
+    #: What to do when the index is empty but the group has committed offsets (see
+    #: :meth:`stream_dedup.service.lifecycle.BatchLife.assign`): stop ("fail"), decide
+    #: again from the earliest retained messages ("rebuild"), or resume from the group's
+    #: offsets with the empty index ("continue").
+    on_lost: typing.Literal["fail", "rebuild", "continue"] = "fail"
     redis: RedisConfig = field(default_factory=RedisConfig)
 
     def __post_init__(self) -> None:

@@ -20,10 +20,20 @@ import logging
 import threading
 import time
 
-from confluent_kafka import Consumer, Message, TopicPartition
+from confluent_kafka import (
+    OFFSET_BEGINNING,
+    OFFSET_END,
+    OFFSET_INVALID,
+    OFFSET_STORED,
+    Consumer,
+    KafkaException,
+    Message,
+    TopicPartition,
+)
 
 from stream_dedup.core.sketch import Sketch
 from stream_dedup.dedup import BatchResult
+from stream_dedup.errors import IndexLostError
 from stream_dedup.index import DedupIndex
 from stream_dedup.logs import fields
 from stream_dedup.service.batches import Batcher, TpKey
@@ -35,6 +45,22 @@ from stream_dedup.service.ordering import RecordTime, time_order
 from stream_dedup.service.prefetch.ahead import SketchAhead
 
 log = logging.getLogger("stream_dedup.service")
+
+#: How long the check of an empty index waits for the group's committed offsets.
+_COMMITTED_TIMEOUT_S = 10.0
+
+#: librdkafka's logical offsets, as the logs say them.
+_LOGICAL_OFFSETS = {
+    OFFSET_INVALID: "group offset",
+    OFFSET_STORED: "group offset",
+    OFFSET_BEGINNING: "earliest",
+    OFFSET_END: "latest",
+}
+
+
+def _where(offset: int) -> str:
+    """An assigned partition's start, as words for librdkafka's logical offsets."""
+    return _LOGICAL_OFFSETS.get(offset, str(offset))
 
 
 class BatchLife:
@@ -56,6 +82,7 @@ class BatchLife:
         self._ahead = ahead
         self._inputs = inputs
         self._metrics = metrics
+        self._on_lost = config.index.on_lost
         self._time_of = RecordTime(config.input.time_field)
         self._batches = Batcher(config.batch, index.intent(), stop, self._time_of, consumer)
         strategy_name = config.kafka.get("partition.assignment.strategy", "")
@@ -115,7 +142,11 @@ class BatchLife:
     # -- the consumer's rebalance callbacks ------------------------------------------------
 
     def assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
-        """Seek every assigned partition to the offset stored in the index (or the intent's)."""
+        """Seek every assigned partition to the offset stored in the index (or the intent's).
+
+        An index with no offsets and no documents while the group has committed offsets
+        was lost: ``index.on_lost`` decides (:meth:`_lost_index`).
+        """
         self._metrics.rebalances.labels("assign").inc()
         stored = self._index.offsets()
         intent = self._batches.intent or {}
@@ -125,12 +156,14 @@ class BatchLife:
                 tp.offset = intent[key][0]
             elif key in stored:
                 tp.offset = stored[key]
+        if not stored and not intent and self._index.counter("documents") == 0:
+            self._lost_index(consumer, partitions)
         self._batches.assign({(tp.topic, tp.partition) for tp in partitions})
         log.info(
             "partitions assigned",
             extra=fields(
-                partitions=[f"{tp.topic}:{tp.partition}@{tp.offset}" for tp in partitions],
-                source="index offsets (others: group offset or auto.offset.reset)",
+                partitions=[f"{tp.topic}:{tp.partition}@{_where(tp.offset)}" for tp in partitions],
+                source="index offsets (others: the group's offset, else auto.offset.reset)",
             ),
         )
         if self._cooperative:
@@ -138,6 +171,42 @@ class BatchLife:
         else:
             consumer.assign(partitions)
         self._metrics.assigned.set(self.assigned)
+
+    def _lost_index(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        """The index is empty: if the group committed offsets, it was lost. ``fail`` raises
+        :class:`~stream_dedup.errors.IndexLostError`; ``rebuild`` seeks every partition to
+        its earliest retained message; ``continue`` leaves the group's offsets, loudly."""
+        try:
+            answer = consumer.committed(
+                [TopicPartition(tp.topic, tp.partition) for tp in partitions], _COMMITTED_TIMEOUT_S
+            )
+        except KafkaException as exc:
+            log.warning(
+                "cannot read the group's committed offsets to check the empty index",
+                extra=fields(error=str(exc), action="none: resuming from the group's offsets"),
+            )
+            return
+        committed = {f"{tp.topic}:{tp.partition}": tp.offset for tp in answer if tp.offset >= 0}
+        if not committed:
+            return  # a new index for a new group
+        if self._on_lost == "fail":
+            raise IndexLostError(self._index.location, committed)
+        rebuild = self._on_lost == "rebuild"
+        log.warning(
+            "the index is empty but the consumer group has committed offsets",
+            extra=fields(
+                index=self._index.location,
+                committed=committed,
+                on_lost=self._on_lost,
+                action="deciding again from the earliest retained messages"
+                if rebuild
+                else "resuming from the group's offsets: copies of what the index forgot "
+                "are called unique",
+            ),
+        )
+        if rebuild:
+            for tp in partitions:
+                tp.offset = OFFSET_BEGINNING
 
     def revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         """Commit what was collected before the partitions go (see the module docstring)."""
