@@ -228,8 +228,9 @@ def send_lines(
     A line that ``produce()`` refuses, or whose delivery report carries an error other
     than an outage's (:data:`OUTAGE_CODES`), is counted and written to ``report`` with its
     line number (1-based, blank lines counted) and the reason, the first
-    :data:`REFUSED_SHOWN` in full; with ``on_error="fail"`` nothing is produced after the
-    first, and the lines already handed to the producer are still delivered. An outage
+    :data:`REFUSED_SHOWN` in full. With ``on_error="fail"`` nothing is produced after the
+    first, which is not written (it is :attr:`ProduceSummary.stopped_at`, for the caller to
+    report), and the lines already handed to the producer are still delivered. An outage
     raises :class:`ProduceError`.
     """
     summary = ProduceSummary()
@@ -238,9 +239,10 @@ def send_lines(
     def refuse(refusal: Refusal) -> None:
         summary.refused += 1
         summary.refused_by_broker += refusal.by == "broker"
+        first_to_stop = on_error == "fail" and summary.stopped_at is None
         if summary.refused <= REFUSED_SHOWN:
             summary.refusals.append(refusal)
-            if report is not None:
+            if report is not None and not first_to_stop:  # that one the caller reports
                 print(refusal.render(), file=report, flush=True)
         elif summary.refused == REFUSED_SHOWN + 1 and report is not None:
             print(
@@ -248,7 +250,7 @@ def send_lines(
                 file=report,
                 flush=True,
             )
-        if on_error == "fail" and summary.stopped_at is None:
+        if first_to_stop:
             summary.stopped_at = refusal
 
     def delivered(line_no: int, size: int, err: KafkaError | None, _msg: Message) -> None:

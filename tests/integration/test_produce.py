@@ -100,6 +100,7 @@ def test_on_error_fail_stops_at_the_first_refused_line(
     assert "Traceback" not in done.stderr and "line 25" not in done.stderr
     assert f"15 lines delivered to {topics.input}, 1 refused" in done.stderr
     assert "error: line 17: refused by the producer, not sent: too large" in done.stderr
+    assert done.stderr.count("line 17:") == 1  # said once, in the error
     assert "Sending stopped there" in done.stderr and "--on-error skip" in done.stderr
     expected = sorted(json.loads(ln)["id"] for ln in lines[:16] if ln)
     assert keys(bootstrap, topics.input, 15) == expected
