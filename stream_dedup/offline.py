@@ -18,7 +18,9 @@ from __future__ import annotations
 import gzip
 import io
 import json
+import os
 import signal
+import stat
 import sys
 import time
 import zlib
@@ -227,6 +229,32 @@ def open_input(path: str, stack: ExitStack) -> IO[bytes]:
     # anything of the buffer around it is decided.
     plain = stream is raw
     return io.BufferedReader(_Reader(head, stream, name, plain), buffer_size=1 << 20)
+
+
+def output_over_input(input_path: str, output_path: str) -> str | None:
+    """Why writing to ``output_path`` would destroy ``input_path``, or ``None`` if it would not.
+
+    Opening the output for writing empties it before the first line of the input is read,
+    so the output must not be the input file: not the same path, nor the same file under
+    another name (a relative path, a symbolic link, a hard link). Standard input counts as
+    the file it is redirected from (``dedup - -o in.jsonl < in.jsonl``). An output that
+    does not exist yet, or ``-`` (standard output), is never the input.
+    """
+    if output_path == "-":
+        return None
+    try:
+        written = Path(output_path).stat()
+        read = os.fstat(sys.stdin.fileno()) if input_path == "-" else Path(input_path).stat()
+    except (OSError, ValueError):  # no such output (or input: reported when it is opened)
+        return None
+    if not os.path.samestat(read, written) or not stat.S_ISREG(written.st_mode):
+        return None
+    source = "standard input's file" if input_path == "-" else f"input {input_path}"
+    return (
+        f"the output {output_path} is the {source} (the same file): writing the verdicts "
+        "there would empty it before it is read. Name another file with -o, or -o - to "
+        "write to standard output"
+    )
 
 
 def verdict_line(v: Verdict) -> str:

@@ -57,7 +57,12 @@ def _open_for_dedup(args: argparse.Namespace) -> tuple[DedupIndex, DedupConfig]:
 def cmd_dedup(args: argparse.Namespace, out: IO[str], err: IO[str]) -> int:
     from stream_dedup.decode import DocumentFormat
     from stream_dedup.dedup import COMPILING_NOTICE, Deduplicator, kernels_cached
-    from stream_dedup.offline import MalformedLineError, open_input, run_offline
+    from stream_dedup.offline import (
+        MalformedLineError,
+        open_input,
+        output_over_input,
+        run_offline,
+    )
 
     fmt = DocumentFormat(
         args.id_field, tuple(args.content_fields.split(",")), time_field=args.time_field or ""
@@ -68,6 +73,9 @@ def cmd_dedup(args: argparse.Namespace, out: IO[str], err: IO[str]) -> int:
             "with --time-field (epoch milliseconds or ISO-8601), or use --max-documents",
             file=err,
         )
+        return 2
+    if (clash := output_over_input(args.input, args.output)) is not None:
+        print(f"error: {clash}", file=err)  # before the output is opened: it would empty it
         return 2
     index, config = _open_for_dedup(args)
     try:

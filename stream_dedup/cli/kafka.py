@@ -1,4 +1,9 @@
-"""Commands around the service that talk to Kafka: ``produce`` and ``demo``."""
+"""Commands around the service that talk to Kafka: ``produce`` and ``demo``.
+
+``produce`` exits 0 when every line was delivered, 1 when the producer or the broker
+refused a line (each reported with its line number), 2 when nothing could be sent (no
+broker, a missing or invalid topic) or the broker went away midway.
+"""
 
 from __future__ import annotations
 
@@ -28,14 +33,35 @@ def cmd_produce(args: argparse.Namespace, out: IO[str], err: IO[str]) -> int:
 
     with ExitStack() as stack:
         source = open_input(args.input, stack)
-        sent = produce_lines(
+        summary = produce_lines(
             source,
             args.topic,
             config.kafka,
             id_field=config.input.id_field,
+            on_error=args.on_error,
+            report=err,
             progress=show if err.isatty() else None,
         )
-    print(f"{sent:,} lines delivered to {args.topic}", file=err)
+    if err.isatty():
+        err.write("\n")
+    print(
+        f"{summary.delivered:,} lines delivered to {args.topic}, {summary.refused:,} refused",
+        file=err,
+    )
+    if summary.stopped_at is not None:
+        print(
+            f"error: {summary.stopped_at.render()}. Sending stopped there: fix the line "
+            "and send the lines from it on again, or rerun with --on-error skip",
+            file=err,
+        )
+        return 1
+    if summary.refused:
+        print(
+            f"error: {summary.refused:,} line(s) refused, not in {args.topic} (line numbers "
+            "above): fix them and send those lines again",
+            file=err,
+        )
+        return 1
     return 0
 
 
@@ -64,6 +90,13 @@ def register(sub: Any) -> None:
     p.add_argument("--topic", required=True, help="destination topic")
     p.add_argument("--bootstrap-servers", help="Kafka bootstrap servers (host:port,...)")
     p.add_argument("--config", metavar="FILE", help="service TOML file for [kafka] settings")
+    p.add_argument(
+        "--on-error",
+        choices=["skip", "fail"],
+        default="skip",
+        help="a line the producer or broker refuses (too large, say): report it with its "
+        "line number and send the others, or stop at it (skip); exit code 1 either way",
+    )
     add_set_option(p)
     p.set_defaults(func=cmd_produce)
 

@@ -31,7 +31,7 @@ from stream_dedup.tools.broker import (
     free_port,
 )
 from stream_dedup.tools.generate import StreamSpec, generate
-from stream_dedup.tools.produce import produce_lines
+from stream_dedup.tools.produce import ProduceError, produce_lines
 
 if TYPE_CHECKING:
     from stream_dedup.service.config import ServiceConfig
@@ -169,7 +169,9 @@ def _produce_sample(bootstrap: str, records: list[dict[str, Any]], out: IO[str])
     step = max(1, len(lines) // (len(BAD_MESSAGES) + 1))
     for n, bad in enumerate(BAD_MESSAGES, start=1):
         lines.insert(n * step, bad)
-    produce_lines(lines, "news", {"bootstrap.servers": bootstrap})
+    sent = produce_lines(lines, "news", {"bootstrap.servers": bootstrap}, on_error="fail")
+    if sent.stopped_at is not None:  # the sample's lines are small: not expected
+        raise ProduceError(f"the demo's sample could not be sent: {sent.stopped_at.render()}")
     print(
         f"produced {len(records):,} wire stories and {len(BAD_MESSAGES)} malformed "
         f"messages to topic 'news' at {bootstrap}",
