@@ -413,7 +413,7 @@ def test_retention_bounds_what_a_detector_holds(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("zero", [0, "0", "0d", "0h"])
 def test_a_zero_retention_is_a_config_error(zero: str | int) -> None:
-    with pytest.raises(ConfigError, match="window of zero.*write 'none'"):
+    with pytest.raises(ConfigError, match=r"window of zero.*write 'none'"):
         Detector(retention=zero)
 
 
