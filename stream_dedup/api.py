@@ -198,7 +198,7 @@ class Detector:
         Returns its :class:`~stream_dedup.models.Verdict`; an ``id`` decided before returns
         the stored verdict (``replayed=True``) and changes nothing.
         """
-        return self.add_many([(id, text)])[0]
+        return self._add_many([(id, text)])[0]
 
     def add_many(self, documents: Iterable[Document | tuple[str, str]]) -> list[Verdict]:
         """Decide documents in order, each against everything before it, and index them.
@@ -211,6 +211,11 @@ class Detector:
         documents again gives their stored verdicts back. The verdicts are the ones the
         offline command gives for the same documents in the same order.
         """
+        return self._add_many(documents)
+
+    def _add_many(self, documents: Iterable[Document | tuple[str, str]]) -> list[Verdict]:
+        """:meth:`add_many`, called by it and by :meth:`add` (so that a warning names the
+        caller's line: two frames up)."""
         self._open_index()
         verdicts: list[Verdict] = []
         for batch in _batches(map(_document, documents), self._batch_size):
@@ -218,7 +223,7 @@ class Detector:
             verdicts.extend(result.verdicts)
             if result.stats.window_without_time and not self._warned_no_time:
                 self._warned_no_time = True
-                warnings.warn(_no_time(self._index), RetentionWarning, stacklevel=2)
+                warnings.warn(_no_time(self._index), RetentionWarning, stacklevel=3)
         return verdicts
 
     # -- asking -----------------------------------------------------------------------

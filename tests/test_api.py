@@ -426,6 +426,9 @@ def test_a_window_over_documents_without_a_time_warns_once_per_detector() -> Non
         assert len(caught) == 1, "once per detector, not once per batch"
         assert "retention window 2h" in str(caught[0].message)
         assert caught[0].filename == __file__
+    with Detector(retention="2h") as single, pytest.warns(RetentionWarning) as caught:
+        single.add("a", texts[0])
+    assert caught[0].filename == __file__
     assert issubclass(RetentionWarning, UserWarning)
     assert issubclass(RetentionWarning, StreamDedupError)
 
