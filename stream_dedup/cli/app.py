@@ -57,13 +57,12 @@ def _open_for_dedup(args: argparse.Namespace) -> tuple[DedupIndex, DedupConfig]:
 def cmd_dedup(args: argparse.Namespace, out: IO[str], err: IO[str]) -> int:
     from stream_dedup.decode import DocumentFormat
     from stream_dedup.dedup import COMPILING_NOTICE, Deduplicator, kernels_cached
+    from stream_dedup.index.retention import parse_duration
     from stream_dedup.offline import MalformedLineError, no_time_warning, open_input, run_offline
 
     fmt = DocumentFormat(
         args.id_field, tuple(args.content_fields.split(",")), time_field=args.time_field or ""
     )
-    from stream_dedup.index.retention import parse_duration
-
     if parse_duration(args.retention, "--retention") and not args.time_field:
         print(
             "error: --retention measures the documents' time: name the field that holds it "
