@@ -36,6 +36,7 @@ if TYPE_CHECKING:
         IndexStoreError,
         IndexUnreachableError,
         InputError,
+        RetentionWarning,
         StreamDedupError,
         TransactionError,
     )
@@ -63,6 +64,7 @@ _EXPORTS = {
     "IndexStoreError": "stream_dedup.errors",
     "IndexUnreachableError": "stream_dedup.errors",
     "InputError": "stream_dedup.errors",
+    "RetentionWarning": "stream_dedup.errors",
     "StreamDedupError": "stream_dedup.errors",
     "TransactionError": "stream_dedup.errors",
 }
@@ -84,6 +86,7 @@ __all__ = [
     "IndexUnreachableError",
     "InputError",
     "QueryResult",
+    "RetentionWarning",
     "StreamDedupError",
     "TransactionError",
     "Verdict",

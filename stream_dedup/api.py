@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import warnings
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from itertools import islice
@@ -51,9 +52,9 @@ from typing import Any, Self
 from stream_dedup.core.config import DedupConfig
 from stream_dedup.dedup import Deduplicator
 from stream_dedup.dedup.queries import query_verdicts
-from stream_dedup.errors import ConfigError, DecodeError, IndexStoreError
+from stream_dedup.errors import ConfigError, DecodeError, IndexStoreError, RetentionWarning
 from stream_dedup.index.opener import open_or_create
-from stream_dedup.index.retention import RetentionChange
+from stream_dedup.index.retention import NO_CLOCK, RetentionChange, format_duration
 from stream_dedup.index.store import DedupIndex
 from stream_dedup.models import Document, Verdict
 
@@ -109,6 +110,10 @@ class Detector:
     what the index holds (see :mod:`stream_dedup.index.retention`); left out, an existing
     index keeps the retention it stores. The window is measured on the documents' time:
     give :meth:`add_many` :class:`~stream_dedup.models.Document` objects with ``time``.
+    A window in force while every document of a batch comes without a time (``add``, or
+    ``(id, text)`` pairs) issues a :class:`~stream_dedup.errors.RetentionWarning`, once
+    per detector; a zero window (``0``, ``"0d"``) is a ``ConfigError`` (``"none"`` is no
+    window).
 
     ``batch_size`` is how many documents :meth:`add_many` decides and commits at a time;
     ``sync=True`` fsyncs every commit of an on-disk index (surviving a machine crash, not
@@ -147,6 +152,7 @@ class Detector:
         self._index, self._config = _open(path, config, params, sync=sync, retention=change)
         self._dedup = Deduplicator(self._index, self._config)
         self._closed = False
+        self._warned_no_time = False
 
     # -- what it is -------------------------------------------------------------------
 
@@ -192,7 +198,7 @@ class Detector:
         Returns its :class:`~stream_dedup.models.Verdict`; an ``id`` decided before returns
         the stored verdict (``replayed=True``) and changes nothing.
         """
-        return self.add_many([(id, text)])[0]
+        return self._add_many([(id, text)])[0]
 
     def add_many(self, documents: Iterable[Document | tuple[str, str]]) -> list[Verdict]:
         """Decide documents in order, each against everything before it, and index them.
@@ -205,10 +211,19 @@ class Detector:
         documents again gives their stored verdicts back. The verdicts are the ones the
         offline command gives for the same documents in the same order.
         """
+        return self._add_many(documents)
+
+    def _add_many(self, documents: Iterable[Document | tuple[str, str]]) -> list[Verdict]:
+        """:meth:`add_many`, called by it and by :meth:`add` (so that a warning names the
+        caller's line: two frames up)."""
         self._open_index()
         verdicts: list[Verdict] = []
         for batch in _batches(map(_document, documents), self._batch_size):
-            verdicts.extend(self._dedup.process(batch).verdicts)
+            result = self._dedup.process(batch)
+            verdicts.extend(result.verdicts)
+            if result.stats.window_without_time and not self._warned_no_time:
+                self._warned_no_time = True
+                warnings.warn(_no_time(self._index), RetentionWarning, stacklevel=3)
         return verdicts
 
     # -- asking -----------------------------------------------------------------------
@@ -257,6 +272,21 @@ class Detector:
         if self._closed:
             raise IndexStoreError(f"the detector on {self._index.location} is closed")
         return self._index
+
+
+def _no_time(index: DedupIndex) -> str:
+    """The :class:`RetentionWarning` of a batch whose documents all came without a time."""
+    window = format_duration(index.retention.window)
+    clock = (
+        "the stream's clock is unset, so the window expires nothing"
+        if index.timeline.clock == NO_CLOCK
+        else "they took the stream's clock as it stood"
+    )
+    return (
+        f"retention window {window} is in force, but no document of a batch had a time, and "
+        f"{clock}: give add_many Document objects with time (Unix milliseconds), or open "
+        "the detector with retention='none' (warned once per detector)"
+    )
 
 
 def _check_names(params: dict[str, Any]) -> None:

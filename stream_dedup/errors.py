@@ -36,7 +36,10 @@ module is named::
     │                                 instance, a fatal producer error, offsets unreadable
     │                                 at start): the service stops (exit code 1)
     ├── BrokerStartError              tools/broker.py: the local broker did not start
-    └── ProduceError                  tools/produce.py: some lines were not delivered
+    ├── ProduceError                  tools/produce.py: some lines were not delivered
+    └── RetentionWarning              also a ``UserWarning``, issued (``warnings.warn``),
+                                      not raised: a retention window with no document
+                                      time to measure (the Python API, once per detector)
 
 What is *not* in the tree is a bug or the environment: ``ValueError``/``RuntimeError``
 from misuse of an internal API, ``OSError``, ``MemoryError``. The service tells the two
@@ -208,3 +211,14 @@ class TransactionError(StreamDedupError):
     ``transactional.id`` fenced it, the producer hit a fatal error, or the group's offsets
     could not be read at start-up. The service stops; the batch in hand is replayed from
     its intent at the next start (:mod:`stream_dedup.service.transactions`)."""
+
+
+class RetentionWarning(UserWarning, StreamDedupError):  # noqa: N818 (a warning, named so)
+    """A retention window is in force but documents came without a time.
+
+    Issued with :func:`warnings.warn` by :class:`~stream_dedup.api.Detector`, once per
+    detector, when every document of a batch lacks a time: the window cannot expire them
+    on time (while the stream's clock is unset it expires nothing). A ``UserWarning``, so
+    the usual warning filters apply (``warnings.simplefilter("error", RetentionWarning)``
+    raises it, as a :class:`StreamDedupError` like every other error of the package).
+    """

@@ -34,6 +34,7 @@ from typing import IO, Any, Literal, Protocol
 from stream_dedup.decode import DocumentFormat, document_from_json
 from stream_dedup.dedup import Deduplicator
 from stream_dedup.errors import DecodeError, InputError
+from stream_dedup.index.retention import NO_CLOCK, format_duration
 from stream_dedup.models import Document, Verdict
 
 OnError = Literal["skip", "fail"]
@@ -57,6 +58,14 @@ class RunSummary:
     malformed_lines: list[int] = field(default_factory=list)
     #: Malformed lines per :attr:`DecodeError.reason <stream_dedup.errors.DecodeError.reason>`.
     malformed_reasons: dict[str, int] = field(default_factory=dict)
+    #: Documents decided without a time, and the batches decided under a retention window
+    #: with no document time at all (:attr:`BatchStats.window_without_time
+    #: <stream_dedup.dedup.BatchStats.window_without_time>`).
+    untimed: int = 0
+    batches_without_time: int = 0
+    #: The retention window in force (seconds; 0: none) and the stream's clock after the run.
+    window: int = 0
+    clock_set: bool = False
 
     @property
     def rate(self) -> float:
@@ -360,6 +369,8 @@ def run_offline(
             summary.candidates += sum(result.stats.candidates)
             summary.verifications += sum(result.stats.verifications)
             summary.truncated_lookups += result.stats.truncated_lookups
+            summary.untimed += result.stats.untimed
+            summary.batches_without_time += result.stats.window_without_time
             now = time.perf_counter()
             if progress is not None and now - last_shown > 0.5:
                 last_shown = now
@@ -373,4 +384,38 @@ def run_offline(
     if progress is not None and summary.documents:
         progress.write("\n")
     summary.seconds = time.perf_counter() - start
+    summary.window = dedup.index.retention.window
+    summary.clock_set = dedup.index.timeline.clock != NO_CLOCK
     return summary
+
+
+def no_time_warning(summary: RunSummary, time_field: str) -> str | None:
+    """The warning for a run whose retention window had no time to measure (one line).
+
+    Said when a window is in force and the documents of at least one batch all lacked a
+    time (``time_field`` missing or unreadable in every one, or no field given): the
+    window then cannot expire them on time, and while the stream's clock was never set
+    it expires nothing. Documents without a time among others that have one take the
+    stream's clock as it stands, which is by design and not warned about.
+    """
+    if not (summary.window and summary.batches_without_time):
+        return None
+    held = format_duration(summary.window)
+    clock = (
+        "the stream's clock was never set, so nothing expired by time"
+        if not summary.clock_set
+        else "they took the stream's clock as it stood"
+    )
+    counts = f"{summary.untimed:,} of {summary.documents:,} documents had no time"
+    if time_field:
+        return (
+            f"warning: retention window {held} is in force, but {counts}: field "
+            f"{time_field!r} was missing or unreadable in every document of "
+            f"{summary.batches_without_time} batch(es), and {clock}. Check --time-field: it "
+            "must name a field holding epoch milliseconds or ISO-8601"
+        )
+    return (
+        f"warning: the index's retention window {held} is in force, but no --time-field was "
+        f"given, so {counts} and {clock}. Name the field that holds the documents' time "
+        "with --time-field, or give --retention none to keep every document"
+    )

@@ -31,6 +31,7 @@ from stream_dedup.errors import (
     IndexLockedError,
     IndexMismatchError,
     IndexStoreError,
+    RetentionWarning,
     StreamDedupError,
 )
 from stream_dedup.index.rocks import RocksBackend
@@ -408,3 +409,38 @@ def test_retention_bounds_what_a_detector_holds(tmp_path: Path) -> None:
         assert reopened.query(texts[2]).is_duplicate
     with pytest.raises(ConfigError, match="retention"):
         Detector(retention="two hours")
+
+
+@pytest.mark.parametrize("zero", [0, "0", "0d", "0h"])
+def test_a_zero_retention_is_a_config_error(zero: str | int) -> None:
+    with pytest.raises(ConfigError, match=r"window of zero.*write 'none'"):
+        Detector(retention=zero)
+
+
+def test_a_window_over_documents_without_a_time_warns_once_per_detector() -> None:
+    texts = [" ".join(f"w{i}x{j} story{i}" for j in range(40)) for i in range(4)]
+    with Detector(retention="2h", batch_size=2) as detector:
+        with pytest.warns(RetentionWarning, match="clock is unset") as caught:
+            detector.add_many([("a", texts[0]), ("b", texts[1]), ("c", texts[2])])
+            detector.add("d", texts[3])
+        assert len(caught) == 1, "once per detector, not once per batch"
+        assert "retention window 2h" in str(caught[0].message)
+        assert caught[0].filename == __file__
+    with Detector(retention="2h") as single, pytest.warns(RetentionWarning) as caught:
+        single.add("a", texts[0])
+    assert caught[0].filename == __file__
+    assert issubclass(RetentionWarning, UserWarning)
+    assert issubclass(RetentionWarning, StreamDedupError)
+
+
+def test_documents_with_a_time_or_no_window_do_not_warn() -> None:
+    texts = [" ".join(f"w{i}x{j} story{i}" for j in range(40)) for i in range(4)]
+    hour = 3_600_000
+    with Detector(retention="2h", batch_size=2) as timed:  # warnings are errors here
+        # Some documents without a time take the stream's clock: no warning.
+        timed.add_many([Document("a", texts[0], hour), Document("b", texts[1])])
+        assert timed.index.timeline.clock == 3600
+    with Detector(max_documents=2) as counted:
+        counted.add_many((f"d{i}", t) for i, t in enumerate(texts))
+    with Detector(retention="none") as unbounded:
+        unbounded.add("a", texts[0])

@@ -57,8 +57,10 @@ def _open_for_dedup(args: argparse.Namespace) -> tuple[DedupIndex, DedupConfig]:
 def cmd_dedup(args: argparse.Namespace, out: IO[str], err: IO[str]) -> int:
     from stream_dedup.decode import DocumentFormat
     from stream_dedup.dedup import COMPILING_NOTICE, Deduplicator, kernels_cached
+    from stream_dedup.index.retention import parse_duration
     from stream_dedup.offline import (
         MalformedLineError,
+        no_time_warning,
         open_input,
         output_over_input,
         run_offline,
@@ -67,7 +69,7 @@ def cmd_dedup(args: argparse.Namespace, out: IO[str], err: IO[str]) -> int:
     fmt = DocumentFormat(
         args.id_field, tuple(args.content_fields.split(",")), time_field=args.time_field or ""
     )
-    if args.retention not in (None, "", "none", "off", "0") and not args.time_field:
+    if parse_duration(args.retention, "--retention") and not args.time_field:
         print(
             "error: --retention measures the documents' time: name the field that holds it "
             "with --time-field (epoch milliseconds or ISO-8601), or use --max-documents",
@@ -110,6 +112,8 @@ def cmd_dedup(args: argparse.Namespace, out: IO[str], err: IO[str]) -> int:
     if summary.nothing_read:
         print(_nothing_read(args, summary), file=err)
         return 1
+    if (untimed := no_time_warning(summary, args.time_field or "")) is not None:
+        print(untimed, file=err)
     if summary.malformed:
         print(
             f"warning: {summary.malformed} malformed line(s) skipped "
@@ -190,12 +194,22 @@ def cmd_stats(args: argparse.Namespace, out: IO[str], err: IO[str]) -> int:
         ),
         ("retention", s.retention.describe()),
         ("held", f"{s.held:,} documents in {s.epochs} epoch(s); {s.expired:,} expired"),
-        ("stream clock", _when(s.clock)),
+        ("stream clock", _when(s.clock) + _clock_note(s.clock, s.retention.window)),
         ("oldest held", _when(s.oldest_time)),
     ]
     for name, value in rows:
         print(f"{name:<20}{value}", file=out)
     return 0
+
+
+def _clock_note(clock: int | None, window: int) -> str:
+    """What a time window with no clock means, said beside the clock's dash."""
+    if clock is not None or not window:
+        return ""
+    return (
+        " (never set: no document decided had a time, so the retention window has expired "
+        "nothing; offline, name the documents' time with dedup --time-field)"
+    )
 
 
 def _when(seconds: int | None) -> str:

@@ -25,6 +25,12 @@ class BatchStats:
     #: Replayed ids whose normalised text differs from the first occurrence's (they get
     #: the first occurrence's verdict all the same).
     mismatched_repeats: int = 0
+    #: Documents without a time (:attr:`~stream_dedup.models.Document.time` ``None``):
+    #: each is decided at the stream's clock as it stands.
+    untimed: int = 0
+    #: A retention window is in force and no document of the batch had a time: the
+    #: window had nothing to measure the batch on (its clock did not move).
+    window_without_time: bool = False
 
     @classmethod
     def of(cls, found: Matches, live: list[int], n_docs: int) -> BatchStats:

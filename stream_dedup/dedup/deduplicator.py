@@ -105,6 +105,10 @@ class Deduplicator:
         queries = self._queries(sk)
         found = self._match(sk, known, held, epoch, doc_clock, queries)
         stats = BatchStats.of(found, sk.live, len(docs))
+        stats.untimed = sum(d.time is None for d in docs)
+        stats.window_without_time = (
+            bool(docs) and stats.untimed == len(docs) and bool(self.index.retention.window)
+        )
         verdicts, staged = verdicts_and_writes(docs, sk, known, held.records, found, queries, stats)
         ordered, written = bucket_puts(
             sk.bucket_keys, sk.bucket_order, held.slot, found, self.plan.bands

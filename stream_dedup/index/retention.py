@@ -67,7 +67,12 @@ I64 = npt.NDArray[np.int64]
 
 def parse_duration(value: str | int | None, key: str = "index.retention") -> int:
     """Seconds in a duration: ``"30d"``, ``"12h"``, ``"90m"``, ``"45s"`` or a number of
-    seconds; ``""``, ``"0"``, ``"none"``, ``"off"`` or ``None`` mean no window (0)."""
+    seconds; ``""``, ``"none"``, ``"off"`` or ``None`` mean no window (0).
+
+    A zero duration (``"0"``, ``"0d"``, ``0``) is a :class:`ConfigError`, not "no window":
+    read literally it would expire every document at once, and read as "none" it would
+    silently keep everything, so the error says which to write instead.
+    """
     if value is None:
         return 0
     if isinstance(value, bool):
@@ -75,6 +80,8 @@ def parse_duration(value: str | int | None, key: str = "index.retention") -> int
     if isinstance(value, int):
         if value < 0:
             raise ConfigError(key, f"must not be negative, got {value}")
+        if value == 0:
+            raise _zero(key, value)
         return value
     text = str(value).strip().lower()
     if text in ("", "none", "off"):
@@ -86,7 +93,20 @@ def parse_duration(value: str | int | None, key: str = "index.retention") -> int
             f"{value!r} is not a duration: write a number and a unit, s, m, h, d or w "
             "(e.g. '30d', '12h'), or 'none'",
         )
-    return int(found.group(1)) * _UNITS[found.group(2) or "s"]
+    seconds = int(found.group(1)) * _UNITS[found.group(2) or "s"]
+    if seconds == 0:
+        raise _zero(key, value)
+    return seconds
+
+
+def _zero(key: str, value: str | int) -> ConfigError:
+    """The error for a zero duration: what to write for no retention, or for a window."""
+    return ConfigError(
+        key,
+        f"{value!r} is a window of zero, which would hold nothing: for no time window "
+        "write 'none' (or leave the option out: a new index then has none), "
+        "else give a duration such as '30d' or '12h'",
+    )
 
 
 def format_duration(seconds: int) -> str:

@@ -79,6 +79,9 @@ class Decoded:
     docs: list[Document]
     sources: list[Source]
     undecodable: list[tuple[Source, DecodeError]]
+    #: Documents whose ``input.time_field`` was missing or unreadable (their time is the
+    #: message timestamp's); 0 when no field is named.
+    time_field_missing: int = 0
 
 
 class InputDecoder:
@@ -111,16 +114,15 @@ class InputDecoder:
         """The :class:`Decoded` batch from ``records`` and what decoding them gave."""
         ids, contents, errors = decoded
         sources = records.sources
-        at = self.time_of.at
-        times = [t if (t := at(s.value, s.timestamp)) > 0 else None for s in sources]
-        if not errors:
-            return Decoded(records.batch, list(map(Document, ids, contents, times)), sources, [])
         bad = {i for i, _, _ in errors}
-        times = [t for i, t in enumerate(times) if i not in bad]
+        good = [s for i, s in enumerate(sources) if i not in bad] if bad else sources
+        found = self.time_of.found
+        timed = [found(s.value, s.timestamp) for s in good]
+        times = [t if t > 0 else None for t, _ in timed]
+        missing = sum(m for _, m in timed) if self.time_of.field else 0
         docs = list(map(Document, ids, contents, times))
         undecodable = [
             (sources[i], DecodeError(reason, detail, sources[i].value))
             for i, reason, detail in errors
         ]
-        good = [s for i, s in enumerate(sources) if i not in bad]
-        return Decoded(records.batch, docs, good, undecodable)
+        return Decoded(records.batch, docs, good, undecodable, missing)

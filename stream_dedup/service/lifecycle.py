@@ -43,6 +43,7 @@ from stream_dedup.service.inputs import Decoded, InputDecoder, MessageBatch
 from stream_dedup.service.metrics import Metrics
 from stream_dedup.service.ordering import RecordTime, time_order
 from stream_dedup.service.prefetch.ahead import SketchAhead
+from stream_dedup.service.time_warnings import TimeWarnings
 
 log = logging.getLogger("stream_dedup.service")
 
@@ -84,6 +85,7 @@ class BatchLife:
         self._metrics = metrics
         self._on_lost = config.index.on_lost
         self._time_of = RecordTime(config.input.time_field)
+        self._time_warnings = TimeWarnings(config.input.time_field, metrics)
         self._batches = Batcher(config.batch, index.intent(), stop, self._time_of, consumer)
         strategy_name = config.kafka.get("partition.assignment.strategy", "")
         self._cooperative = (
@@ -279,6 +281,7 @@ class BatchLife:
         if replaying:
             self._batches.intent_done()
         self._observe(batch, result, started, received)
+        self._time_warnings.observe(len(decoded.docs), decoded.time_field_missing, result.stats)
 
     def _observe(
         self, batch: list[Message], result: BatchResult, started: float, received: list[float]

@@ -19,6 +19,8 @@ stream_dedup_verdicts_total{verdict}            counter    events emitted, uniqu
 stream_dedup_dead_letters_total{reason}         counter    messages sent to the DLQ
 stream_dedup_replayed_documents_total           counter    ids decided before (stored verdict)
 stream_dedup_truncated_lookups_total            counter    lookups cut at max_candidates
+stream_dedup_time_field_missing_total           counter    input.time_field missing/unreadable
+stream_dedup_untimed_documents_total            counter    documents decided with no time
 stream_dedup_batch_duration_seconds             histogram  decide + checkpoint of one batch
 stream_dedup_document_latency_seconds           histogram  consumed -> checkpointed, per doc
 stream_dedup_batch_size_messages                histogram  messages per batch
@@ -206,7 +208,7 @@ class Metrics:
 
     def _register_messages(self, r: CollectorRegistry) -> None:
         """What became of the input messages: consumed, verdicts, dead letters, replays,
-        and lookups cut at ``max_candidates``."""
+        lookups cut at ``max_candidates``, and documents without a time of their own."""
         p = PREFIX
         self.consumed = Counter(f"{p}_messages_consumed", "Input messages consumed.", registry=r)
         self.verdicts = Counter(
@@ -224,6 +226,18 @@ class Metrics:
         )
         self.truncated = Counter(
             f"{p}_truncated_lookups", "Lookups cut at max_candidates.", registry=r
+        )
+        self.time_field_missing = Counter(
+            f"{p}_time_field_missing",
+            "Documents whose input.time_field was missing or unreadable (their time is the "
+            "message timestamp).",
+            registry=r,
+        )
+        self.untimed = Counter(
+            f"{p}_untimed_documents",
+            "Documents decided with no time (no time field, no message timestamp): they take "
+            "the stream's clock as it stands.",
+            registry=r,
         )
 
     def _register_lease(self, r: CollectorRegistry) -> None:

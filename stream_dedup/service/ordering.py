@@ -68,11 +68,17 @@ class RecordTime:
 
     def at(self, value: bytes | str | None, timestamp: int | None) -> int:
         """The time of a record with this value and message timestamp (0: none known)."""
+        return self.found(value, timestamp)[0]
+
+    def found(self, value: bytes | str | None, timestamp: int | None) -> tuple[int, bool]:
+        """:meth:`at`, and whether ``field`` was missing or unreadable in ``value`` (so
+        the time is the message timestamp's); always False when no field is named."""
         if self.field:
             parsed = self._from_field(value)
             if parsed is not None:
-                return parsed
-        return timestamp if timestamp is not None else 0
+                return parsed, False
+            return (timestamp if timestamp is not None else 0), True
+        return (timestamp if timestamp is not None else 0), False
 
     def _from_field(self, value: bytes | str | None) -> int | None:
         """The field's time, or None when it is missing or cannot be read."""

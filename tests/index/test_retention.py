@@ -70,6 +70,14 @@ def test_durations_parse_and_print() -> None:
         Retention(max_documents=-1)
 
 
+@pytest.mark.parametrize("zero", ["0", "0d", "0h", " 0s ", "00w", 0])
+def test_a_zero_duration_is_an_error_that_says_what_to_write(zero: str | int) -> None:
+    with pytest.raises(ConfigError, match="window of zero") as caught:
+        parse_duration(zero, "--retention")
+    assert caught.value.key == "--retention"
+    assert "'none'" in caught.value.problem and "leave the option out" in caught.value.problem
+
+
 def test_first_held_is_the_first_docnum_decided_inside_the_window() -> None:
     points_doc = np.array([0, 10, 20], dtype=np.int64)
     points_clock = np.array([100, 200, 300], dtype=np.int64)
