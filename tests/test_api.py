@@ -349,6 +349,17 @@ def test_bad_documents_are_decode_errors(detector: Detector) -> None:
     assert len(detector) == 0  # nothing of a refused call was written
 
 
+@pytest.mark.parametrize("given", ["abc", b"abc"])
+def test_a_single_string_is_refused_where_a_list_belongs(detector: Detector, given: Any) -> None:
+    with pytest.raises(TypeError, match=r"query_many\(\) takes a list .* pass a list"):
+        detector.query_many(given)
+    with pytest.raises(TypeError, match=r"add_many\(\) takes a list .* pass a list"):
+        detector.add_many(given)
+    with pytest.raises(DecodeError, match="pair, got str"):
+        detector.add_many(("ab", "cd"))  # two two-letter strings are not two (id, text) pairs
+    assert len(detector) == 0
+
+
 def test_a_closed_detector_refuses_work(where: Path | None) -> None:
     detector = Detector(where)
     detector.close()
