@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import socket
 import tomllib
 from io import StringIO
 from pathlib import Path
@@ -108,6 +109,24 @@ def test_run_refuses_a_misspelt_kafka_key_before_opening_the_index(
     err = capsys.readouterr().err
     assert code == 2
     assert err.count("\n") == 1 and "'kafka.enable.auto.comit'" in err
+    assert not index.exists()
+
+
+def test_run_on_a_busy_http_port_names_it_and_creates_no_index(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    index = tmp_path / "index"
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        port = holder.getsockname()[1]
+        flags = ["--index", str(index), "--http-port", str(port), "--set", "http.host=127.0.0.1"]
+        code = main(["run", *flags, "--bootstrap-servers", "127.0.0.1:9"])
+    err = capsys.readouterr().err
+    assert code == 2
+    assert err.startswith("error: configuration key 'http.port': ")
+    assert f"cannot listen on 127.0.0.1:{port}" in err and "choose a free port" in err
+    assert "Traceback" not in err
     assert not index.exists()
 
 
