@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import logging
 import socket
 import tomllib
+from collections.abc import Iterator
 from io import StringIO
 from pathlib import Path
 
@@ -112,6 +114,16 @@ def test_run_refuses_a_misspelt_kafka_key_before_opening_the_index(
     assert not index.exists()
 
 
+@pytest.fixture
+def package_logger_restored() -> Iterator[None]:
+    """``run`` sets up the package's logging (its own handler, no propagation): undone after."""
+    logger = logging.getLogger("stream_dedup")
+    saved = (logger.handlers[:], logger.level, logger.propagate)
+    yield
+    logger.handlers[:], logger.level, logger.propagate = saved
+
+
+@pytest.mark.usefixtures("package_logger_restored")
 def test_run_on_a_busy_http_port_names_it_and_creates_no_index(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
