@@ -217,6 +217,7 @@ class Detector:
         """:meth:`add_many`, called by it and by :meth:`add` (so that a warning names the
         caller's line: two frames up)."""
         self._open_index()
+        _refuse_one_text(documents, "add_many", "(id, text) pairs", "add(id, text)")
         verdicts: list[Verdict] = []
         for batch in _batches(map(_document, documents), self._batch_size):
             result = self._dedup.process(batch)
@@ -239,6 +240,7 @@ class Detector:
     def query_many(self, texts: Iterable[str]) -> list[QueryResult]:
         """:meth:`query` for each text, each against the index only (not each other)."""
         self._open_index()
+        _refuse_one_text(texts, "query_many", "texts", "query(text)")
         batch = list(texts)
         for text in batch:
             if not isinstance(text, str):
@@ -332,6 +334,10 @@ def _document(item: Document | tuple[str, str]) -> Document:
     """A document from what :meth:`Detector.add_many` accepts, checked like decoded input."""
     if isinstance(item, Document):
         doc_id, text = item.id, item.content
+    elif isinstance(item, str | bytes):  # a two-letter string would unpack as a pair
+        raise DecodeError(
+            "invalid_id", f"expected a Document or an (id, text) pair, got {_kind(item)}"
+        )
     else:
         try:
             doc_id, text = item
@@ -348,6 +354,16 @@ def _document(item: Document | tuple[str, str]) -> Document:
             "invalid_content", f"the text of {doc_id!r} must be a str, got {_kind(text)}"
         )
     return item if isinstance(item, Document) else Document(doc_id, text)
+
+
+def _refuse_one_text(given: object, method: str, items: str, single: str) -> None:
+    """A str (or bytes) where a collection belongs is a TypeError: iterating it would
+    give one item per character."""
+    if isinstance(given, str | bytes | bytearray):
+        raise TypeError(
+            f"{method}() takes a list (or any iterable) of {items}, got a single "
+            f"{_kind(given)}: pass a list, e.g. {method}([...]), or call {single} for one"
+        )
 
 
 def _kind(value: object) -> str:

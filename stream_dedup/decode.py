@@ -45,8 +45,10 @@ def document_from_object(obj: Any, fmt: DocumentFormat, raw: bytes | None = None
     """A document from a parsed JSON value, or a DecodeError saying what is wrong."""
     if not isinstance(obj, dict):
         raise DecodeError("not_an_object", f"expected a JSON object, got {type(obj).__name__}", raw)
-    if fmt.id_field not in obj or obj[fmt.id_field] is None:
+    if fmt.id_field not in obj:
         raise DecodeError("missing_id", f"no {fmt.id_field!r} field", raw)
+    if obj[fmt.id_field] is None:  # counted as missing, as a null content field is absent
+        raise DecodeError("missing_id", f"{fmt.id_field!r} is null", raw)
     doc_id = obj[fmt.id_field]
     if isinstance(doc_id, bool) or not isinstance(doc_id, str | int):
         raise DecodeError(

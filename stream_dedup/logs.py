@@ -10,6 +10,9 @@ from __future__ import annotations
 import json
 import logging
 import sys
+import threading
+import time
+from collections.abc import Hashable
 from typing import Any
 
 _RESERVED = {"ts", "level", "logger", "msg"}
@@ -18,6 +21,37 @@ _RESERVED = {"ts", "level", "logger", "msg"}
 def fields(**kw: object) -> dict[str, dict[str, object]]:
     """``extra=fields(key=value, ...)``: the structured fields of one log call."""
     return {"fields": kw}
+
+
+class LogThrottle:
+    """Lets the first line of a kind through, then one per ``window_s``, counting the rest.
+
+    :meth:`admit` answers None for a line to drop, else how many of its kind were dropped
+    since the last one let through (to log with it). Kinds are whatever the caller keys
+    lines by; a flood of distinct kinds (over ``max_kinds``) starts the memory afresh.
+    """
+
+    def __init__(self, window_s: float = 60.0, max_kinds: int = 1024) -> None:
+        self._window_s = window_s
+        self._max_kinds = max_kinds
+        self._seen: dict[Hashable, list[float]] = {}  # kind -> [let through at, dropped]
+        self._lock = threading.Lock()
+
+    def admit(self, kind: Hashable) -> int | None:
+        now = time.monotonic()
+        with self._lock:
+            entry = self._seen.get(kind)
+            if entry is None:
+                if len(self._seen) >= self._max_kinds:
+                    self._seen.clear()
+                self._seen[kind] = [now, 0]
+                return 0
+            if now - entry[0] < self._window_s:
+                entry[1] += 1
+                return None
+            dropped = int(entry[1])
+            entry[0], entry[1] = now, 0
+            return dropped
 
 
 def _fields(record: logging.LogRecord) -> dict[str, Any]:

@@ -317,6 +317,25 @@ def test_bad_parameters_are_config_errors() -> None:
     assert issubclass(ConfigError, StreamDedupError)
 
 
+@pytest.mark.parametrize(
+    ("params", "message"),
+    [
+        ({"threshold": "0.8"}, "'threshold': expected a number, got '0.8' (str)"),
+        ({"num_perm": 12.5}, "'num_perm': expected an integer, got 12.5 (float)"),
+        ({"num_perm": True}, "'num_perm': expected an integer, got True (bool)"),
+        ({"max_candidates": "10"}, "'max_candidates': expected an integer, got '10' (str)"),
+    ],
+)
+def test_a_parameter_of_the_wrong_type_names_it_and_its_type(
+    params: dict[str, Any], message: str
+) -> None:
+    with pytest.raises(ConfigError) as err:
+        Detector(**params)
+    assert message in str(err.value)
+    with Detector(threshold=1, num_perm=64) as detector:  # an integer is a number
+        assert detector.config.threshold == 1
+
+
 def test_bad_documents_are_decode_errors(detector: Detector) -> None:
     with pytest.raises(DecodeError, match="must not be empty"):
         detector.add("", "text")
@@ -329,6 +348,17 @@ def test_bad_documents_are_decode_errors(detector: Detector) -> None:
     with pytest.raises(DecodeError, match="must be a str"):
         detector.query_many(["fine", None])  # type: ignore[list-item]
     assert len(detector) == 0  # nothing of a refused call was written
+
+
+@pytest.mark.parametrize("given", ["abc", b"abc"])
+def test_a_single_string_is_refused_where_a_list_belongs(detector: Detector, given: Any) -> None:
+    with pytest.raises(TypeError, match=r"query_many\(\) takes a list .* pass a list"):
+        detector.query_many(given)
+    with pytest.raises(TypeError, match=r"add_many\(\) takes a list .* pass a list"):
+        detector.add_many(given)
+    with pytest.raises(DecodeError, match="pair, got str"):
+        detector.add_many(("ab", "cd"))  # two two-letter strings are not two (id, text) pairs
+    assert len(detector) == 0
 
 
 def test_a_closed_detector_refuses_work(where: Path | None) -> None:

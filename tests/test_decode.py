@@ -62,6 +62,17 @@ def test_configurable_fields_and_joiner() -> None:
     assert "'key'" in str(info.value)
 
 
+@pytest.mark.parametrize(
+    ("raw", "detail"),
+    [(b'{"title": "t"}', "no 'id' field"), (b'{"id": null, "title": "t"}', "'id' is null")],
+)
+def test_a_null_id_is_reported_as_null_not_as_absent(raw: bytes, detail: str) -> None:
+    with pytest.raises(DecodeError) as info:
+        document_from_json(raw, FMT)
+    assert info.value.reason == "missing_id"  # one reason (and metric label) for both
+    assert info.value.detail == detail
+
+
 def test_format_validation() -> None:
     with pytest.raises(ConfigError, match="id_field"):
         DocumentFormat(id_field="")

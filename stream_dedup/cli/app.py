@@ -18,6 +18,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import IO, TYPE_CHECKING
 
+import stream_dedup
 from stream_dedup.cli import kafka as cli_kafka
 from stream_dedup.cli import ops as cli_ops
 from stream_dedup.cli.detector_options import add_detector_options, detector_config
@@ -236,6 +237,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="stream-dedup",
         description="Online near-duplicate detection for document streams.",
+    )
+    parser.add_argument(
+        "--version", action="version", version=f"%(prog)s {stream_dedup.__version__}"
     )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 

@@ -10,6 +10,7 @@ without loading numpy.
 from __future__ import annotations
 
 import dataclasses
+import numbers
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -42,6 +43,25 @@ def _param(default: Any, help: str, *, stored: bool, flags: tuple[str, ...] = ()
     rows and the shingle size resolved).
     """
     return field(default=default, metadata={"help": help, "stored": stored, "flags": flags})
+
+
+#: What a numeric parameter takes, by its annotation: (accepted types, in words).
+_NUMERIC: dict[str, tuple[type, str]] = {
+    "float": (numbers.Real, "a number"),
+    "int": (numbers.Integral, "an integer"),
+}
+
+
+def _check_types(config: DedupConfig) -> None:
+    """A numeric parameter given a value of another type (a string, a boolean) is a
+    :class:`ConfigError` naming it and the type it takes, before any range is compared."""
+    for f in dataclasses.fields(config):
+        expected = _NUMERIC.get(str(f.type))
+        value = getattr(config, f.name)
+        if expected and (isinstance(value, bool) or not isinstance(value, expected[0])):
+            raise ConfigError(
+                f.name, f"expected {expected[1]}, got {value!r} ({type(value).__name__})"
+            )
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,6 +113,7 @@ class DedupConfig:
     max_candidates: int = _param(100, "candidates verified per document", stored=False)
 
     def __post_init__(self) -> None:
+        _check_types(self)
         if not 0.0 < self.threshold <= 1.0:
             raise ConfigError("threshold", f"must be in (0, 1], got {self.threshold}")
         if not 1 <= self.num_perm <= 4096:

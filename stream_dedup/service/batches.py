@@ -27,8 +27,7 @@ from collections.abc import Mapping
 
 from confluent_kafka import Consumer, KafkaError, Message, TopicPartition
 
-from stream_dedup.logs import fields
-from stream_dedup.service.broker_watch import LogThrottle
+from stream_dedup.logs import LogThrottle, fields
 from stream_dedup.service.config import BatchConfig
 from stream_dedup.service.kafka import raise_if_fatal
 from stream_dedup.service.ordering import PartitionMerge, RecordTime

@@ -15,45 +15,14 @@ import re
 import threading
 import time
 import weakref
-from collections.abc import Hashable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 from confluent_kafka import KafkaError
 
-from stream_dedup.logs import fields
+from stream_dedup.logs import LogThrottle, fields
 
 log = logging.getLogger("stream_dedup.service.kafka")
-
-
-class LogThrottle:
-    """Lets the first line of a kind through, then one per ``window_s``, counting the rest.
-
-    :meth:`admit` answers None for a line to drop, else how many of its kind were dropped
-    since the last one let through (to log with it). Kinds are whatever the caller keys
-    lines by; a flood of distinct kinds (over ``max_kinds``) starts the memory afresh.
-    """
-
-    def __init__(self, window_s: float = 60.0, max_kinds: int = 1024) -> None:
-        self._window_s = window_s
-        self._max_kinds = max_kinds
-        self._seen: dict[Hashable, list[float]] = {}  # kind -> [let through at, dropped]
-        self._lock = threading.Lock()
-
-    def admit(self, kind: Hashable) -> int | None:
-        now = time.monotonic()
-        with self._lock:
-            entry = self._seen.get(kind)
-            if entry is None:
-                if len(self._seen) >= self._max_kinds:
-                    self._seen.clear()
-                self._seen[kind] = [now, 0]
-                return 0
-            if now - entry[0] < self._window_s:
-                entry[1] += 1
-                return None
-            dropped = int(entry[1])
-            entry[0], entry[1] = now, 0
-            return dropped
 
 
 _NUMBERS = re.compile(r"\d+")

@@ -9,7 +9,8 @@ is made durable by the commit strategy (:mod:`stream_dedup.service.checkpoint`).
 
 Bad input never stops a batch: a message that cannot be decoded, a document whose
 deciding raises, and a record the Kafka client rejects outright each become a dead letter
-with the reason, counted in ``stream_dedup_dead_letters_total`` and logged. A broken
+with the reason, counted in ``stream_dedup_dead_letters_total`` (each one) and logged (one
+line per reason a minute, with the count of those left out). A broken
 environment is not bad input: an index error (:class:`~stream_dedup.errors.IndexStoreError`,
 e.g. RocksDB failing to read) or ``OSError``/``MemoryError`` raised while deciding would fail
 every document alike, so it stops the service instead (exit code 3 for the index) before
@@ -25,6 +26,7 @@ from dataclasses import dataclass
 from stream_dedup.core.sketch import Sketch
 from stream_dedup.dedup import BatchResult, Deduplicator
 from stream_dedup.errors import IndexStoreError
+from stream_dedup.logs import LogThrottle, fields
 from stream_dedup.models import Document
 from stream_dedup.service.config import ServiceConfig
 from stream_dedup.service.events import OutRecord, Source, dead_letter, document_json, event
@@ -55,10 +57,19 @@ class Decider:
     """Decides batches and builds what each produces (a :class:`DecidedBatch`), for one
     service configuration."""
 
-    def __init__(self, config: ServiceConfig, dedup: Deduplicator, metrics: Metrics) -> None:
+    def __init__(
+        self,
+        config: ServiceConfig,
+        dedup: Deduplicator,
+        metrics: Metrics,
+        log_every_s: float = 60.0,
+    ) -> None:
         self.config = config
         self.dedup = dedup
         self.metrics = metrics
+        #: A producer sending bad records sends many: one warning per reason per
+        #: ``log_every_s``, with the count of those left out; the metric counts each one.
+        self._dead_log = LogThrottle(log_every_s)
         self._text = config.input.format == "text"
         #: (unique, duplicate) topics: derived from the input topic, read once.
         self._topics = (config.unique_topic, config.duplicate_topic)
@@ -129,20 +140,22 @@ class Decider:
             return (self.dedup.decide(rest) if rest else BatchResult.empty()), failed
 
     def dead_letter(self, source: Source, reason: str, exc: BaseException, stage: str) -> OutRecord:
-        """The dead letter for ``source``, counted and logged."""
+        """The dead letter for ``source``, counted, and logged (the first of its reason,
+        then one a minute carrying ``suppressed``: how many of that reason went unlogged)."""
         self.metrics.dead_letters.labels(reason).inc()
-        log.warning(
-            "message dead-lettered",
-            extra={
-                "fields": {
-                    "reason": reason,
-                    "error": str(exc)[:500],
-                    "topic": source.topic,
-                    "partition": source.partition,
-                    "offset": source.offset,
-                    "dlq_topic": self.config.dlq_topic,
-                    "action": "inspect the record in the dead-letter topic; fix the producer",
-                }
-            },
-        )
+        suppressed = self._dead_log.admit(reason)
+        if suppressed is not None:
+            log.warning(
+                "message dead-lettered",
+                extra=fields(
+                    reason=reason,
+                    error=str(exc)[:500],
+                    topic=source.topic,
+                    partition=source.partition,
+                    offset=source.offset,
+                    dlq_topic=self.config.dlq_topic,
+                    suppressed=suppressed,
+                    action="inspect the record in the dead-letter topic; fix the producer",
+                ),
+            )
         return dead_letter(source, self.config.dlq_topic, reason, exc, stage)

@@ -5,10 +5,13 @@ when it is stuck, so an orchestrator restarts it. ``/readyz`` answers 200 when p
 are assigned and the index is open. Both bodies are one short JSON object saying why.
 ``/metrics`` answers 500 with the error, rather than closing the connection, if a
 collector fails (reading the index's size from a directory that is gone, say).
+An address that cannot be bound is a :class:`~stream_dedup.errors.ConfigError` naming
+``http.port`` (or ``http.host``) and the address.
 """
 
 from __future__ import annotations
 
+import errno
 import json
 import logging
 import threading
@@ -16,6 +19,8 @@ from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+
+from stream_dedup.errors import ConfigError
 
 log = logging.getLogger("stream_dedup.http")
 
@@ -63,7 +68,10 @@ class HttpEndpoints:
             def log_message(self, format: str, *args: object) -> None:
                 """Silence per-request access logs; scrapes would drown the service's logs."""
 
-        self._server = ThreadingHTTPServer((host, port), Handler)
+        try:
+            self._server = ThreadingHTTPServer((host, port), Handler)
+        except OSError as exc:
+            raise _cannot_listen(host, port, exc) from exc
         self._server.daemon_threads = True
         self._thread = threading.Thread(target=self._server.serve_forever, name="http", daemon=True)
 
@@ -73,8 +81,32 @@ class HttpEndpoints:
         return port
 
     def start(self) -> None:
+        """Serve requests (the port is bound, and listening, from construction on)."""
         self._thread.start()
 
     def stop(self) -> None:
-        self._server.shutdown()
+        """Stop serving, if started, and release the port."""
+        if self._thread.is_alive():
+            self._server.shutdown()
         self._server.server_close()
+
+
+def _cannot_listen(host: str, port: int, exc: OSError) -> ConfigError:
+    """The error for an address the port cannot be bound to, naming the setting to change."""
+    address = f"{host}:{port}"
+    reason = exc.strerror or str(exc)
+    if exc.errno == errno.EADDRINUSE:
+        return ConfigError(
+            "http.port",
+            f"cannot listen on {address}: {reason} (another process holds the port): stop "
+            "it, or choose a free port with http.port or --http-port (0: any free port)",
+        )
+    if exc.errno == errno.EACCES:
+        return ConfigError(
+            "http.port",
+            f"cannot listen on {address}: {reason}: ports below 1024 need privileges; "
+            "choose another with http.port or --http-port",
+        )
+    return ConfigError(
+        "http.host", f"cannot listen on {address}: {reason}: check http.host and http.port"
+    )

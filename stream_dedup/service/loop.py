@@ -71,8 +71,9 @@ def default_deduplicator(index: DedupIndex, config: ServiceConfig) -> Deduplicat
 class Service:
     """``stream-dedup run``: construct, then :meth:`run` until :meth:`stop`.
 
-    The constructor opens the index (so a second instance fails before touching Kafka)
-    but no network connection; :meth:`run` starts the HTTP port and the Kafka clients.
+    The constructor binds the HTTP port, then opens the index (so a busy port or a second
+    instance fails before touching Kafka, and a busy port before creating the index), but
+    opens no network connection; :meth:`run` serves the port and starts the Kafka clients.
     """
 
     def __init__(
@@ -89,8 +90,16 @@ class Service:
         self._stop.bound(config.service.shutdown_timeout_s)
         self.registry = registry if registry is not None else CollectorRegistry()
         self.metrics = Metrics(self.registry)
-        dedup_config = config.dedup
-        self.index = open_configured_index(config.index, IndexParams.of(dedup_config))
+        self.http: HttpEndpoints | None = None
+        if config.http.enabled:
+            http = config.http
+            self.http = HttpEndpoints(http.host, http.port, self.registry, self.health, self.ready)
+        try:
+            self.index = open_configured_index(config.index, IndexParams.of(config.dedup))
+        except BaseException:
+            if self.http is not None:
+                self.http.stop()
+            raise
         self.dedup = deduplicator(self.index, config)
         self.metrics.index_source = lambda: (self.index.stats(), self.index.filter_bytes())
         self._inputs = InputDecoder(
@@ -100,7 +109,6 @@ class Service:
         self._last_beat = time.monotonic()
         self._filter_logged = 0
         self._index_open = True
-        self.http: HttpEndpoints | None = None
         #: The batches' owner, from the start of :meth:`run` on.
         self._life: BatchLife | None = None
 
@@ -220,10 +228,7 @@ class Service:
     def _start_worker(self) -> SketchAhead:
         """The HTTP port and the sketch worker (it loads while :meth:`_warm_up` runs)."""
         cfg = self.config
-        if cfg.http.enabled:
-            self.http = HttpEndpoints(
-                cfg.http.host, cfg.http.port, self.registry, self.health, self.ready
-            )
+        if self.http is not None:
             self.http.start()
         ahead = SketchAhead(
             self.dedup.config if cfg.service.sketch_worker else None,

@@ -48,6 +48,9 @@ stream_dedup_decision_lag_seconds{edge}         gauge      now - time of last ba
 stream_dedup_reorder_waiting_messages           gauge      consumed, held by the time-ordered merge
 stream_dedup_transactions_total{outcome}        counter    exactly-once: committed / aborted
 ==============================================  =========  =================================
+
+With them the client library's own ``process_*`` (the service process's CPU seconds,
+resident memory, open files, start time; on Linux) and ``python_info``.
 """
 
 from __future__ import annotations
@@ -63,6 +66,8 @@ from prometheus_client import (
     Counter,
     Gauge,
     Histogram,
+    PlatformCollector,
+    ProcessCollector,
     disable_created_metrics,
 )
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
@@ -205,6 +210,11 @@ class Metrics:
         self._register_partitions(registry)
         self._register_transactions(registry)
         registry.register(_ScrapeCollector(self))
+        # The service process's CPU, memory and open files (process_*; Linux only, as
+        # they read /proc) and the Python version (python_info), as the client library's
+        # default registry has them; the sketch worker's process is not among them.
+        ProcessCollector(registry=registry)
+        PlatformCollector(registry=registry)
 
     def _register_messages(self, r: CollectorRegistry) -> None:
         """What became of the input messages: consumed, verdicts, dead letters, replays,

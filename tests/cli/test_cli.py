@@ -322,6 +322,15 @@ def test_every_help_exits_0(argv: list[str], capsys: Capsys) -> None:
     assert "usage: stream-dedup" in capsys.readouterr().out
 
 
+def test_version_prints_the_package_version(capsys: Capsys) -> None:
+    import stream_dedup
+
+    with pytest.raises(SystemExit) as info:
+        main(["--version"], out=io.StringIO())
+    assert info.value.code == 0
+    assert capsys.readouterr().out == f"stream-dedup {stream_dedup.__version__}\n"
+
+
 def test_missing_input_file_is_a_clear_error(tmp_path: Path, capsys: Capsys) -> None:
     code, _ = run("dedup", str(tmp_path / "nope.jsonl"), "-o", str(tmp_path / "out"))
     assert code == 2

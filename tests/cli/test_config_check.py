@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import logging
+import socket
 import tomllib
+from collections.abc import Iterator
 from io import StringIO
 from pathlib import Path
 
@@ -108,6 +111,34 @@ def test_run_refuses_a_misspelt_kafka_key_before_opening_the_index(
     err = capsys.readouterr().err
     assert code == 2
     assert err.count("\n") == 1 and "'kafka.enable.auto.comit'" in err
+    assert not index.exists()
+
+
+@pytest.fixture
+def package_logger_restored() -> Iterator[None]:
+    """``run`` sets up the package's logging (its own handler, no propagation): undone after."""
+    logger = logging.getLogger("stream_dedup")
+    saved = (logger.handlers[:], logger.level, logger.propagate)
+    yield
+    logger.handlers[:], logger.level, logger.propagate = saved
+
+
+@pytest.mark.usefixtures("package_logger_restored")
+def test_run_on_a_busy_http_port_names_it_and_creates_no_index(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    index = tmp_path / "index"
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        port = holder.getsockname()[1]
+        flags = ["--index", str(index), "--http-port", str(port), "--set", "http.host=127.0.0.1"]
+        code = main(["run", *flags, "--bootstrap-servers", "127.0.0.1:9"])
+    err = capsys.readouterr().err
+    assert code == 2
+    assert err.startswith("error: configuration key 'http.port': ")
+    assert f"cannot listen on 127.0.0.1:{port}" in err and "choose a free port" in err
+    assert "Traceback" not in err
     assert not index.exists()
 
 

@@ -55,6 +55,7 @@ def loaded_by(argv: list[str], cwd: Path) -> list[str]:
     "argv",
     [
         ["--help"],
+        ["--version"],
         ["dedup", "--help"],
         ["tune", "--help"],
         ["stats", "--help"],

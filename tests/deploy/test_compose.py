@@ -11,6 +11,7 @@ from urllib.parse import urlsplit
 import pytest
 
 from .support import (
+    COMPOSE,
     DASHBOARD,
     DASHBOARD_PROVIDERS,
     DATASOURCES,
@@ -204,6 +205,20 @@ def test_grafana_is_provisioned_with_the_datasource_and_dashboard() -> None:
     assert "/api/health" in " ".join(svc["healthcheck"]["test"])
     home = svc["environment"].get("GF_DASHBOARDS_DEFAULT_HOME_DASHBOARD_PATH")
     assert home is None or home == f"{dashboards_dir}/{DASHBOARD.name}"
+
+
+def test_grafana_needs_its_admin_password_and_has_no_anonymous_access() -> None:
+    env = {k: str(v) for k, v in service("grafana")["environment"].items()}
+    # ${VAR:?message}: Compose refuses to start without it; no default password.
+    required = re.fullmatch(
+        r"\$\{GRAFANA_ADMIN_PASSWORD:\?(.+)\}", env["GF_SECURITY_ADMIN_PASSWORD"]
+    )
+    assert required and "GRAFANA_ADMIN_PASSWORD" in required.group(1)
+    assert env.get("GF_AUTH_ANONYMOUS_ENABLED", "false") == "false"
+    assert env["GF_USERS_ALLOW_SIGN_UP"] == "false"
+    assert "GRAFANA_ADMIN_PASSWORD:-" not in COMPOSE.read_text(encoding="utf-8")
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    assert "GRAFANA_ADMIN_PASSWORD" in readme and "admin/admin" not in readme
 
 
 # --- profile `redis` -------------------------------------------------------------------

@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+import shutil
+import subprocess
+from pathlib import Path
+
 import pytest
+import yaml
 from prometheus_client import CollectorRegistry, generate_latest
 
 from stream_dedup.service.metrics import Metrics
@@ -13,6 +18,7 @@ from .support import (
     dashboard_queries,
     exported_families,
     family_of,
+    instant_query,
     load_dashboard,
     load_yaml,
     metric_names,
@@ -102,3 +108,70 @@ def test_names_resolve_to_families_a_running_service_exports(service: RunningSer
     used = {family_of(n, families) for _, e in all_queries() for n in metric_names(e)}
     missing = ours - used
     assert not missing, f"exported but on no dashboard panel or alert: {sorted(missing)}"
+
+
+#: The index's own values: every instance of a deployment on a shared (Redis) index exports
+#: the same ones, so a panel counts them once per index, not once per instance.
+SHARED_INDEX_SERIES = {
+    "stream_dedup_index_documents": (100, 500),
+    "stream_dedup_index_size_bytes": (1000, 7000),
+    "stream_dedup_index_held_documents": (80, 400),
+}
+#: Per process (each instance's key filter is in its own memory): summed over instances.
+PER_PROCESS_SERIES = {"stream_dedup_index_filter_bytes": (10, 20)}
+
+
+def test_index_panels_count_a_shared_index_once(tmp_path: Path) -> None:
+    """Evaluated by promtool over one instance with its own index (RocksDB) and two that
+    share one (Redis): the shared index's gauges count once, the key filters per process."""
+    promtool = shutil.which("promtool")
+    if promtool is None:
+        pytest.skip("promtool not found: install the Debian package `prometheus`")
+    own = 'job="stream-dedup",service="stream-dedup",instance="stream-dedup:9400"'
+    shared = [
+        f'job="stream-dedup-shared",service="dedup-shared",instance="10.0.0.{n}:9400"'
+        for n in (2, 3)
+    ]
+    series: list[dict[str, str]] = []
+    expected: dict[str, float] = {}
+    for name, (mine, theirs) in SHARED_INDEX_SERIES.items():
+        series.append({"series": f"{name}{{{own}}}", "values": f"{mine}x10"})
+        series += [{"series": f"{name}{{{s}}}", "values": f"{theirs}x10"} for s in shared]
+        expected[name] = mine + theirs
+    for name, (mine, theirs) in PER_PROCESS_SERIES.items():
+        series.append({"series": f"{name}{{{own}}}", "values": f"{mine}x10"})
+        series += [{"series": f"{name}{{{s}}}", "values": f"{theirs}x10"} for s in shared]
+        expected[name] = mine + 2 * theirs
+    # Evictions: 60 a minute in the own index, 120 a minute in the shared one.
+    evicted = "stream_dedup_index_evicted_documents_total"
+    series.append({"series": f"{evicted}{{{own}}}", "values": "0+60x10"})
+    series += [{"series": f"{evicted}{{{s}}}", "values": "0+120x10"} for s in shared]
+    expected[evicted] = 3.0  # per second
+
+    checks = []
+    for _, expr in dashboard_queries(load_dashboard()):
+        names = metric_names(expr)
+        if len(names) != 1 or not names <= expected.keys() or not expr.startswith("sum("):
+            continue
+        (name,) = names
+        checks.append(
+            {
+                "expr": instant_query(expr, "5m"),
+                "eval_time": "8m",
+                "exp_samples": [{"labels": "{}", "value": expected[name]}],
+            }
+        )
+    panels_of = {n for _, e in dashboard_queries(load_dashboard()) for n in metric_names(e)}
+    assert expected.keys() <= panels_of
+    assert len(checks) >= 6, checks
+    tests = {
+        "rule_files": [],
+        "evaluation_interval": "1m",
+        "tests": [{"interval": "1m", "input_series": series, "promql_expr_test": checks}],
+    }
+    spec = tmp_path / "index-panels.test.yml"
+    spec.write_text(yaml.safe_dump(tests, sort_keys=False), encoding="utf-8")
+    done = subprocess.run(
+        [promtool, "test", "rules", str(spec)], capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0, done.stdout + done.stderr

@@ -71,11 +71,13 @@ def test_second_instance_refuses_and_sigterm_stops_cleanly(
         assert f"stream_dedup_messages_consumed_total {float(len(docs))}" in metrics
         assert (scrape(port, "stream_dedup_index_size_bytes") or 0) > 0
 
+        again = [sys.executable, "-m", "stream_dedup.cli", "run", "--config", str(config)]
+        busy = subprocess.run(again, capture_output=True, text=True, timeout=60)
+        assert busy.returncode == 2  # the port is bound before the index is opened
+        assert f"'http.port': cannot listen on 127.0.0.1:{port}" in busy.stderr
+        # On a port of its own, the second instance finds the index locked.
         second = subprocess.run(
-            [sys.executable, "-m", "stream_dedup.cli", "run", "--config", str(config)],
-            capture_output=True,
-            text=True,
-            timeout=60,
+            [*again, "--http-port", "0"], capture_output=True, text=True, timeout=60
         )
         assert second.returncode == 3
         assert "already open by another process" in second.stderr

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
+import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
@@ -16,7 +18,7 @@ from prometheus_client import CollectorRegistry
 
 from stream_dedup.core.sketch import Sketch
 from stream_dedup.dedup import BatchResult, Deduplicator
-from stream_dedup.errors import IndexIOError
+from stream_dedup.errors import DecodeError, IndexIOError
 from stream_dedup.index import DedupIndex, RocksBackend
 from stream_dedup.index.params import IndexParams
 from stream_dedup.models import Document
@@ -156,3 +158,31 @@ def test_environment_errors_propagate_instead_of_dead_lettering(
     with pytest.raises(type(error)):
         decider.build(decoded(docs))
     assert dead_letters(registry) == 0
+
+
+def said(record: logging.LogRecord) -> dict[str, object]:
+    """The structured fields of a log record (``extra=fields(...)``)."""
+    found: dict[str, object] = record.__dict__["fields"]
+    return found
+
+
+def test_dead_letters_are_logged_once_per_reason_a_while_and_counted_each(
+    config: ServiceConfig, index: DedupIndex, caplog: pytest.LogCaptureFixture
+) -> None:
+    registry = CollectorRegistry()
+    decider = Decider(config, Deduplicator(index, config.dedup), Metrics(registry), 0.2)
+    source = Source("in", 0, 0, None, b"k", b"{}", [])
+    bad = DecodeError("missing_id", "no 'id' field")
+    with caplog.at_level(logging.WARNING, logger="stream_dedup.service"):
+        for _ in range(50):
+            decider.dead_letter(source, "missing_id", bad, "decode")
+        decider.dead_letter(source, "too_large", bad, "decode")
+        first = [(said(r)["reason"], said(r)["suppressed"]) for r in caplog.records]
+        assert first == [("missing_id", 0), ("too_large", 0)]
+        time.sleep(0.25)  # the window is over: the next line says how many were left out
+        decider.dead_letter(source, "missing_id", bad, "decode")
+    later = caplog.records[-1]
+    assert later.getMessage() == "message dead-lettered"
+    assert said(later)["suppressed"] == 49
+    assert len(caplog.records) == 3
+    assert dead_letters(registry) == 52  # the metric counts every one

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import sys
 from collections.abc import Iterator
 
 import pytest
@@ -11,6 +12,7 @@ from prometheus_client import CollectorRegistry, Counter
 from prometheus_client.registry import Collector
 
 from stream_dedup.service.http import HttpEndpoints
+from stream_dedup.service.metrics import Metrics
 from tests.integration.support import http_get as get
 
 
@@ -60,3 +62,20 @@ def test_a_failing_collector_gives_a_500_that_says_why(
     finally:
         endpoints.stop()
     assert any("collecting metrics failed" in r.getMessage() for r in package_logs)
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="process_* metrics read /proc")
+def test_metrics_include_the_process_and_platform_series() -> None:
+    registry = CollectorRegistry()  # the service's own registry, not the global one
+    Metrics(registry)
+    endpoints = serve(registry)
+    try:
+        code, body = get(endpoints.port, "/metrics")
+    finally:
+        endpoints.stop()
+    assert code == 200
+    cpu = [line for line in body.splitlines() if line.startswith("process_cpu_seconds_total ")]
+    assert len(cpu) == 1 and float(cpu[0].split()[1]) > 0
+    assert "process_resident_memory_bytes " in body and "process_open_fds " in body
+    assert "python_info{" in body
+    assert registry.get_sample_value("process_start_time_seconds", {}) is not None

@@ -13,7 +13,7 @@ import pytest
 from stream_dedup.index import epoch_filters, store
 from stream_dedup.models import Document
 from stream_dedup.service import loop as service_module
-from stream_dedup.service.config import IndexConfig, ServiceConfig
+from stream_dedup.service.config import HttpConfig, IndexConfig, ServiceConfig
 from stream_dedup.service.loop import Service
 
 
@@ -23,7 +23,8 @@ def test_the_key_filter_is_built_with_progress_and_heartbeats(
     monkeypatch: pytest.MonkeyPatch,
     package_logs: list[logging.LogRecord],
 ) -> None:
-    config = ServiceConfig(index=IndexConfig(path=str(tmp_path / "index")))
+    # Never run, so never serving: no HTTP port (the constructor would bind one).
+    config = ServiceConfig(index=IndexConfig(path=str(tmp_path / "index")), http=HttpConfig(False))
     first = Service(config)
     docs = [Document(i, c) for i, c in kijiji_ads[:1000]]
     for lo in range(0, len(docs), 250):
