@@ -15,8 +15,8 @@ from stream_dedup.cli.run import add_set_option
 
 
 def cmd_produce(args: argparse.Namespace, out: IO[str], err: IO[str]) -> int:
+    from stream_dedup.input_files import open_input
     from stream_dedup.logs import setup_logging
-    from stream_dedup.offline import open_input
     from stream_dedup.service.config_loading import load_config, parse_assignments
     from stream_dedup.tools.produce import produce_lines
 

@@ -60,7 +60,6 @@ import threading
 from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING
 
-import numpy as np
 from prometheus_client import (
     CollectorRegistry,
     Counter,
@@ -70,13 +69,13 @@ from prometheus_client import (
     ProcessCollector,
     disable_created_metrics,
 )
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
-from prometheus_client.utils import floatToGoString
 
 from stream_dedup.errors import DecodeError
 from stream_dedup.index.store import IndexStats
 from stream_dedup.models import VerdictKind
+from stream_dedup.service.bulk_histogram import BulkHistogram
 
 if TYPE_CHECKING:
     from stream_dedup.dedup import BatchStats
@@ -87,50 +86,7 @@ _LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0
 _COUNT_BUCKETS = (0, 1, 2, 5, 10, 20, 50, 100, 200, 500, 1000)
 _BATCH_BUCKETS = (1, 10, 50, 100, 500, 1000, 2000, 5000, 10000)
 
-
-class BulkHistogram(Collector):
-    """A Prometheus histogram observed a batch of values at a time.
-
-    Same exposition as :class:`prometheus_client.Histogram` (cumulative ``_bucket`` series
-    with ``le`` labels, ``_count``, ``_sum``), but :meth:`observe_many` bins a whole batch
-    with one numpy pass: at thousands of documents per second, a locked ``observe`` per
-    document and histogram would be a measurable share of the loop.
-    """
-
-    def __init__(
-        self, name: str, documentation: str, buckets: Sequence[float], registry: CollectorRegistry
-    ) -> None:
-        self._name = name
-        self._doc = documentation
-        self._bounds = np.asarray(buckets, dtype=np.float64)
-        labels: list[str] = [floatToGoString(b) for b in buckets]  # type: ignore[no-untyped-call]
-        self._labels = [*labels, "+Inf"]
-        self._counts = np.zeros(len(buckets) + 1, dtype=np.int64)
-        self._sum = 0.0
-        self._lock = threading.Lock()
-        registry.register(self)
-
-    def observe_many(self, values: Sequence[float] | np.ndarray) -> None:
-        """Add every value of one batch (a value equal to a bound counts in its bucket)."""
-        v = np.asarray(values, dtype=np.float64)
-        if v.size == 0:
-            return
-        counts = np.bincount(np.searchsorted(self._bounds, v), minlength=self._counts.size)
-        total = float(v.sum())
-        with self._lock:
-            self._counts += counts
-            self._sum += total
-
-    def collect(self) -> Iterator[HistogramMetricFamily]:
-        with self._lock:
-            cumulative = np.cumsum(self._counts).tolist()
-            total = self._sum
-        yield HistogramMetricFamily(
-            self._name,
-            self._doc,
-            buckets=list(zip(self._labels, cumulative, strict=True)),
-            sum_value=total,
-        )
+__all__ = ["PREFIX", "BulkHistogram", "Metrics"]
 
 
 class _ScrapeCollector(Collector):

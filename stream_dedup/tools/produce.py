@@ -233,13 +233,91 @@ def send_lines(
     report), and the lines already handed to the producer are still delivered. An outage
     raises :class:`ProduceError`.
     """
-    summary = ProduceSummary()
-    outage: list[str] = []
+    sender = _Sender(producer, topic, bootstrap, size_limit, id_field, on_error, report)
+    for line_no, raw in enumerate(lines, start=1):
+        line = raw.rstrip(b"\r\n")
+        if not line.strip():
+            continue
+        sender.send(line_no, line)
+        if sender.summary.stopped_at is not None:
+            break
+        if progress is not None and sender.queued and sender.queued % 1000 == 0:
+            progress(sender.queued)
+    return sender.finish(timeout_s)
 
-    def refuse(refusal: Refusal) -> None:
+
+class _Sender:
+    """One :func:`send_lines` run: what was queued, refused, and lost to an outage."""
+
+    def __init__(
+        self,
+        producer: Producer,
+        topic: str,
+        bootstrap: str,
+        size_limit: str,
+        id_field: str,
+        on_error: OnError,
+        report: IO[str] | None,
+    ) -> None:
+        self._producer = producer
+        self._topic = topic
+        self._bootstrap = bootstrap
+        self._size_limit = size_limit
+        self._id_field = id_field
+        self._on_error = on_error
+        self._report = report
+        self.summary = ProduceSummary()
+        self.queued = 0
+        #: Errors of deliveries that failed for want of a broker.
+        self._outage: list[str] = []
+
+    def send(self, line_no: int, line: bytes) -> None:
+        """Hand one line to the producer; a refusal is counted, an outage raised."""
+        producer = self._producer
+        on_delivery = functools.partial(self._delivered, line_no, len(line))
+        key = _key(line, self._id_field)
+        while True:
+            try:
+                producer.produce(self._topic, line, key=key, on_delivery=on_delivery)
+                self.queued += 1
+                break
+            except BufferError:  # the local queue is full: wait for deliveries (or failures)
+                producer.poll(0.1)
+                if self._outage:
+                    raise self._failed(len(producer) + len(self._outage), self._outage[0]) from None
+            except KafkaException as exc:
+                err = exc.args[0] if exc.args else None
+                if not isinstance(err, KafkaError) or err.fatal():
+                    raise ProduceError(
+                        f"the producer failed at line {line_no} ({exc}); {self.queued} lines "
+                        "were handed to it before. Check the [kafka] settings and the broker "
+                        f"at {self._bootstrap}"
+                    ) from None
+                self._refuse(
+                    Refusal(line_no, "producer", _reason(err, len(line), self._size_limit))
+                )
+                break
+        producer.poll(0)
+        if self._outage:
+            raise self._failed(len(producer) + len(self._outage), self._outage[0])
+
+    def finish(self, timeout_s: float) -> ProduceSummary:
+        """Flush: every line is delivered or failed within message.timeout.ms (``timeout_s``),
+        so wait a little longer than that."""
+        remaining = self._producer.flush(timeout_s + 5.0)
+        if remaining or self._outage:
+            raise self._failed(
+                remaining + len(self._outage), self._outage[0] if self._outage else "timed out"
+            )
+        summary = self.summary
+        summary.delivered = self.queued - summary.refused_by_broker
+        return summary
+
+    def _refuse(self, refusal: Refusal) -> None:
+        summary, report = self.summary, self._report
         summary.refused += 1
         summary.refused_by_broker += refusal.by == "broker"
-        first_to_stop = on_error == "fail" and summary.stopped_at is None
+        first_to_stop = self._on_error == "fail" and summary.stopped_at is None
         if summary.refused <= REFUSED_SHOWN:
             summary.refusals.append(refusal)
             if report is not None and not first_to_stop:  # that one the caller reports
@@ -253,57 +331,18 @@ def send_lines(
         if first_to_stop:
             summary.stopped_at = refusal
 
-    def delivered(line_no: int, size: int, err: KafkaError | None, _msg: Message) -> None:
+    def _delivered(self, line_no: int, size: int, err: KafkaError | None, _msg: Message) -> None:
         if err is None:
             return
         if err.code() in OUTAGE_CODES:
-            outage.append(err.str())
+            self._outage.append(err.str())
         else:
-            refuse(Refusal(line_no, "broker", _reason(err, size, None)))
+            self._refuse(Refusal(line_no, "broker", _reason(err, size, None)))
 
-    def failed(undelivered: int, first: str) -> ProduceError:
-        producer.purge()  # nothing left queued to wait for at exit
+    def _failed(self, undelivered: int, first: str) -> ProduceError:
+        self._producer.purge()  # nothing left queued to wait for at exit
         return ProduceError(
-            f"{undelivered} of {queued} lines were not delivered to {topic!r} at {bootstrap} "
-            f"(first error: {first}); check that the broker is up and reachable from "
-            "this host and that the topic exists"
+            f"{undelivered} of {self.queued} lines were not delivered to {self._topic!r} at "
+            f"{self._bootstrap} (first error: {first}); check that the broker is up and "
+            "reachable from this host and that the topic exists"
         )
-
-    queued = 0
-    for line_no, raw in enumerate(lines, start=1):
-        line = raw.rstrip(b"\r\n")
-        if not line.strip():
-            continue
-        on_delivery = functools.partial(delivered, line_no, len(line))
-        while True:
-            try:
-                producer.produce(topic, line, key=_key(line, id_field), on_delivery=on_delivery)
-                queued += 1
-                break
-            except BufferError:  # the local queue is full: wait for deliveries (or failures)
-                producer.poll(0.1)
-                if outage:
-                    raise failed(len(producer) + len(outage), outage[0]) from None
-            except KafkaException as exc:
-                err = exc.args[0] if exc.args else None
-                if not isinstance(err, KafkaError) or err.fatal():
-                    raise ProduceError(
-                        f"the producer failed at line {line_no} ({exc}); {queued} lines were "
-                        f"handed to it before. Check the [kafka] settings and the broker at "
-                        f"{bootstrap}"
-                    ) from None
-                refuse(Refusal(line_no, "producer", _reason(err, len(line), size_limit)))
-                break
-        producer.poll(0)
-        if outage:
-            raise failed(len(producer) + len(outage), outage[0])
-        if summary.stopped_at is not None:
-            break
-        if progress is not None and queued and queued % 1000 == 0:
-            progress(queued)
-    # Every line is delivered or failed within message.timeout.ms: wait a little longer.
-    remaining = producer.flush(timeout_s + 5.0)
-    if remaining or outage:
-        raise failed(remaining + len(outage), outage[0] if outage else "timed out")
-    summary.delivered = queued - summary.refused_by_broker
-    return summary

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from stream_dedup.cli import app
+from stream_dedup.cli import stats as cli_stats
 from stream_dedup.index.redis_layout import DEFAULT_NAMESPACE
 
 #: Modules no command's parser needs: the Kafka client, Redis, RocksDB, the compiler and
@@ -77,6 +78,6 @@ def test_dedup_loads_nothing_of_the_service(tmp_path: Path) -> None:
 
 
 def test_the_namespace_default_is_the_index_layouts() -> None:
-    assert app.DEFAULT_NAMESPACE == DEFAULT_NAMESPACE
+    assert cli_stats.DEFAULT_NAMESPACE == DEFAULT_NAMESPACE
     args = app.build_parser().parse_args(["stats", "--redis", "redis://x"])
     assert args.namespace == DEFAULT_NAMESPACE
