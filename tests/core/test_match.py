@@ -134,6 +134,7 @@ def decided(docs: list[Document], config: DedupConfig, backend: Backend, batch: 
 def test_matching_pass_equals_the_per_document_model(
     kijiji_ads: list[tuple[str, str]],
     backend_factory: Callable[[], Backend],
+    backend_kind: str,
     overrides: dict[str, object],
 ) -> None:
     config = DedupConfig(**overrides)  # type: ignore[arg-type]
@@ -144,5 +145,8 @@ def test_matching_pass_equals_the_per_document_model(
     assert sum(r[6] for r in want) > 20, "and replays"
     if overrides:
         assert sum(r[7] > config.max_candidates for r in want) > 10, "and cut candidate lists"
-    for batch in (1, 128, len(docs)):
+    # One document per batch is a round trip per document on Redis: that the batch size
+    # changes nothing is the deduplicator's property, checked on the fast backends.
+    sizes = (1, 128, len(docs)) if backend_kind in ("memory", "rocks") else (128, len(docs))
+    for batch in sizes:
         assert decided(docs, config, backend_factory(), batch) == want, f"batch size {batch}"

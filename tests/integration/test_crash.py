@@ -46,7 +46,7 @@ DOCUMENTS = 3000
 #: Kills per delivery mode: exactly-once has the most crash points to hit (inside a
 #: transaction, between its commit and the index write); at-least-once is also killed
 #: by the partition and shared-index loops.
-KILLS = {"at-least-once": 10, "exactly-once": 20}
+KILLS = {"at-least-once": 10, "exactly-once": 12}
 #: One message in this many is not JSON: it must reach the dead-letter topic.
 BAD_EVERY = 100
 #: The index holds the newest this many documents (retention): epochs open and are

@@ -41,7 +41,7 @@ from .test_process import wait_until
 
 pytestmark = [pytest.mark.broker, pytest.mark.slow]
 
-DOCUMENTS = 2000
+DOCUMENTS = 1400
 PARTITIONS = 3
 KILLS = 5
 
