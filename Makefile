@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: setup check lint format typecheck test bench demo clean
+.PHONY: setup check lint format typecheck test soak bench demo clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -29,6 +29,10 @@ check: lint typecheck
 
 test: check
 	$(BIN)/pytest
+
+# The long crash, outage and rebalance runs that `make test` leaves out (~3 minutes).
+soak: $(STAMP)
+	$(BIN)/pytest -m soak
 
 demo: $(STAMP)
 	$(BIN)/stream-dedup demo

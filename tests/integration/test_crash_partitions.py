@@ -39,7 +39,7 @@ from .support import (
 )
 from .test_process import wait_until
 
-pytestmark = [pytest.mark.broker, pytest.mark.slow]
+pytestmark = [pytest.mark.broker, pytest.mark.slow, pytest.mark.soak]
 
 DOCUMENTS = 1400
 PARTITIONS = 3

@@ -111,6 +111,7 @@ def feed(bootstrap: str, topic: str, docs: list[dict[str, Any]], errors: list[st
         errors.append(f"{left} records undelivered")
 
 
+@pytest.mark.soak
 def test_paused_broker_is_waited_for_and_nothing_is_lost(
     broker: EmbeddedBroker, tmp_path: Path
 ) -> None:

@@ -115,7 +115,11 @@ def intrude(
     return held, read, samples
 
 
-@pytest.mark.parametrize("strategy", [None, "cooperative-sticky"], ids=["eager", "cooperative"])
+@pytest.mark.parametrize(
+    "strategy",
+    [pytest.param(None, marks=pytest.mark.soak), "cooperative-sticky"],
+    ids=["eager", "cooperative"],
+)
 def test_second_member_joins_and_leaves_nothing_lost(
     bootstrap: str, tmp_path: Path, strategy: str | None
 ) -> None:
