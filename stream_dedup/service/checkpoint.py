@@ -186,19 +186,8 @@ class ExactlyOnce(_IntentFirst):
     ``read_committed`` reader sees every event once."""
 
     replay_action = "none: it is delivered once"
-
-    def __init__(
-        self,
-        producer: TransactionalProducer,
-        consumer: Consumer,
-        decider: Decider,
-        metrics: Metrics,
-        config: ServiceConfig,
-        keep_waiting: Callable[[], bool],
-    ) -> None:
-        super().__init__(producer, consumer, decider, metrics, config, keep_waiting)
-        #: The pending intent's transaction committed before the last stop.
-        self._intent_delivered = False
+    #: The pending intent's transaction committed before the last stop (set at start).
+    _intent_delivered = False
 
     def replay_delivered(self, intent: Ranges) -> bool:
         self._intent_delivered = intent_delivered(
