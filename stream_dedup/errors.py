@@ -18,7 +18,9 @@ module is named::
     │   ├── IndexLockedError          another process already writes this index directory
     │   ├── IndexCorruptError         stored bytes do not parse
     │   ├── IndexLostError            the index is empty but the consumer group has
-    │   │                             committed offsets (``index.on_lost = "fail"``)
+    │   │   │                         committed offsets (``index.on_lost = "fail"``)
+    │   │   └── IndexOffsetsGoneError the index's offsets are outside what the broker
+    │   │                             retains (expired, or a recreated topic)
     │   └── IndexIOError              the index could not be read or written (disk,
     │       │                         permissions, a closed database): the service
     │       │                         stops without dead-lettering; fix and restart
@@ -147,6 +149,30 @@ class IndexLostError(IndexStoreError):
         )
         self.location = location
         self.committed = committed
+
+
+class IndexOffsetsGoneError(IndexLostError):
+    """The index's offsets for some partitions are outside what the broker retains: below
+    the earliest retained offset (the service was down longer than the topic's retention,
+    and the messages between were never decided) or past the end (the topic was recreated
+    or the broker lost data: the index belongs to another incarnation of the topic)."""
+
+    def __init__(self, location: str, gone: dict[str, tuple[int, int, int]]) -> None:
+        shown = ", ".join(
+            f"{tp} at offset {o} (the broker holds {lo} to {hi})"
+            for tp, (o, lo, hi) in sorted(gone.items())[:5]
+        )
+        IndexStoreError.__init__(
+            self,
+            f"the index at {location} resumes at offsets the broker no longer has "
+            f"({shown}{', ...' if len(gone) > 5 else ''}): messages expired before they "
+            "were decided, or the topic was recreated. Check the topic and the index; set "
+            'index.on_lost = "rebuild" to decide again from the earliest retained messages, '
+            'or "continue" to go on from the nearest offsets the broker has.',
+        )
+        self.location = location
+        self.committed = {tp: o for tp, (o, _lo, _hi) in gone.items()}
+        self.gone = gone
 
 
 class InputError(StreamDedupError):

@@ -26,29 +26,25 @@ from confluent_kafka import (
     OFFSET_INVALID,
     OFFSET_STORED,
     Consumer,
-    KafkaException,
     Message,
     TopicPartition,
 )
 
 from stream_dedup.core.sketch import Sketch
 from stream_dedup.dedup import BatchResult
-from stream_dedup.errors import IndexLostError
 from stream_dedup.index import DedupIndex
 from stream_dedup.logs import fields
 from stream_dedup.service.batches import Batcher, TpKey
 from stream_dedup.service.checkpoint import CommitStrategy
 from stream_dedup.service.config import ServiceConfig
 from stream_dedup.service.inputs import Decoded, InputDecoder, MessageBatch
+from stream_dedup.service.lost_index import check_empty_index, check_offsets_retained
 from stream_dedup.service.metrics import Metrics
 from stream_dedup.service.ordering import RecordTime, time_order
 from stream_dedup.service.prefetch.ahead import SketchAhead
 from stream_dedup.service.time_warnings import TimeWarnings
 
 log = logging.getLogger("stream_dedup.service")
-
-#: How long the check of an empty index waits for the group's committed offsets.
-_COMMITTED_TIMEOUT_S = 10.0
 
 #: librdkafka's logical offsets, as the logs say them.
 _LOGICAL_OFFSETS = {
@@ -147,7 +143,8 @@ class BatchLife:
         """Seek every assigned partition to the offset stored in the index (or the intent's).
 
         An index with no offsets and no documents while the group has committed offsets
-        was lost: ``index.on_lost`` decides (:meth:`_lost_index`).
+        was lost, and index offsets must lie within what the broker retains:
+        ``index.on_lost`` decides (:mod:`.lost_index`).
         """
         self._metrics.rebalances.labels("assign").inc()
         stored = self._index.offsets()
@@ -158,8 +155,11 @@ class BatchLife:
                 tp.offset = intent[key][0]
             elif key in stored:
                 tp.offset = stored[key]
+        location = self._index.location
         if not stored and not intent and self._index.counter("documents") == 0:
-            self._lost_index(consumer, partitions)
+            check_empty_index(consumer, partitions, location, self._on_lost)
+        else:
+            check_offsets_retained(consumer, partitions, location, self._on_lost)
         self._batches.assign({(tp.topic, tp.partition) for tp in partitions})
         log.info(
             "partitions assigned",
@@ -173,42 +173,6 @@ class BatchLife:
         else:
             consumer.assign(partitions)
         self._metrics.assigned.set(self.assigned)
-
-    def _lost_index(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
-        """The index is empty: if the group committed offsets, it was lost. ``fail`` raises
-        :class:`~stream_dedup.errors.IndexLostError`; ``rebuild`` seeks every partition to
-        its earliest retained message; ``continue`` leaves the group's offsets, loudly."""
-        try:
-            answer = consumer.committed(
-                [TopicPartition(tp.topic, tp.partition) for tp in partitions], _COMMITTED_TIMEOUT_S
-            )
-        except KafkaException as exc:
-            log.warning(
-                "cannot read the group's committed offsets to check the empty index",
-                extra=fields(error=str(exc), action="none: resuming from the group's offsets"),
-            )
-            return
-        committed = {f"{tp.topic}:{tp.partition}": tp.offset for tp in answer if tp.offset >= 0}
-        if not committed:
-            return  # a new index for a new group
-        if self._on_lost == "fail":
-            raise IndexLostError(self._index.location, committed)
-        rebuild = self._on_lost == "rebuild"
-        log.warning(
-            "the index is empty but the consumer group has committed offsets",
-            extra=fields(
-                index=self._index.location,
-                committed=committed,
-                on_lost=self._on_lost,
-                action="deciding again from the earliest retained messages"
-                if rebuild
-                else "resuming from the group's offsets: copies of what the index forgot "
-                "are called unique",
-            ),
-        )
-        if rebuild:
-            for tp in partitions:
-                tp.offset = OFFSET_BEGINNING
 
     def revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         """Commit what was collected before the partitions go (see the module docstring)."""
