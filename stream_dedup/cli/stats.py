@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 from datetime import UTC, datetime
 from typing import IO
 
@@ -10,13 +11,28 @@ from typing import IO
 #: (the tests hold one to the other), spelled here so that ``--help`` does not load the index.
 DEFAULT_NAMESPACE = "stream-dedup"
 
+#: The service's variable for the shared index's password, read here too, so that an
+#: operator's environment serves both and the password stays out of the command line.
+PASSWORD_VARIABLE = "STREAM_DEDUP_INDEX__REDIS__PASSWORD"
+
 
 def cmd_stats(args: argparse.Namespace, out: IO[str], err: IO[str]) -> int:
     from stream_dedup.index.opener import RedisSettings, open_index
 
-    # An absent index is an IndexStoreError (exit code 3) that says how to create one.
-    where = RedisSettings(args.redis, args.namespace) if args.redis is not None else args.index
-    index = open_index(where, None)
+    # An absent index is an IndexStoreError (exit code 3) that says how to create one. A
+    # RocksDB index is read as a frozen view without its lock: the service may be writing
+    # it, and the directory may be read-only.
+    where = (
+        RedisSettings(
+            args.redis,
+            args.namespace,
+            password=os.environ.get(PASSWORD_VARIABLE) or None,
+            tls_ca_file=args.tls_ca_file,
+        )
+        if args.redis is not None
+        else args.index
+    )
+    index = open_index(where, None, read_only=True)
     try:
         s = index.stats()
     finally:
@@ -72,17 +88,25 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser(
         "stats",
         help="print an index's parameters, counts and size",
-        description="Print an index's parameters, document counts and size on disk.",
+        description="Print an index's parameters, document counts and size on disk. A "
+        "RocksDB index is read without its lock, as it was at that moment: a running "
+        "service may hold it, and the directory may be read-only.",
     )
     where = p.add_mutually_exclusive_group(required=True)
     where.add_argument("--index", help="RocksDB index directory")
     where.add_argument(
         "--redis",
         metavar="URL",
-        help="a shared index on Redis: redis://[user:password@]host:port/db (rediss:// for "
-        "TLS); the size is all the Redis servers' memory",
+        help="a shared index on Redis: redis://host:port/db (rediss:// for TLS); the "
+        f"password, if any, from {PASSWORD_VARIABLE} (as the service reads it) or the URL; "
+        "the size is all the Redis servers' memory",
     )
     p.add_argument(
         "--namespace", default=DEFAULT_NAMESPACE, help=f"with --redis (default {DEFAULT_NAMESPACE})"
+    )
+    p.add_argument(
+        "--tls-ca-file",
+        metavar="PATH",
+        help="with a rediss:// URL: the CA certificate to trust (default the system's)",
     )
     p.set_defaults(func=cmd_stats)

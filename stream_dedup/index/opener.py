@@ -70,6 +70,7 @@ def open_index(
     *,
     retention: Retention | RetentionChange | None = None,
     sync: bool = False,
+    read_only: bool = False,
 ) -> DedupIndex:
     """Open (or create) the index at ``where`` (see :data:`Location`).
 
@@ -81,7 +82,9 @@ def open_index(
     none. ``retention`` is in force from the first batch: ``None`` keeps what the index
     stores, a :class:`RetentionChange` changes part of it; it cannot be changed once the
     index is open. ``sync`` fsyncs every RocksDB commit (surviving a machine crash, at one
-    fsync per batch).
+    fsync per batch). ``read_only`` opens a RocksDB index as a frozen view that takes no
+    lock (for reading while the service writes it, or from a read-only directory); it
+    must exist, and nothing may be written through it.
     """
     backend: Backend
     if where is None:
@@ -97,7 +100,9 @@ def open_index(
             lock_ttl_ms=where.lock_ttl_ms,
         )
     else:
-        backend = open_rocks(where, sync=sync, must_exist=params is None)
+        backend = open_rocks(
+            where, sync=sync, read_only=read_only, must_exist=params is None or read_only
+        )
     return DedupIndex(backend, params, retention)
 
 

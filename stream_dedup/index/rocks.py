@@ -49,6 +49,7 @@ from stream_dedup.index.rocks_families import (
 )
 from stream_dedup.index.rocks_move import move_documents
 from stream_dedup.index.rocks_scans import epoch_items, epoch_keys
+from stream_dedup.index.rocks_view import linked_view, remove_view
 
 _READ_CHUNK = 512
 
@@ -82,16 +83,21 @@ class RocksBackend:
     def __init__(self, path: str | Path, *, sync: bool = False, read_only: bool = False) -> None:
         """Open (or create) the database at ``path``.
 
-        ``read_only`` opens a frozen view that takes no lock: the state as of opening,
-        readable while another process writes (see :mod:`stream_dedup.index.snapshot`).
+        ``read_only`` opens a frozen view that takes no lock and writes nothing into the
+        directory: the state as of opening, readable while another process writes (see
+        :mod:`stream_dedup.index.snapshot`) or from a directory this process cannot write.
         """
         self._path = str(path)
         self._read_only = read_only
+        #: Where a read-only database is opened: a linked view (:mod:`.rocks_view`).
+        self._view: str | None = None
         if not read_only:
             Path(self._path).mkdir(parents=True, exist_ok=True)
         try:
             families = self._open_database()
         except Exception as exc:  # rocksdict raises plain Exception with RocksDB's text
+            if self._view is not None:
+                remove_view(self._view)
             raise open_failed(self._path, exc) from exc
         #: Each epoch's families (see :mod:`.rocks_epochs`).
         self._epochs = EpochFamilies(self._db, self._path, read_only, families)
@@ -118,8 +124,12 @@ class RocksBackend:
                 families[name] = docs_options() if name.endswith("-docs") else small_options()
         if self._read_only:
             families = {f: o for f, o in families.items() if f in present}
+            self._view = linked_view(self._path)
             self._db = Rdict(
-                self._path, opts, column_families=families, access_type=AccessType.read_only()
+                self._view,
+                opts,
+                column_families=families,
+                access_type=AccessType.read_only(),
             )
         else:
             self._db = Rdict(self._path, opts, column_families=families)
@@ -272,3 +282,5 @@ class RocksBackend:
     def close(self) -> None:
         self._epochs.close()
         self._db.close()
+        if self._view is not None:
+            remove_view(self._view)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import io
 import json
+import os
 import random
 import string
 import subprocess
@@ -349,3 +350,52 @@ def test_output_into_a_closed_pipe_ends_quietly() -> None:
     )
     assert done.stdout.count("\n") == 1
     assert done.stderr == ""
+
+
+def test_stats_reads_an_index_another_process_writes_without_changing_it(
+    tmp_path: Path,
+) -> None:
+    """The service holds its index's lock while it runs; ``stats`` reads a frozen view
+    without the lock and writes nothing there (so a read-only directory serves too)."""
+    src = write(tmp_path / "in.jsonl", jsonl(RECORDS))
+    index = tmp_path / "index"
+    assert run("dedup", str(src), "-o", str(tmp_path / "o"), "--index", str(index), "-q")[0] == 0
+    holder = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import sys; from stream_dedup.index.opener import open_index; "
+            "ix = open_index(sys.argv[1], None); print('open', flush=True); sys.stdin.read()",
+            str(index),
+        ],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert holder.stdout is not None and holder.stdout.readline() == "open\n"
+        before = {p.name: (p.stat().st_size, p.stat().st_mtime_ns) for p in index.iterdir()}
+        code, out = run("stats", "--index", str(index))
+        after = {p.name: (p.stat().st_size, p.stat().st_mtime_ns) for p in index.iterdir()}
+    finally:
+        holder.communicate("", timeout=30)
+    assert code == 0, out
+    assert "documents           6\n" in out
+    assert after == before
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root writes into read-only directories")
+def test_stats_reads_an_index_in_a_read_only_directory(tmp_path: Path) -> None:
+    src = write(tmp_path / "in.jsonl", jsonl(RECORDS))
+    index = tmp_path / "index"
+    assert run("dedup", str(src), "-o", str(tmp_path / "o"), "--index", str(index), "-q")[0] == 0
+    files = [index, *index.iterdir()]
+    for path in files:
+        path.chmod(0o555 if path.is_dir() else 0o444)
+    try:
+        code, out = run("stats", "--index", str(index))
+    finally:
+        for path in files:
+            path.chmod(0o755 if path.is_dir() else 0o644)
+    assert code == 0, out
+    assert "documents           6\n" in out

@@ -17,6 +17,7 @@ from stream_dedup.dedup import Deduplicator
 from stream_dedup.errors import IndexLeaseLostError, IndexUnreachableError
 from stream_dedup.index import DedupIndex, keys
 from stream_dedup.index.memory import MemoryBackend
+from stream_dedup.index.opener import RedisSettings, open_index
 from stream_dedup.index.params import IndexParams
 from stream_dedup.index.redis_backend import RedisBackend
 from stream_dedup.index.retention import Retention
@@ -174,8 +175,11 @@ def test_stats_reads_a_shared_index(
     assert "is not a stream-dedup index" in capsys.readouterr().err
 
 
-def test_tls_with_a_password_and_a_private_ca(tmp_path: Path) -> None:
-    """``rediss://``, ``tls_ca_file`` and ``password``, against a TLS-only server."""
+def test_tls_with_a_password_and_a_private_ca(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``rediss://``, ``tls_ca_file`` and ``password``, against a TLS-only server; ``stats``
+    takes the password from the service's variable and the CA from ``--tls-ca-file``."""
     if redis_local.redis_server_binary() is None or shutil.which("openssl") is None:
         pytest.skip("needs redis-server and openssl")
     with redis_local.tls_node(tmp_path, password="tls-secret") as (url, ca):
@@ -189,6 +193,15 @@ def test_tls_with_a_password_and_a_private_ca(tmp_path: Path) -> None:
             RedisBackend(url, password="tls-secret")  # the private CA is not trusted
         with pytest.raises(IndexUnreachableError, match=r"index\.redis\.url"):
             RedisBackend(url, password="wrong", tls_ca_file=str(ca))
+        where = RedisSettings(url, "tls-stats", password="tls-secret", tls_ca_file=str(ca))
+        open_index(where, IndexParams.of(DedupConfig())).close()
+        stats = ["stats", "--redis", url, "--namespace", "tls-stats", "--tls-ca-file", str(ca)]
+        assert main(stats, io.StringIO()) == 3  # no password
+        assert "index.redis" in capsys.readouterr().err
+        monkeypatch.setenv("STREAM_DEDUP_INDEX__REDIS__PASSWORD", "tls-secret")
+        out = io.StringIO()
+        assert main(stats, out) == 0
+        assert "documents           0\n" in out.getvalue()
 
 
 def test_a_lease_reads_no_clock_points_without_retention(
