@@ -74,6 +74,8 @@ def cmd_demo(args: argparse.Namespace, out: IO[str], err: IO[str]) -> int:
         http_port=args.http_port,
         index_dir=args.index,
         keep_running=args.keep_running,
+        broker_port=args.broker_port,
+        broker_only=args.broker_only,
     )
     return run_demo(opts, out)
 
@@ -115,5 +117,14 @@ def register(sub: Any) -> None:
     p.add_argument("--index", help="index directory (default: a temporary one)")
     p.add_argument(
         "--keep-running", action="store_true", help="leave the service up to explore /metrics"
+    )
+    p.add_argument(
+        "--broker-port", type=int, default=0, help="the embedded broker's port (0 = any free)"
+    )
+    p.add_argument(
+        "--broker-only",
+        action="store_true",
+        help="start only the embedded broker with the demo's topics, until Ctrl-C, and print "
+        "how to point `run` and `produce` at it",
     )
     p.set_defaults(func=cmd_demo)

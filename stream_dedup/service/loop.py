@@ -48,6 +48,9 @@ log = logging.getLogger("stream_dedup.service")
 
 #: Keys between progress lines while the key filter is built at start-up (a few seconds).
 _FILTER_LOG_EVERY = 5_000_000
+#: How long the first assignment may take before the log says the group is still forming
+#: (a broker holds a join until earlier members' ``session.timeout.ms`` has run out).
+_JOIN_NOTICE_S = 10.0
 
 DeduplicatorFactory = Callable[[DedupIndex, ServiceConfig], Deduplicator]
 
@@ -191,11 +194,14 @@ class Service:
         self._log_started()
         life.start()
         code = 0
+        joining: float | None = time.monotonic()  # until the first assignment
         gc_tuning.enter()
         try:
             while not self._stop.is_set():
                 self._beat()
                 gc_tuning.collect_due()
+                if joining is not None:
+                    joining = self._joining(joining, life.assigned)
                 if consumer_watch.fatal is not None:
                     raise KafkaException(consumer_watch.fatal)
                 if life.turn():
@@ -246,6 +252,24 @@ class Service:
         if self._stop.is_set():
             raise StartInterruptedError
 
+    def _joining(self, since: float, assigned: int) -> float | None:
+        """Before the first assignment: say once when the group takes long to form, so a
+        quiet log is not taken for a hang; ``None`` once partitions are assigned."""
+        if assigned:
+            return None
+        if time.monotonic() - since < _JOIN_NOTICE_S:
+            return since
+        log.info(
+            "still waiting for the consumer group to assign partitions",
+            extra=fields(
+                group=self.config.kafka.get("group.id"),
+                topics=list(self.config.input.topics),
+                action="wait: a broker holds a join until earlier members' session.timeout.ms "
+                "has passed; check that the input topics exist",
+            ),
+        )
+        return None
+
     def _log_started(self) -> None:
         cfg = self.config
         log.info(
@@ -258,6 +282,8 @@ class Service:
                 index=self.index.location,
                 indexed_documents=self.index.counter("documents"),
                 http_port=self.http.port if self.http else None,
+                group=cfg.kafka.get("group.id"),
+                next="joining the consumer group; partitions are logged when assigned",
             ),
         )
 

@@ -9,13 +9,16 @@ and stop everything cleanly.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
+import signal
 import socket
 import tempfile
 import threading
 import time
 from collections import Counter
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
@@ -26,6 +29,7 @@ from stream_dedup.dedup import COMPILING_NOTICE, kernels_cached
 from stream_dedup.service.config_loading import load_config
 from stream_dedup.tools.broker import (
     TANSU_CONSUMER_SETTINGS,
+    BrokerStartError,
     EmbeddedBroker,
     create_topics,
     free_port,
@@ -54,6 +58,12 @@ class DemoOptions:
     index_dir: str | None = None
     keep_running: bool = False
     timeout_s: float = 300.0
+    broker_port: int = 0  # 0: any free port
+    broker_only: bool = False
+
+
+#: The demo's topics: the input and the three the service writes.
+DEMO_TOPICS = ("news", "news.unique", "news.duplicates", "news.dlq")
 
 
 def _is_free(port: int) -> bool:
@@ -113,10 +123,54 @@ def _read_topic(bootstrap: str, topic: str, expected: int) -> list[dict[str, Any
         consumer.close()
 
 
+@contextlib.contextmanager
+def _broker(opts: DemoOptions, log_path: Path) -> Iterator[EmbeddedBroker]:
+    """The embedded broker on ``opts.broker_port`` (any free one for 0), while in use."""
+    if opts.broker_port and not _is_free(opts.broker_port):
+        raise BrokerStartError(
+            f"port {opts.broker_port} is taken: choose another --broker-port (or 0 for any)"
+        )
+    with EmbeddedBroker(port=opts.broker_port or None, log_path=log_path) as broker:
+        yield broker
+
+
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
+
+
+def run_broker(opts: DemoOptions, out: IO[str]) -> int:
+    """``demo --broker-only``: the embedded broker with the demo's topics, up until Ctrl-C,
+    for trying ``run`` and ``produce`` by hand."""
+    with (
+        tempfile.TemporaryDirectory(prefix="stream-dedup-broker-") as tmp,
+        _broker(opts, Path(tmp) / "broker.log") as broker,
+    ):
+        create_topics(broker.bootstrap, list(DEMO_TOPICS))
+        b = broker.bootstrap
+        print(
+            f"embedded broker (Tansu, in memory) at {b} with topics {', '.join(DEMO_TOPICS)}"
+            "; up until Ctrl-C. From other terminals:\n"
+            f"  stream-dedup run --bootstrap-servers {b} --set kafka.session.timeout.ms=6000\n"
+            f"  stream-dedup generate -n 3000 | stream-dedup produce - --topic news "
+            f"--bootstrap-servers {b}",
+            file=out,
+            flush=True,
+        )
+        if threading.current_thread() is threading.main_thread():
+            signal.signal(signal.SIGTERM, _interrupt)  # a plain `kill` stops the broker too
+        with contextlib.suppress(KeyboardInterrupt):
+            while True:
+                time.sleep(0.5)
+    print("broker stopped", file=out)
+    return 0
+
+
 def run_demo(opts: DemoOptions, out: IO[str]) -> int:
     """Run the demo end to end; returns the exit code."""
     from stream_dedup.service.loop import Service
 
+    if opts.broker_only:
+        return run_broker(opts, out)
     # The demo prints its own summary; the service's per-message warnings (the malformed
     # messages are deliberate) and librdkafka's start-up reconnects would only be noise.
     logging.getLogger("stream_dedup").setLevel(logging.ERROR)
@@ -127,7 +181,7 @@ def run_demo(opts: DemoOptions, out: IO[str]) -> int:
     with tempfile.TemporaryDirectory(prefix="stream-dedup-demo-") as tmp:
         index_dir = opts.index_dir or str(Path(tmp) / "index")
         print("starting the embedded Kafka-protocol broker (Tansu) ...", file=out)
-        with EmbeddedBroker(log_path=Path(tmp) / "broker.log") as broker:
+        with _broker(opts, Path(tmp) / "broker.log") as broker:
             total = _produce_sample(broker.bootstrap, records, out)
             service = Service(_demo_config(broker.bootstrap, index_dir, port))
             if not kernels_cached():  # the service logs it, but the demo's log level hides it
@@ -164,7 +218,7 @@ def run_demo(opts: DemoOptions, out: IO[str]) -> int:
 def _produce_sample(bootstrap: str, records: list[dict[str, Any]], out: IO[str]) -> int:
     """Create the demo's topics and produce the stories with the malformed messages mixed
     in; returns how many messages were produced."""
-    create_topics(bootstrap, ["news", "news.unique", "news.duplicates", "news.dlq"])
+    create_topics(bootstrap, list(DEMO_TOPICS))
     lines = [json.dumps(r).encode() for r in records]
     step = max(1, len(lines) // (len(BAD_MESSAGES) + 1))
     for n, bad in enumerate(BAD_MESSAGES, start=1):
