@@ -16,6 +16,10 @@ DEFAULT_NAMESPACE = "stream-dedup"
 PASSWORD_VARIABLE = "STREAM_DEDUP_INDEX__REDIS__PASSWORD"
 
 
+#: What exact verification stores per document, by index format (see index/records.py).
+_PAYLOADS = {2: "verification sets", 3: "compressed text"}
+
+
 def cmd_stats(args: argparse.Namespace, out: IO[str], err: IO[str]) -> int:
     from stream_dedup.index.opener import RedisSettings, open_index
 
@@ -40,7 +44,7 @@ def cmd_stats(args: argparse.Namespace, out: IO[str], err: IO[str]) -> int:
     p = s.params
     rows = [
         ("index", s.location),
-        ("format version", p.format_version),
+        ("format version", f"{p.format_version} ({_PAYLOADS.get(p.format_version, '?')})"),
         ("normalizer version", p.normalizer_version),
         ("shingles", f"{p.shingle_kind} {p.shingle_k}-grams (shingler v{p.shingler_version})"),
         ("signature", f"{p.signature_scheme}, K={p.num_perm}, seed={p.seed}"),
@@ -56,6 +60,7 @@ def cmd_stats(args: argparse.Namespace, out: IO[str], err: IO[str]) -> int:
             "size in Redis" if args.redis is not None else "size on disk",
             f"{s.size_bytes:,} bytes ({s.size_bytes / 2**20:.1f} MiB)",
         ),
+        ("bytes/document", f"{s.size_bytes / s.held:,.0f} per held document" if s.held else "-"),
         ("retention", s.retention.describe()),
         ("held", f"{s.held:,} documents in {s.epochs} epoch(s); {s.expired:,} expired"),
         ("stream clock", _when(s.clock) + _clock_note(s.clock, s.retention.window)),

@@ -34,6 +34,7 @@ from stream_dedup.core.lookup_keys import (
     packed_bucket_keys,
 )
 from stream_dedup.core.normalize import normalize
+from stream_dedup.core.payload import encode_texts
 from stream_dedup.core.shingles import SHINGLE_SALT, full_gram_bias, shingle_sets
 from stream_dedup.core.signature import SIG_DTYPE, densify, signatures
 from stream_dedup.core.verify import verification_sets
@@ -54,7 +55,9 @@ class Sketch:
     once in the batch (:func:`~.lookup_keys.bucket_shared`). ``bucket_fingerprints`` are the bucket
     keys' fingerprints for the index's key filter
     (:func:`~stream_dedup.core.lookup_keys.fingerprints`), computed here, off the
-    deciding process.
+    deciding process. ``payloads`` are the live documents' verification payloads, their
+    normalised texts compressed (:mod:`~stream_dedup.core.payload`), which the index stores
+    in place of the sets; empty unless verification is exact.
     """
 
     size: int
@@ -68,6 +71,7 @@ class Sketch:
     bucket_order: npt.NDArray[np.intp]
     bucket_shared: npt.NDArray[np.intp]
     bucket_fingerprints: U64
+    payloads: list[bytes]
 
     @property
     def sets(self) -> list[U32]:
@@ -89,7 +93,8 @@ def sketch(texts: Sequence[str], config: DedupConfig, plan: BandPlan) -> Sketch:
 
 
 #: A :class:`Sketch` as plain values for a pipe: the verification sets as one array and
-#: their sizes, the bucket keys as one array of fixed-width keys.
+#: their sizes, the bucket keys as one array of fixed-width keys, the payloads as one
+#: ``bytes`` and their sizes.
 PackedSketch = tuple[
     int,
     list[int],
@@ -101,6 +106,8 @@ PackedSketch = tuple[
     npt.NDArray[np.intp],
     npt.NDArray[np.intp],
     U64,
+    bytes,
+    npt.NDArray[np.int64],
 ]
 
 
@@ -113,9 +120,10 @@ def sketch_packed(texts: Sequence[str], config: DedupConfig, plan: BandPlan) -> 
     and only the process that decides turns them into the objects it uses.
     """
     if config.shingle.kind == "char":
-        live, flat, sizes, sigs, digests = _sketch_char(texts, config)
+        live, flat, sizes, sigs, digests, texts_at = _sketch_char(texts, config)
     else:
-        live, flat, sizes, sigs, digests = _sketch_numpy(texts, config)
+        live, flat, sizes, sigs, digests, texts_at = _sketch_numpy(texts, config)
+    payloads = encode_texts(*texts_at) if config.verify == "exact" else []
     hashes = band_hashes(sigs, plan, config.seed)
     order = bucket_order(hashes)
     return (
@@ -131,20 +139,32 @@ def sketch_packed(texts: Sequence[str], config: DedupConfig, plan: BandPlan) -> 
         fingerprints(
             np.tile(np.arange(plan.bands, dtype=np.uint16), hashes.shape[0]), hashes.reshape(-1)
         ),
+        b"".join(payloads),
+        np.fromiter(map(len, payloads), dtype=np.int64, count=len(payloads)),
     )
 
 
 def unpack(packed: PackedSketch) -> Sketch:
     """The :class:`Sketch` whose plain values :func:`sketch_packed` computed."""
-    size, live, flat, sizes, sigs, bucket_keys, exact_keys, order, shared, fps = packed
+    size, live, flat, sizes, sigs, bucket_keys, exact_keys, order, shared, fps, joined, lens = packed
     at = np.cumsum(sizes) - sizes
     keys_list: list[bytes] = bucket_keys.tolist()  # see lookup_keys.PACKED_BUCKET_KEY
-    return Sketch(size, live, flat, at, sizes, sigs, keys_list, exact_keys, order, shared, fps)
+    ends = np.cumsum(lens).tolist()
+    payloads = [joined[e - n : e] for e, n in zip(ends, lens.tolist(), strict=True)]
+    return Sketch(
+        size, live, flat, at, sizes, sigs, keys_list, exact_keys, order, shared, fps, payloads
+    )
 
 
-def _sketch_char(
-    texts: Sequence[str], config: DedupConfig
-) -> tuple[list[int], U32, npt.NDArray[np.int64], U32, list[bytes]]:
+#: What each sketch path returns: live positions, sets and their sizes, signatures,
+#: exact-text digests, and the live documents' normalised UTF-8 as ``(bytes, starts,
+#: lengths)`` for their payloads.
+_Parts = tuple[
+    list[int], U32, npt.NDArray[np.int64], U32, list[bytes], tuple[bytes, list[int], list[int]]
+]
+
+
+def _sketch_char(texts: Sequence[str], config: DedupConfig) -> _Parts:
     k = config.shingle.k
     folded = [unicodedata.normalize("NFKC", t).casefold() for t in texts]
     raw = np.frombuffer("".join(folded).encode("utf-32-le", "surrogatepass"), dtype="<u4")
@@ -176,16 +196,12 @@ def _sketch_char(
             high[lo:hi].sort()
         flat, sizes = kernels.drop_repeats(high, runs)
     text = utf8.tobytes()
-    digests = [
-        content_digest(text[s : s + c])
-        for s, c in zip(utf8_starts[live_at].tolist(), utf8_lengths[live_at].tolist(), strict=True)
-    ]
-    return live_at.tolist(), flat, sizes, sigs, digests
+    at8, len8 = utf8_starts[live_at].tolist(), utf8_lengths[live_at].tolist()
+    digests = [content_digest(text[s : s + c]) for s, c in zip(at8, len8, strict=True)]
+    return live_at.tolist(), flat, sizes, sigs, digests, (text, at8, len8)
 
 
-def _sketch_numpy(
-    texts: Sequence[str], config: DedupConfig
-) -> tuple[list[int], U32, npt.NDArray[np.int64], U32, list[bytes]]:
+def _sketch_numpy(texts: Sequence[str], config: DedupConfig) -> _Parts:
     norms = [normalize(t) for t in texts]
     live = [i for i, t in enumerate(norms) if t]
     batch = shingle_sets([norms[i] for i in live], config.shingle, config.seed)
@@ -195,5 +211,8 @@ def _sketch_numpy(
         sets = verification_sets(batch)
         sizes = np.fromiter((a.size for a in sets), dtype=np.int64, count=len(sets))
         flat = np.concatenate(sets) if sets else flat
-    digests = [content_digest(norms[i].encode("utf-8", "surrogatepass")) for i in live]
-    return live, flat, sizes, sigs, digests
+    utf8 = [norms[i].encode("utf-8", "surrogatepass") for i in live]
+    digests = [content_digest(t) for t in utf8]
+    lengths = [len(t) for t in utf8]
+    starts = list(itertools.accumulate(lengths, initial=0))[:-1]
+    return live, flat, sizes, sigs, digests, (b"".join(utf8), starts, lengths)

@@ -17,6 +17,7 @@ import numpy as np
 from stream_dedup.core.config import DedupConfig
 from stream_dedup.core.hashing import U32
 from stream_dedup.core.match import I64, Expiry, Matches, match_batch
+from stream_dedup.core.payload import SetCache
 from stream_dedup.core.sketch import Sketch, sketch
 from stream_dedup.dedup.batch import BatchResult, BatchStats
 from stream_dedup.dedup.kernels import COMPILING_NOTICE, kernels_cached
@@ -25,6 +26,11 @@ from stream_dedup.dedup.writes import verdicts_and_writes
 from stream_dedup.index.bucket_records import bucket_puts
 from stream_dedup.index.store import DedupIndex, PendingCommit
 from stream_dedup.models import Document
+
+
+#: Bytes of verification sets the deduplicator keeps: about 7,000 news articles' sets,
+#: a few batches of documents and the candidates they bring.
+SET_CACHE_BYTES = 32 << 20
 
 
 class Deduplicator:
@@ -36,6 +42,9 @@ class Deduplicator:
         self.plan = config.band_plan()
         self._exact = config.verify == "exact"
         self._bucket_bytes = 8 * config.max_bucket_size
+        #: Verification sets of recent candidates and indexed documents, rebuilt from the
+        #: texts the index stores (see :mod:`stream_dedup.core.payload`).
+        self.set_cache = SetCache(SET_CACHE_BYTES, config)
 
     def warm_up(self, notice: Callable[[str], None] | None = None) -> None:
         """Load the compiled kernels now, so the first batch does not wait for them.
@@ -110,6 +119,7 @@ class Deduplicator:
             bool(docs) and stats.untimed == len(docs) and bool(self.index.retention.window)
         )
         verdicts, staged = verdicts_and_writes(docs, sk, known, held.records, found, queries, stats)
+        self._remember(sk, found)
         ordered, written = bucket_puts(
             sk.bucket_keys, sk.bucket_order, held.slot, found, self.plan.bands
         )
@@ -124,6 +134,18 @@ class Deduplicator:
             epoch,
             (found.points_doc, found.points_clock),
             clock,
+        )
+
+    def _remember(self, sk: Sketch, found: Matches) -> None:
+        """Keep the sets of the documents this batch indexes: their re-runs, which tend
+        to follow soon, find them without rebuilding them."""
+        if not sk.payloads:
+            return
+        given = np.flatnonzero(found.docnum >= 0).tolist()
+        flat, at, length = sk.set_flat, sk.set_at, sk.set_len
+        self.set_cache.keep(
+            [sk.payloads[p] for p in given],
+            [flat[int(at[p]) : int(at[p] + length[p])] for p in given],
         )
 
     def _queries(self, sk: Sketch) -> tuple[U32, I64, I64]:
@@ -175,7 +197,7 @@ class Deduplicator:
             index_all=cfg.index_policy == "all",
             first_docnum=first_docnum,
             payloads=queries,
-            records=payloads(held.records),
+            records=payloads(held.records, self.set_cache),
             older=held.older,
             expiry=expiry,
         )

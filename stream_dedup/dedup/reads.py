@@ -18,6 +18,7 @@ import numpy.typing as npt
 
 from stream_dedup.core.hashing import U32
 from stream_dedup.core.match import I64, NO_CLOCK
+from stream_dedup.core.payload import SetCache
 from stream_dedup.core.sketch import Sketch
 from stream_dedup.index.store import DedupIndex, DocRecord, Members, StoredVerdict
 from stream_dedup.models import Document
@@ -123,12 +124,27 @@ def clocks(docs: Sequence[Document], committed: int) -> I64:
 
 
 def payloads(
-    records: dict[int, DocRecord],
+    records: dict[int, DocRecord], cache: SetCache | None = None
 ) -> tuple[npt.NDArray[np.uint64], U32, I64, I64]:
     """The verification payloads of ``records`` as :func:`match_batch` takes them (docnums
-    ascending: ``records`` is filled in that order)."""
+    ascending: ``records`` is filled in that order).
+
+    A record holding compressed text (index format 3) gives the verification set rebuilt
+    from it, through ``cache`` (:class:`~stream_dedup.core.payload.SetCache`); one holding
+    a set or a signature gives it as stored.
+    """
     docnums = np.fromiter(records, dtype=np.uint64, count=len(records))
-    held = [r.payload for r in records.values()]
-    flat = np.frombuffer(b"".join(held), dtype="<u4")
-    lengths = np.fromiter(map(len, held), dtype=np.int64, count=len(held)) >> 2
+    held = list(records.values())
+    texts = [r.payload for r in held if r.text]
+    if not texts:
+        raw = [r.payload for r in held]
+        flat = np.frombuffer(b"".join(raw), dtype="<u4")
+        lengths = np.fromiter(map(len, raw), dtype=np.int64, count=len(raw)) >> 2
+        return docnums, flat, np.cumsum(lengths) - lengths, lengths
+    if cache is None:
+        raise ValueError("records hold compressed texts: a SetCache must rebuild their sets")
+    rebuilt = iter(cache.sets(texts))
+    arrays = [next(rebuilt) if r.text else np.frombuffer(r.payload, dtype="<u4") for r in held]
+    lengths = np.fromiter((a.size for a in arrays), dtype=np.int64, count=len(arrays))
+    flat = np.concatenate(arrays).astype("<u4", copy=False) if arrays else np.empty(0, "<u4")
     return docnums, flat, np.cumsum(lengths) - lengths, lengths

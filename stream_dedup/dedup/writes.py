@@ -38,14 +38,18 @@ def verdicts_and_writes(
 
     ``records`` are the candidates' records (the batch's indexed documents are added);
     ``queries`` the batch's verification payloads as the matching pass took them (flat,
-    start, length per live document); ``stats`` counts the replays.
+    start, length per live document), stored as they are unless the sketch holds the
+    documents' compressed texts (exact verification), which are stored instead;
+    ``stats`` counts the replays.
     """
     xkeys, live_pos, stored, first_at = sk.exact_keys, known.live_pos, known.stored, known.first_at
     matched, sims = found.match.tolist(), found.similarity.tolist()
     given, new_text = found.docnum.tolist(), found.new_text.tolist()
-    q_flat, q_at, q_len = queries
-    payload_bytes = q_flat.tobytes()
-    starts, sizes = (4 * q_at).tolist(), (4 * q_len).tolist()
+    texts = sk.payloads  # exact verification stores the texts, not the sets
+    if not texts:
+        q_flat, q_at, q_len = queries
+        payload_bytes = q_flat.tobytes()
+        starts, sizes = (4 * q_at).tolist(), (4 * q_len).tolist()
     staged = StagedWrite()
     verdicts: list[Verdict] = []
     for i, doc in enumerate(docs):
@@ -72,8 +76,11 @@ def verdicts_and_writes(
                 verdict = Verdict(doc.id, _DUPLICATE, rec.doc_id, round(sims[p], 6), rec.cluster_id)
             num = given[p]
             if num >= 0:
-                payload = payload_bytes[starts[p] : starts[p] + sizes[p]]
-                records[num] = staged.document(num, doc.id, verdict.cluster_id, payload)
+                if texts:
+                    records[num] = staged.document(num, doc.id, verdict.cluster_id, texts[p], True)
+                else:
+                    payload = payload_bytes[starts[p] : starts[p] + sizes[p]]
+                    records[num] = staged.document(num, doc.id, verdict.cluster_id, payload)
                 if new_text[p]:
                     staged.new_text(xkeys[p], num)
         staged.verdict(verdict, xkey)

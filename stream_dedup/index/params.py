@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, fields, replace
 from typing import Any
 
 from stream_dedup.core.config import DedupConfig, IndexPolicy, VerifyMode
@@ -13,7 +13,12 @@ from stream_dedup.core.signature import SIGNATURE_SCHEME
 from stream_dedup.errors import IndexCorruptError
 
 #: Version of the on-disk layout (keys and value encodings in :mod:`.keys`, :mod:`.records`).
-FORMAT_VERSION = 2
+#: 3: exact verification stores compressed normalised text, not verification sets.
+FORMAT_VERSION = 3
+#: Formats this version opens and decides on: a format-2 index is read as it is (its
+#: document records decode as before) and becomes format 3 at its first commit, from
+#: which on its new records hold texts (:mod:`stream_dedup.index.records`).
+READABLE_FORMATS = frozenset({2, 3})
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,6 +88,18 @@ class IndexParams:
             return cls(**{f.name: data[f.name] for f in fields(cls)})
         except (ValueError, KeyError, TypeError) as exc:
             raise IndexCorruptError(f"index metadata does not parse: {exc}") from exc
+
+    def current(self) -> IndexParams:
+        """These parameters in the format this version writes."""
+        return replace(self, format_version=FORMAT_VERSION)
+
+    def mismatch(self, other: IndexParams) -> dict[str, tuple[object, object]]:
+        """:meth:`differences` that matter: none between formats both readable here."""
+        found = self.differences(other)
+        formats = {self.format_version, other.format_version}
+        if "format_version" in found and formats <= READABLE_FORMATS:
+            del found["format_version"]
+        return found
 
     def differences(self, other: IndexParams) -> dict[str, tuple[object, object]]:
         """``{name: (self's value, other's value)}`` for every parameter that differs."""

@@ -2,12 +2,15 @@
 
 Document record (``d`` keys)::
 
-    u16 LE id length | id UTF-8 | u16 LE cluster length | cluster id UTF-8 | payload
+    u16 LE id length | id UTF-8 | u16 LE cluster length (| 0x8000: text) | cluster id UTF-8 | payload
 
-The payload is what verification compares: the document's verification set, the sorted
-distinct high 32 bits of its shingle hashes as uint32 LE (``verify = "exact"``, 4 bytes per
-distinct shingle; see :mod:`stream_dedup.core.verify`) or the signature as uint32 LE
-(``verify = "signature"``, 4 x num_perm bytes).
+The payload is what verification compares. With ``verify = "exact"`` it is, from index
+format 3 on, the document's normalised text compressed (see
+:mod:`stream_dedup.core.payload`), marked by the top bit of the cluster length; records of
+format 2 hold the verification set itself, the sorted distinct high 32 bits of the shingle
+hashes as uint32 LE (4 bytes per distinct shingle, :mod:`stream_dedup.core.verify`), and
+still decode, so an index of either format, or of both, decides the same. With
+``verify = "signature"`` it is the signature as uint32 LE (4 x num_perm bytes).
 
 Verdict record (``v`` keys): compact JSON ``{"k": "u"|"d", "of", "s", "c", "e", "t"}`` so
 a replayed id returns exactly what was emitted the first time. ``"t"``, the text tag (see
@@ -38,12 +41,22 @@ class DocRecord:
     doc_id: str
     cluster_id: str
     payload: bytes
+    #: The payload is compressed text (format 3), not a verification set or signature.
+    text: bool = False
 
 
-def encode_doc(doc_id: str, cluster_id: str, payload: bytes) -> bytes:
+#: Top bit of the cluster length: the payload is compressed text. Cluster ids are
+#: document ids, far below 32 KiB, so the bit was never set by format 2.
+_TEXT = 0x8000
+
+
+def encode_doc(doc_id: str, cluster_id: str, payload: bytes, text: bool = False) -> bytes:
     i = doc_id.encode("utf-8", "surrogatepass")
     c = cluster_id.encode("utf-8", "surrogatepass")
-    return b"".join((len(i).to_bytes(2, "little"), i, len(c).to_bytes(2, "little"), c, payload))
+    if len(c) >= _TEXT:
+        raise ValueError(f"cluster id of {len(c)} bytes: at most {_TEXT - 1}")
+    size = len(c) | _TEXT if text else len(c)
+    return b"".join((len(i).to_bytes(2, "little"), i, size.to_bytes(2, "little"), c, payload))
 
 
 def decode_doc(raw: bytes) -> DocRecord:
@@ -52,8 +65,10 @@ def decode_doc(raw: bytes) -> DocRecord:
         doc_id = raw[2 : 2 + n].decode("utf-8", "surrogatepass")
         pos = 2 + n
         m = int.from_bytes(raw[pos : pos + 2], "little")
+        text = m >= _TEXT
+        m &= _TEXT - 1
         cluster = raw[pos + 2 : pos + 2 + m].decode("utf-8", "surrogatepass")
-        return DocRecord(doc_id, cluster, raw[pos + 2 + m :])
+        return DocRecord(doc_id, cluster, raw[pos + 2 + m :], text)
     except (UnicodeDecodeError, ValueError) as exc:
         raise IndexCorruptError(f"document record does not parse: {exc}") from exc
 

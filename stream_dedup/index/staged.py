@@ -64,11 +64,14 @@ class StagedWrite:
         """The verdict staged for ``doc_id`` earlier in this batch."""
         return StoredVerdict(self.puts[keys.verdict_key(doc_id)])
 
-    def document(self, docnum: int, doc_id: str, cluster_id: str, payload: bytes) -> DocRecord:
-        """Index a document under ``docnum``; its record, as a later candidate reads it."""
+    def document(
+        self, docnum: int, doc_id: str, cluster_id: str, payload: bytes, text: bool = False
+    ) -> DocRecord:
+        """Index a document under ``docnum``; its record, as a later candidate reads it.
+        ``text``: the payload is compressed text (see :mod:`~stream_dedup.index.records`)."""
         self.counters["indexed"] += 1
-        self.puts[keys.doc_key(docnum)] = encode_doc(doc_id, cluster_id, payload)
-        return DocRecord(doc_id, cluster_id, payload)
+        self.puts[keys.doc_key(docnum)] = encode_doc(doc_id, cluster_id, payload, text)
+        return DocRecord(doc_id, cluster_id, payload, text)
 
     def new_text(self, exact_key: bytes, docnum: int) -> None:
         """Name ``docnum`` the first document with the text of ``exact_key``."""

@@ -42,7 +42,7 @@ from stream_dedup.index import keys
 from stream_dedup.index.backend import NO_ORDERED_PUTS, Backend, OrderedPuts
 from stream_dedup.index.bucket_records import Members
 from stream_dedup.index.epoch_filters import FILTER_FILE, EpochFilters
-from stream_dedup.index.params import IndexParams
+from stream_dedup.index.params import FORMAT_VERSION, IndexParams
 from stream_dedup.index.pending import (
     PendingCommit,
     counter_records,
@@ -137,9 +137,9 @@ class DedupIndex(IndexReads):
             self._params = params
         else:
             stored = IndexParams.from_bytes(stored_raw)
-            if params is not None and stored != params:
+            if params is not None and stored.mismatch(params):
                 backend.close()
-                raise IndexMismatchError(backend.location, stored.differences(params))
+                raise IndexMismatchError(backend.location, stored.mismatch(params))
             self._params = stored
         self._load_state()
         self._intent_pending = self.intent() is not None
@@ -285,6 +285,8 @@ class DedupIndex(IndexReads):
             batch[keys.EPOCHS] = timeline.to_bytes()
         if self.retention != self._stored_retention:
             batch[keys.RETENTION] = self.retention.to_bytes()
+        if self._params.format_version != FORMAT_VERSION:  # an older index's first commit
+            batch[keys.META] = self._params.current().to_bytes()
         # Every lookup key written reaches the filter, however it was handed in.
         fingerprints = written_fingerprints(batch, ordered, ordered_fingerprints)
         return PendingCommit(
@@ -304,6 +306,7 @@ class DedupIndex(IndexReads):
         if pending.after_writes != self._writes:
             raise RuntimeError("the index was written after this commit was prepared")
         self._backend.apply(pending.write)
+        self._params = self._params.current()  # the commit stored it (see prepare)
         if self._filters.loaded:  # not loaded yet: its scan will see these keys
             self._filters.add(pending.epoch, pending.fingerprints, self._new_filter_size())
         self._counters = pending.counters

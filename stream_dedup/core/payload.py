@@ -1,0 +1,151 @@
+"""The verification payload: a document's normalised text, compressed, and its
+verification set rebuilt from it when the document becomes a candidate.
+
+Exact verification compares verification sets (:mod:`stream_dedup.core.verify`), 4 bytes
+per distinct shingle: about 4 bytes per character of text, most of an index's bytes. The
+normalised text they are computed from is a quarter of that, and compresses to about half
+again. So an indexed document stores its normalised text (the very code points the
+sketch hashed, as UTF-8 with lone surrogates kept, ``surrogatepass``) as one zstd frame,
+and a candidate's set is computed again from it by the same compiled kernel that computed
+it the first time: the set, and so every verdict, is bit for bit the one a stored set
+gives. The text also serves any later comparison a set cannot (containment of a shingle
+sequence, say), since everything a set holds is a function of it.
+
+Payload bytes: ``u8 codec | body``; :data:`ZSTD` (1) is a zstd frame without a
+dictionary, its content size in the frame header. Other codec values are reserved (a
+trained dictionary, say), so a reader meeting one it does not know fails loudly instead
+of misreading it.
+
+Rebuilding costs a decompression (a few microseconds) and the hashing and sort a sketch
+does: :class:`SetCache` keeps the sets of recent candidates and of the documents just
+indexed (re-runs of a story arrive close together), keyed by the payload bytes
+themselves, so no entry can go stale whatever writes the index.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections import OrderedDict
+from collections.abc import Sequence
+
+import numpy as np
+import numpy.typing as npt
+import zstandard
+
+from stream_dedup.core import _kernels as kernels
+from stream_dedup.core.config import DedupConfig
+from stream_dedup.core.hashing import POLY, U32, mix_seed
+from stream_dedup.core.shingles import SHINGLE_SALT, full_gram_bias, shingle_sets
+from stream_dedup.core.verify import verification_sets
+from stream_dedup.errors import IndexCorruptError
+
+#: Codec byte of a zstd frame without a dictionary.
+ZSTD = 1
+#: zstd's level: level 1 and 3 give the same size on news (~600 bytes for 1,150 characters,
+#: levels up to 9 within 1%), and 3 is zstd's own default.
+_LEVEL = 3
+_CODEC = bytes([ZSTD])
+_compressor = zstandard.ZstdCompressor(level=_LEVEL, write_checksum=False)
+_decompressor = zstandard.ZstdDecompressor()
+
+
+def encode_texts(utf8: bytes, starts: Sequence[int], lengths: Sequence[int]) -> list[bytes]:
+    """The payload of each normalised text ``utf8[starts[i] : starts[i] + lengths[i]]``."""
+    compress = _compressor.compress
+    return [_CODEC + compress(utf8[s : s + n]) for s, n in zip(starts, lengths, strict=True)]
+
+
+def decode_text(payload: bytes) -> str:
+    """The normalised text a payload holds."""
+    if not payload or payload[0] != ZSTD:
+        codec = payload[0] if payload else None
+        raise IndexCorruptError(f"unknown verification payload codec {codec!r}")
+    try:
+        raw = _decompressor.decompress(payload[1:])
+    except zstandard.ZstdError as exc:
+        raise IndexCorruptError(f"verification payload does not decompress: {exc}") from exc
+    return raw.decode("utf-8", "surrogatepass")
+
+
+def rebuild_sets(texts: Sequence[str], config: DedupConfig) -> list[U32]:
+    """The verification sets of normalised texts: what the sketch computed for them.
+
+    Character shingles take the compiled kernel the sketch uses
+    (:func:`~stream_dedup.core._kernels.sketch_grams`: its signature output is discarded),
+    then numpy's sort and the repeat-dropping pass; word shingles the numpy reference.
+    """
+    if config.shingle.kind != "char":
+        return verification_sets(shingle_sets(texts, config.shingle, config.seed))
+    k = config.shingle.k
+    units = np.frombuffer("".join(texts).encode("utf-32-le", "surrogatepass"), dtype="<u4")
+    lengths = np.fromiter(map(len, texts), dtype=np.int64, count=len(texts))
+    starts = np.cumsum(lengths) - lengths
+    n = len(texts)
+    counts = np.where(lengths >= k, lengths - k + 1, 1)
+    high = np.empty(int(counts.sum()), dtype="<u4")
+    seed_mix = mix_seed(config.seed, SHINGLE_SALT)
+    sigs = np.zeros((n, config.num_perm), dtype=np.uint32)
+    filled = np.zeros((n, config.num_perm), dtype=bool)
+    runs = kernels.sketch_grams(
+        units, starts, lengths, k, POLY, full_gram_bias(k, 1, seed_mix), seed_mix,
+        sigs, filled, high,
+    )  # fmt: skip
+    for lo, hi in itertools.pairwise(runs.tolist()):
+        high[lo:hi].sort()
+    flat, sizes = kernels.drop_repeats(high, runs)
+    ends = np.cumsum(sizes).tolist()
+    return [flat[e - s : e] for e, s in zip(ends, sizes.tolist(), strict=True)]
+
+
+class SetCache:
+    """Verification sets by payload, the least recently used dropped past a byte budget.
+
+    Keyed by the payload bytes, not the docnum: equal payloads are equal texts, so an
+    entry is right for every document that stores those bytes, in any index, and a docnum
+    given to another document (a shared index's batch decided again elsewhere) cannot
+    find a stale set.
+    """
+
+    def __init__(self, max_bytes: int, config: DedupConfig) -> None:
+        self.max_bytes = max_bytes
+        self.config = config
+        self._sets: OrderedDict[bytes, U32] = OrderedDict()
+        self._bytes = 0
+        #: Sets asked for, and those rebuilt (not in the cache), since the start.
+        self.asked = 0
+        self.rebuilt = 0
+
+    def __len__(self) -> int:
+        return len(self._sets)
+
+    def sets(self, payloads: Sequence[bytes]) -> list[U32]:
+        """The verification set of each payload: from the cache, or rebuilt (and kept)."""
+        found: list[U32 | None] = [self._sets.get(p) for p in payloads]
+        missing = [i for i, s in enumerate(found) if s is None]
+        self.asked += len(payloads)
+        touch = self._sets.move_to_end
+        for p, s in zip(payloads, found, strict=True):
+            if s is not None:
+                touch(p)
+        if missing:
+            self.rebuilt += len(missing)
+            texts = [decode_text(payloads[i]) for i in missing]
+            for i, s in zip(missing, rebuild_sets(texts, self.config), strict=True):
+                found[i] = s
+            self.keep([payloads[i] for i in missing], [found[i] for i in missing])  # type: ignore[misc]
+        return found  # type: ignore[return-value]
+
+    def keep(self, payloads: Sequence[bytes], sets: Sequence[npt.NDArray[np.uint32]]) -> None:
+        """Remember ``sets`` as the sets of ``payloads`` (copies: a view would hold its
+        whole batch's array alive)."""
+        if self.max_bytes <= 0:
+            return
+        store = self._sets
+        for p, s in zip(payloads, sets, strict=True):
+            if p in store:
+                continue
+            store[p] = s.copy()
+            self._bytes += s.nbytes + len(p)
+        while self._bytes > self.max_bytes and store:
+            p, s = store.popitem(last=False)
+            self._bytes -= s.nbytes + len(p)
