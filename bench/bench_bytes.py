@@ -72,13 +72,17 @@ def fill(where: Location, args: argparse.Namespace) -> tuple[int, float]:
 
 def rocks_breakdown(path: Path) -> dict[str, Any]:
     """Key and value bytes by kind over every column family, and the bytes on disk."""
-    from rocksdict import AccessType, Options, Rdict
+    from rocksdict import Options, Rdict
 
     keys: Counter[str] = Counter()
     values: Counter[str] = Counter()
     count: Counter[str] = Counter()
     families = Rdict.list_cf(str(path))
-    db = Rdict(str(path), Options(raw_mode=True), column_families={f: Options(raw_mode=True) for f in families if f != "default"})
+    db = Rdict(
+        str(path),
+        Options(raw_mode=True),
+        column_families={f: Options(raw_mode=True) for f in families if f != "default"},
+    )
     try:
         for family in families:
             cf = db.get_column_family(family)
@@ -91,7 +95,13 @@ def rocks_breakdown(path: Path) -> dict[str, Any]:
     finally:
         db.close()
     disk = sum(f.stat().st_size for f in path.iterdir() if f.suffix == ".sst")
-    return {"keys": dict(keys), "values": dict(values), "count": dict(count), "sst_bytes": disk, "families": len(families)}
+    return {
+        "keys": dict(keys),
+        "values": dict(values),
+        "count": dict(count),
+        "sst_bytes": disk,
+        "families": len(families),
+    }
 
 
 def main() -> int:
@@ -104,7 +114,11 @@ def main() -> int:
     p.add_argument("--no-rocks", action="store_true", help="skip the RocksDB index")
     p.add_argument("--json", metavar="FILE")
     args = p.parse_args()
-    out: dict[str, Any] = {"date": datetime.now(UTC).isoformat(timespec="seconds"), "documents": args.documents, "retention": args.retention}
+    out: dict[str, Any] = {
+        "date": datetime.now(UTC).isoformat(timespec="seconds"),
+        "documents": args.documents,
+        "retention": args.retention,
+    }
     with tempfile.TemporaryDirectory(prefix="bench-bytes-") as tmp:
         if not args.no_rocks:
             path = Path(tmp) / "index"
@@ -122,10 +136,12 @@ def main() -> int:
 
 def print_table(title: str, r: dict[str, Any], held: int) -> None:
     print(f"{title}: {held:,} documents held, {r['families']} column families")
-    print(f"{'kind':<14} {'records/doc':>11} {'key B/doc':>10} {'value B/doc':>12} {'total B/doc':>12}")
+    head = ("kind", "records/doc", "key B/doc", "value B/doc", "total B/doc")
+    print(f"{head[0]:<14} {head[1]:>11} {head[2]:>10} {head[3]:>12} {head[4]:>12}")
     for kind in sorted(r["keys"], key=lambda k: -(r["keys"][k] + r["values"][k])):
         k, v, c = r["keys"][kind], r["values"][kind], r["count"][kind]
-        print(f"{kind:<14} {c / held:>11.2f} {k / held:>10.1f} {v / held:>12.1f} {(k + v) / held:>12.1f}")
+        per = (c / held, k / held, v / held, (k + v) / held)
+        print(f"{kind:<14} {per[0]:>11.2f} {per[1]:>10.1f} {per[2]:>12.1f} {per[3]:>12.1f}")
     logical = sum(r["keys"].values()) + sum(r["values"].values())
     print(f"{'all records':<14} {'':>11} {'':>10} {'':>12} {logical / held:>12.1f}")
     print(f"{'SST files':<14} {'':>11} {'':>10} {'':>12} {r['sst_bytes'] / held:>12.1f}")
@@ -145,11 +161,19 @@ def redis_bytes(tmp: Path, args: argparse.Namespace) -> dict[str, Any]:
         usage: Counter[str] = Counter()
         payload: Counter[str] = Counter()
         for key in client.scan_iter(count=1000):
-            usage["hash" if client.type(key) == b"hash" else "own keys"] += int(client.memory_usage(key, samples=0) or 0)
+            usage["hash" if client.type(key) == b"hash" else "own keys"] += int(
+                client.memory_usage(key, samples=0) or 0
+            )
             if client.type(key) == b"hash":
                 for f, v in client.hscan_iter(key, count=1000):
                     payload[_KINDS.get(chr(f[0]), "own keys")] += len(f) + len(v)
-    result = {"held": held, "seconds": round(seconds, 1), "used_memory_delta": after - before, "memory_usage": dict(usage), "field_bytes": dict(payload)}
+    result = {
+        "held": held,
+        "seconds": round(seconds, 1),
+        "used_memory_delta": after - before,
+        "memory_usage": dict(usage),
+        "field_bytes": dict(payload),
+    }
     per = (after - before) / held
     print(f"Redis: {held:,} documents held, used_memory +{after - before:,} B = {per:.1f} B/doc")
     for kind, b in sorted(payload.items(), key=lambda kv: -kv[1]):

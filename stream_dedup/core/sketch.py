@@ -146,7 +146,9 @@ def sketch_packed(texts: Sequence[str], config: DedupConfig, plan: BandPlan) -> 
 
 def unpack(packed: PackedSketch) -> Sketch:
     """The :class:`Sketch` whose plain values :func:`sketch_packed` computed."""
-    size, live, flat, sizes, sigs, bucket_keys, exact_keys, order, shared, fps, joined, lens = packed
+    size, live, flat, sizes, sigs, bucket_keys, exact_keys, order, shared, fps, joined, lens = (
+        packed
+    )
     at = np.cumsum(sizes) - sizes
     keys_list: list[bytes] = bucket_keys.tolist()  # see lookup_keys.PACKED_BUCKET_KEY
     ends = np.cumsum(lens).tolist()

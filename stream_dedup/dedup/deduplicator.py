@@ -27,7 +27,6 @@ from stream_dedup.index.bucket_records import bucket_puts
 from stream_dedup.index.store import DedupIndex, PendingCommit
 from stream_dedup.models import Document
 
-
 #: Bytes of verification sets the deduplicator keeps: about 7,000 news articles' sets,
 #: a few batches of documents and the candidates they bring.
 SET_CACHE_BYTES = 32 << 20

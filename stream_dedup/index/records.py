@@ -2,7 +2,9 @@
 
 Document record (``d`` keys)::
 
-    u16 LE id length | id UTF-8 | u16 LE cluster length (| 0x8000: text) | cluster id UTF-8 | payload
+    u16 LE id length | id UTF-8 | u16 LE cluster length | cluster id UTF-8 | payload
+
+(the cluster length's top bit, 0x8000, set: the payload is text)
 
 The payload is what verification compares. With ``verify = "exact"`` it is, from index
 format 3 on, the document's normalised text compressed (see
