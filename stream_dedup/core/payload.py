@@ -118,6 +118,11 @@ class SetCache:
     def __len__(self) -> int:
         return len(self._sets)
 
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the sets and payloads held."""
+        return self._bytes
+
     def sets(self, payloads: Sequence[bytes]) -> list[U32]:
         """The verification set of each payload: from the cache, or rebuilt (and kept)."""
         found: list[U32 | None] = [self._sets.get(p) for p in payloads]

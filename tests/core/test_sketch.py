@@ -46,9 +46,11 @@ def random_texts(n: int, seed: int) -> list[str]:
 
 
 def assert_same(texts: list[str], config: DedupConfig) -> None:
-    live, flat, sizes, sigs, digests = _sketch_char(texts, config)
-    ref_live, ref_flat, ref_sizes, ref_sigs, ref_digests = _sketch_numpy(texts, config)
+    live, flat, sizes, sigs, digests, utf8 = _sketch_char(texts, config)
+    ref_live, ref_flat, ref_sizes, ref_sigs, ref_digests, ref_utf8 = _sketch_numpy(texts, config)
     assert live == ref_live
+    cut = [utf8[0][s : s + n] for s, n in zip(utf8[1], utf8[2], strict=True)]
+    assert cut == [ref_utf8[0][s : s + n] for s, n in zip(ref_utf8[1], ref_utf8[2], strict=True)]
     assert np.array_equal(sigs, ref_sigs)
     assert sizes.tolist() == ref_sizes.tolist()
     assert len(sizes) == (len(live) if config.verify == "exact" else 0)

@@ -1,0 +1,81 @@
+"""The verification payload: compressed text that gives back exactly the sketch's sets."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from stream_dedup.core.config import DedupConfig
+from stream_dedup.core.payload import ZSTD, SetCache, decode_text, rebuild_sets
+from stream_dedup.core.sketch import sketch
+from stream_dedup.errors import IndexCorruptError
+from stream_dedup.tools.generate import StreamSpec, generate
+from tests.core.test_sketch import EDGE_CASES, random_texts
+
+
+def news(n: int) -> list[str]:
+    return [r["title"] + "\n\n" + r["text"] for r in generate(StreamSpec(documents=n, seed=5))]
+
+
+@pytest.mark.parametrize(
+    "config",
+    [DedupConfig(), DedupConfig(shingle_size=3), DedupConfig(shingle_kind="word")],
+    ids=["char-5", "char-3", "word-3"],
+)
+def test_rebuilt_sets_are_the_sketch_sets(config: DedupConfig) -> None:
+    texts = EDGE_CASES + random_texts(300, 1) + news(200)
+    sk = sketch(texts, config, config.band_plan())
+    assert len(sk.payloads) == len(sk.live) > 200
+    assert all(p[0] == ZSTD for p in sk.payloads)
+    rebuilt = rebuild_sets([decode_text(p) for p in sk.payloads], config)
+    for mine, theirs in zip(rebuilt, sk.sets, strict=True):
+        assert mine.dtype == theirs.dtype
+        assert np.array_equal(mine, theirs)
+
+
+def test_payload_is_a_fraction_of_the_set() -> None:
+    config = DedupConfig()
+    sk = sketch(news(300), config, config.band_plan())
+    text_bytes = sum(map(len, sk.payloads))
+    set_bytes = 4 * int(sk.set_len.sum())
+    assert text_bytes < set_bytes / 5  # ~600 bytes against ~4,300 for a news article
+
+
+def test_signature_verification_makes_no_payloads() -> None:
+    config = DedupConfig(verify="signature")
+    assert sketch(news(5), config, config.band_plan()).payloads == []
+
+
+def test_cache_rebuilds_once_and_keeps_within_its_budget() -> None:
+    config = DedupConfig()
+    sk = sketch(news(100), config, config.band_plan())
+    one_set = int(sk.set_len.max()) * 4 + max(map(len, sk.payloads))
+    cache = SetCache(20 * one_set, config)
+    first = cache.sets(sk.payloads[:10])
+    again = cache.sets(sk.payloads[:10])
+    assert (cache.asked, cache.rebuilt) == (20, 10)
+    assert all(np.array_equal(a, b) for a, b in zip(first, again, strict=True))
+    cache.sets(sk.payloads)
+    cached = set(sk.payloads[:10])
+    assert cache.rebuilt == 10 + sum(p not in cached for p in sk.payloads[10:])
+    assert 20 <= len(cache) < 100
+    assert cache.nbytes <= cache.max_bytes
+    for got, want in zip(cache.sets(sk.payloads), sk.sets, strict=True):
+        assert np.array_equal(got, want)
+
+
+def test_kept_sets_are_found_without_rebuilding() -> None:
+    config = DedupConfig()
+    sk = sketch(news(20), config, config.band_plan())
+    cache = SetCache(1 << 20, config)
+    cache.keep(sk.payloads, sk.sets)
+    got = cache.sets(sk.payloads)
+    assert cache.rebuilt == 0
+    assert all(np.array_equal(a, b) for a, b in zip(got, sk.sets, strict=True))
+
+
+def test_a_broken_payload_is_a_corrupt_index() -> None:
+    with pytest.raises(IndexCorruptError, match="codec"):
+        decode_text(b"\x07abc")
+    with pytest.raises(IndexCorruptError, match="decompress"):
+        decode_text(bytes([ZSTD]) + b"not a zstd frame")
