@@ -15,6 +15,7 @@ from rocksdict import Options, Rdict
 
 from stream_dedup.core.config import DedupConfig
 from stream_dedup.core.normalize import normalize
+from stream_dedup.core.payload import decode_text, rebuild_sets
 from stream_dedup.core.shingles import ShingleSpec, shingle_batch, shingle_set
 from stream_dedup.core.signature import signatures
 from stream_dedup.core.verify import exact_jaccard
@@ -309,7 +310,7 @@ def test_documents_sharing_buckets_in_one_batch_append_in_batch_order(
     assert any(committed.values()) and set(a1_keys) & set(a1x_keys)
 
 
-def test_index_policy_all_indexes_everything_with_shingle_sets(
+def test_index_policy_all_indexes_everything_with_their_texts(
     backend_factory: Callable[[], Backend],
 ) -> None:
     backend = backend_factory()
@@ -318,12 +319,15 @@ def test_index_policy_all_indexes_everything_with_shingle_sets(
     assert dedup.index.counter("indexed") == 3
     records = [decode_doc(v) for _, v in backend.scan_prefix(keys.DOC)]
     assert [(r.doc_id, r.cluster_id) for r in records] == [("a", "a"), ("a1", "a"), ("a2", "a")]
-    # Exact verification stores the sorted distinct high halves of the shingle hashes, 4
-    # bytes each (little-endian).
+    # Exact verification stores the normalised text, compressed (index format 3), from
+    # which the sorted distinct high halves of the shingle hashes are rebuilt.
+    assert all(r.text for r in records)
+    assert decode_text(records[2].payload) == normalize(A2)
     hashes = shingle_set(normalize(A2), ShingleSpec(), 1)
     high = np.unique((hashes >> np.uint64(32)).astype("<u4"))
-    assert records[2].payload == high.tobytes()
-    assert len(records[2].payload) == 4 * high.size <= 4 * hashes.size
+    (rebuilt,) = rebuild_sets([decode_text(records[2].payload)], DedupConfig())
+    assert rebuilt.tobytes() == high.tobytes()
+    assert len(records[2].payload) < len(normalize(A2).encode()) < 4 * high.size
 
 
 def test_signature_verification(backend_factory: Callable[[], Backend]) -> None:
