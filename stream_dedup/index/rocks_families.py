@@ -1,6 +1,6 @@
 """The RocksDB column families of an index and the options each is opened with.
 
-Document records (``d`` keys, ~85% of an index's bytes) live in a column family of their
+Document records (``d`` keys, ~65% of an index's bytes) live in a column family of their
 own, ``docs``; the small records (band buckets, verdicts, exact texts, change points) and
 the index's own keys (metadata, counters, offsets, intent, epoch table) in the default
 one. Docnums grow with arrival, so each flush of ``docs`` holds a key range of its own and
@@ -104,9 +104,10 @@ def docs_options() -> Options:
     """Options of the ``docs`` family: sequential keys, incompressible values.
 
     A document record is read only after a band bucket named its docnum, so it is always
-    present and needs no bloom filter; its verification set is random 32-bit values, which
-    no compression shrinks. 16 MiB is about two batches of 2,000 news articles: flushes
-    start during a run rather than all at ``close``.
+    present and needs no bloom filter; its payload is a zstd frame (format 3) or a set of
+    random 32-bit values (format 2), neither of which block compression shrinks. 16 MiB is
+    about twelve batches of 2,000 news articles of format 3 (two of format 2): flushes start
+    during a run rather than all at ``close``.
     """
     opts = Options(raw_mode=True)
     opts.set_compression_type(DBCompressionType.none())
