@@ -82,3 +82,14 @@ def test_decision_lag_and_reorder_waiting_gauges() -> None:
     assert registry.get_sample_value("stream_dedup_decision_lag_seconds", {"edge": "newest"}) == 6
     metrics.reorder_waiting.set(42)
     assert registry.get_sample_value("stream_dedup_reorder_waiting_messages") == 42
+
+
+def test_revisions_are_counted_per_batch() -> None:
+    from stream_dedup.dedup import BatchStats
+
+    registry = CollectorRegistry()
+    metrics = Metrics(registry)
+    assert registry.get_sample_value("stream_dedup_revisions_total") == 0
+    for revisions in (3, 0, 2):
+        metrics.observe_batch(0.01, [0.01], (1, 1), BatchStats(revisions=revisions), [], 0.0)
+    assert registry.get_sample_value("stream_dedup_revisions_total") == 5
