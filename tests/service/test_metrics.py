@@ -10,6 +10,7 @@ import pytest
 from confluent_kafka import KafkaError, TopicPartition
 from prometheus_client import CollectorRegistry, Histogram, generate_latest
 
+from stream_dedup.dedup import BatchStats
 from stream_dedup.service.checkpoint import kafka_commit_reporter
 from stream_dedup.service.metrics import BulkHistogram, Metrics
 
@@ -85,8 +86,6 @@ def test_decision_lag_and_reorder_waiting_gauges() -> None:
 
 
 def test_revisions_are_counted_per_batch() -> None:
-    from stream_dedup.dedup import BatchStats
-
     registry = CollectorRegistry()
     metrics = Metrics(registry)
     assert registry.get_sample_value("stream_dedup_revisions_total") == 0
