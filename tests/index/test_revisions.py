@@ -9,6 +9,7 @@ crash), and ``revisions = "replay"`` keeps the behaviour from before revisions.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Callable
 
@@ -18,8 +19,9 @@ from stream_dedup.core.config import DedupConfig
 from stream_dedup.core.lookup_keys import content_digest, exact_key
 from stream_dedup.core.normalize import normalize
 from stream_dedup.dedup import Deduplicator
+from stream_dedup.errors import IndexMismatchError
 from stream_dedup.index import Backend, DedupIndex, keys
-from stream_dedup.index.params import IndexParams
+from stream_dedup.index.params import FORMAT_VERSION, IndexParams
 from stream_dedup.index.records import text_of
 from stream_dedup.models import Document, Verdict, VerdictKind
 
@@ -176,3 +178,24 @@ def test_replay_mode_over_an_index_with_revisions_replays_each(
     result = replaying.process([Document("a", A), Document("a", B), Document("a", C)])
     assert [fields(v) for v in result.verdicts] == [fields(first), fields(second), fields(second)]
     assert result.stats.mismatched_repeats == 1  # C: the id's latest verdict, counted
+
+
+def test_an_index_of_format_2_opens_and_its_first_commit_upgrades_it(
+    backend_factory: Callable[[], Backend],
+) -> None:
+    backend = backend_factory()
+    config = DedupConfig()
+    params = IndexParams.of(config)
+    assert params.format_version == FORMAT_VERSION == 3
+    old = dataclasses.replace(params, format_version=2)
+    backend.write({keys.META: old.to_bytes()})
+    backend.write({keys.verdict_key("a"): b'{"k":"u","of":null,"s":null,"c":"a","e":false}'})
+    index = DedupIndex(backend, params)  # asked for format 3: reads format 2 as it is
+    assert index.params == params
+    assert backend.get_many([keys.META])[0] == old.to_bytes()  # opening writes nothing
+    dedup = Deduplicator(index, config)
+    (replay,) = dedup.process([Document("a", A)]).verdicts  # a format 2 record: revision 1
+    assert replay.replayed and replay.revision == 1
+    assert backend.get_many([keys.META])[0] == params.to_bytes()
+    with pytest.raises(IndexMismatchError, match="format_version"):  # older versions refuse
+        DedupIndex(backend, old)
