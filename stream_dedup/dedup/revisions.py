@@ -17,8 +17,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from stream_dedup.core.config import RevisionMode
-from stream_dedup.index.records import text_of
-from stream_dedup.index.staged import StoredVerdict
+from stream_dedup.index.staged import StoredVerdict, text_of
 
 __all__ = ["Repeat", "RevisionMode", "plan_repeats"]
 

@@ -17,10 +17,11 @@ from stream_dedup.index.records import (
     decode_revision,
     encode_doc,
     encode_verdict,
+    text_of,
 )
 from stream_dedup.models import Verdict
 
-__all__ = ["COUNTERS", "DocRecord", "StagedWrite", "StoredVerdict"]
+__all__ = ["COUNTERS", "DocRecord", "StagedWrite", "StoredVerdict", "text_of"]
 
 #: Counters kept in the index, updated in the same write as the records they count.
 COUNTERS = ("documents", "indexed", "duplicates", "empty")

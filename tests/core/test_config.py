@@ -28,6 +28,7 @@ OTHER = {
     "shingle_size": 2,
     "verify": "signature",
     "index_policy": "uniques",
+    "revisions": "replay",
     "max_bucket_size": 17,
     "max_candidates": 7,
 }
