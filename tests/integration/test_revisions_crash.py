@@ -48,7 +48,10 @@ from .test_process import wait_until
 pytestmark = [pytest.mark.broker, pytest.mark.slow]
 
 IDS = 120
-KILLS = 3
+#: Kills per delivery mode (each costs a restart and a group join, ~6 s on Tansu):
+#: exactly-once has the more crash points (inside a transaction, between its commit and
+#: the index write).
+KILLS = {"exactly-once": 3, "at-least-once": 2}
 
 
 def article(seed: int, words: int = 80) -> str:
@@ -121,7 +124,8 @@ def test_revisions_survive_kill_9(
     if backend == "redis":
         settings["index"] = {
             "backend": "redis",
-            "redis": {"url": redis_url, "namespace": uuid.uuid4().hex[:8]},
+            # a lease held by a killed instance is taken over after 2 s, not 10
+            "redis": {"url": redis_url, "namespace": uuid.uuid4().hex[:8], "lock_ttl_ms": 2000},
         }
     config = write_toml(tmp_path / "stream-dedup.toml", settings)
     log = tmp_path / "service.log"
@@ -130,7 +134,12 @@ def test_revisions_survive_kill_9(
     feeder = threading.Thread(target=feed, daemon=True)
     feeder.start()
     kills = kill_9_loop(
-        lambda: start_script(script, config, log), port, KILLS, feeder, random.Random(5), 0.3
+        lambda: start_script(script, config, log),
+        port,
+        KILLS[delivery],
+        feeder,
+        random.Random(5),
+        0.3,
     )
     feeder.join(timeout=60)
     assert not feeder.is_alive()
@@ -144,7 +153,7 @@ def test_revisions_survive_kill_9(
         if proc.poll() is None:
             proc.kill()
             proc.wait()
-    assert kills == KILLS
+    assert kills == KILLS[delivery]
 
     if delivery == "exactly-once":
         logs = [read_committed(bootstrap, t) for t in (topics.unique, topics.duplicates)]
