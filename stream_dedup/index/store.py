@@ -125,6 +125,7 @@ class DedupIndex(IndexReads):
         self._shared = backend.shared
         self._asked_retention = retention
         stored_raw = backend.get_many([keys.META])[0]
+        self._upgrade = False  # the stored format is older: the next commit stores the new
         if stored_raw is None:
             if params is None:
                 backend.close()
@@ -136,7 +137,7 @@ class DedupIndex(IndexReads):
             backend.write({keys.META: params.to_bytes()})
             self._params = params
         else:
-            stored = IndexParams.from_bytes(stored_raw)
+            stored, self._upgrade = IndexParams.from_bytes(stored_raw).upgraded()
             if params is not None and stored != params:
                 backend.close()
                 raise IndexMismatchError(backend.location, stored.differences(params))
@@ -285,6 +286,8 @@ class DedupIndex(IndexReads):
             batch[keys.EPOCHS] = timeline.to_bytes()
         if self.retention != self._stored_retention:
             batch[keys.RETENTION] = self.retention.to_bytes()
+        if self._upgrade:
+            batch[keys.META] = self._params.to_bytes()
         # Every lookup key written reaches the filter, however it was handed in.
         fingerprints = written_fingerprints(batch, ordered, ordered_fingerprints)
         return PendingCommit(
@@ -309,7 +312,7 @@ class DedupIndex(IndexReads):
         self._counters = pending.counters
         self._timeline = pending.timeline
         self._stored_retention = pending.retention
-        self._intent_pending = False
+        self._intent_pending = self._upgrade = False
         self._writes += 1
         live = set(pending.timeline.numbers())
         gone = list(pending.dead)

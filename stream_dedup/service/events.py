@@ -10,6 +10,10 @@ partition:
        "cluster_id": "a0", "empty": false, "topic": "news", "partition": 0,
        "offset": 42, "timestamp": 1717000000000, "document": {...}}
 
+  A new revision of an id (see ``docs/revisions.md``) also carries ``"revision": 2`` (3,
+  ...) and ``"previous"``, the text tag of the revision before; the event of an id's
+  first text has neither, so it is byte for byte what it was before revisions existed.
+
   ``timestamp`` is the input message's timestamp in milliseconds (``null`` if it had
   none); ``document`` is the original JSON object, byte for byte as it arrived (or the
   text, as a JSON string), unless pass-through is off.
@@ -42,6 +46,8 @@ HEADER_VERDICT = "stream-dedup.verdict"
 HEADER_CLUSTER = "stream-dedup.cluster-id"
 #: The id of the best earlier match; only on duplicates.
 HEADER_DUPLICATE_OF = "stream-dedup.duplicate-of"
+#: The revision number, in decimal; only from revision 2 on (see ``docs/revisions.md``).
+HEADER_REVISION = "stream-dedup.revision"
 
 #: Dead-letter headers (Kafka Connect's names; ``reason`` is ours, a stable code).
 DLQ_REASON = "__connect.errors.reason"
@@ -119,6 +125,8 @@ def event(verdict: Verdict, source: Source, document: bytes | None, topic: str) 
     ]
     if verdict.duplicate_of is not None:
         headers.append((HEADER_DUPLICATE_OF, verdict.duplicate_of.encode("utf-8", "surrogatepass")))
+    if verdict.revision != 1:
+        headers.append((HEADER_REVISION, str(verdict.revision).encode()))
     return OutRecord(topic, verdict.id.encode("utf-8", "surrogatepass"), value, headers)
 
 

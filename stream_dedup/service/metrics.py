@@ -18,6 +18,7 @@ stream_dedup_messages_consumed_total            counter    input messages taken 
 stream_dedup_verdicts_total{verdict}            counter    events emitted, unique/duplicate
 stream_dedup_dead_letters_total{reason}         counter    messages sent to the DLQ
 stream_dedup_replayed_documents_total           counter    ids decided before (stored verdict)
+stream_dedup_revisions_total                    counter    ids decided again on a new text
 stream_dedup_truncated_lookups_total            counter    lookups cut at max_candidates
 stream_dedup_time_field_missing_total           counter    input.time_field missing/unreadable
 stream_dedup_untimed_documents_total            counter    documents decided with no time
@@ -190,6 +191,11 @@ class Metrics:
         self.replayed = Counter(
             f"{p}_replayed_documents", "Documents whose id was already decided.", registry=r
         )
+        self.revisions = Counter(
+            f"{p}_revisions",
+            "Documents decided as a new revision: an id seen before with another text.",
+            registry=r,
+        )
         self.truncated = Counter(
             f"{p}_truncated_lookups", "Lookups cut at max_candidates.", registry=r
         )
@@ -331,6 +337,7 @@ class Metrics:
         self.observe_work(stats.candidates, stats.verifications)
         self.observe_decided_times(times_ms, now_s)
         self.replayed.inc(stats.replayed)
+        self.revisions.inc(stats.revisions)
         self.truncated.inc(stats.truncated_lookups)
 
     def observe_work(self, candidates: Sequence[int], verifications: Sequence[int]) -> None:
