@@ -32,7 +32,7 @@ from __future__ import annotations
 import contextlib
 import json
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -136,8 +136,11 @@ class DedupIndex(IndexReads):
                 )
             backend.write({keys.META: params.to_bytes()})
             self._params = params
+            self._stored_format = params.format_version
         else:
-            stored, self._upgrade = IndexParams.from_bytes(stored_raw).upgraded()
+            as_stored = IndexParams.from_bytes(stored_raw)
+            stored, self._upgrade = as_stored.upgraded()
+            self._stored_format = as_stored.format_version
             if params is not None and stored != params:
                 backend.close()
                 raise IndexMismatchError(backend.location, stored.differences(params))
@@ -313,6 +316,7 @@ class DedupIndex(IndexReads):
         self._timeline = pending.timeline
         self._stored_retention = pending.retention
         self._intent_pending = self._upgrade = False
+        self._stored_format = self._params.format_version
         self._writes += 1
         live = set(pending.timeline.numbers())
         gone = list(pending.dead)
@@ -377,7 +381,8 @@ class DedupIndex(IndexReads):
         oldest = timeline.clock_at(cutoff) if cutoff < c["indexed"] else NO_CLOCK
         return IndexStats(
             location=self.location,
-            params=self._params,
+            # The format as stored: an older one is stored anew at the next commit.
+            params=replace(self._params, format_version=self._stored_format),
             documents=c["documents"],
             indexed=c["indexed"],
             duplicates=c["duplicates"],

@@ -193,9 +193,11 @@ def test_an_index_of_format_2_opens_and_its_first_commit_upgrades_it(
     index = DedupIndex(backend, params)  # asked for format 3: reads format 2 as it is
     assert index.params == params
     assert backend.get_many([keys.META])[0] == old.to_bytes()  # opening writes nothing
+    assert index.stats().params.format_version == 2  # `stats` shows the format stored
     dedup = Deduplicator(index, config)
     (replay,) = dedup.process([Document("a", A)]).verdicts  # a format 2 record: revision 1
     assert replay.replayed and replay.revision == 1
     assert backend.get_many([keys.META])[0] == params.to_bytes()
+    assert index.stats().params.format_version == FORMAT_VERSION
     with pytest.raises(IndexMismatchError, match="format_version"):  # older versions refuse
         DedupIndex(backend, old)
