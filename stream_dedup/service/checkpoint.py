@@ -35,8 +35,9 @@ from stream_dedup.logs import fields
 from stream_dedup.service.batches import Ranges, TpKey
 from stream_dedup.service.broker_watch import BrokerWatch
 from stream_dedup.service.config import ServiceConfig
-from stream_dedup.service.decide import Decider, Rejected
+from stream_dedup.service.decide import DecidedBatch, Decider, Rejected
 from stream_dedup.service.events import OutRecord
+from stream_dedup.service.index_outage import IndexOutage
 from stream_dedup.service.inputs import Decoded
 from stream_dedup.service.kafka import EventProducer
 from stream_dedup.service.metrics import Metrics
@@ -74,6 +75,12 @@ class CommitStrategy(ABC):
         self._metrics = metrics
         self._settings = config.service
         self._keep_waiting = keep_waiting
+
+    @property
+    def index_down_since(self) -> float | None:
+        """When the shared index's current outage began (monotonic clock), or None: the
+        service is not ready meanwhile."""
+        return None
 
     def replay_delivered(self, intent: Ranges) -> bool:
         """Whether the batch ``intent`` announces was delivered before the last stop (then
@@ -214,11 +221,50 @@ class SharedIndex(CommitStrategy):
     stored only after the events are confirmed, and a batch consumed again after a crash
     between the two finds every verdict stored and re-emits identical events
     (``docs/shared-index.md``). There are no intents: ``replaying`` is never true here.
+
+    A Redis outage is ridden out (:class:`~stream_dedup.service.index_outage.IndexOutage`,
+    up to ``index.redis.outage_limit_s``): steps 1 and 4 are each retried whole, as a
+    replay in process would run them.
     """
+
+    def __init__(
+        self,
+        producer: EventProducer,
+        consumer: Consumer,
+        decider: Decider,
+        metrics: Metrics,
+        config: ServiceConfig,
+        keep_waiting: Callable[[], bool],
+    ) -> None:
+        super().__init__(producer, consumer, decider, metrics, config, keep_waiting)
+        self._outage = IndexOutage(config.index.redis.outage_limit_s, metrics, keep_waiting)
+
+    @property
+    def index_down_since(self) -> float | None:
+        return self._outage.down_since
 
     def commit(
         self, decoded: Decoded, sketched: Sketch | None, ranges: Ranges, *, replaying: bool
     ) -> BatchResult:
+        out = self._outage.call(
+            "deciding and storing a batch", lambda: self._decide_and_store(decoded, sketched)
+        )
+        started = time.perf_counter()
+        offsets = _next_offsets(ranges)
+        self._produce(out.records, out.rejected)  # 2. produce
+        self._confirm(offsets)  # 3. confirm every delivery
+        self._outage.call("storing offsets", lambda: self._index.write_offsets(offsets))  # 4.
+        self._commit_kafka(offsets)  # 5. offsets to Kafka, for lag tools
+        self._committed(started)
+        return out.result
+
+    def _decide_and_store(self, decoded: Decoded, sketched: Sketch | None) -> DecidedBatch:
+        """Step 1: under the lease, decide the batch and store it (one atomic write).
+
+        Run again after an outage, it takes a new lease, which first applies a write the
+        outage interrupted after its commit point; the batch's documents stored by then
+        get their stored verdicts back, so its events are the same as the first try's.
+        """
         metrics = self._metrics
         waited = time.perf_counter()
         with self._index.exclusive():
@@ -227,14 +273,7 @@ class SharedIndex(CommitStrategy):
             out = self._decider.build(decoded, sketched)
             self._index.apply(self._decider.dedup.prepare(out.result))  # 1. store
         metrics.lease_held.observe(time.perf_counter() - held)
-        started = time.perf_counter()
-        offsets = _next_offsets(ranges)
-        self._produce(out.records, out.rejected)  # 2. produce
-        self._confirm(offsets)  # 3. confirm every delivery
-        self._index.write_offsets(offsets)  # 4. the offsets
-        self._commit_kafka(offsets)  # 5. offsets to Kafka, for lag tools
-        self._committed(started)
-        return out.result
+        return out
 
 
 def open_strategy(

@@ -31,6 +31,8 @@ stream_dedup_last_commit_timestamp_seconds      gauge      Unix time of the last
 stream_dedup_commit_duration_seconds            histogram  one checkpoint (flush, index, kafka)
 stream_dedup_index_lease_wait_seconds           histogram  waits for the shared index's lease
 stream_dedup_index_lease_held_seconds           histogram  one batch decided and stored in it
+stream_dedup_index_up                           gauge      shared index: 0 in a Redis outage
+stream_dedup_index_retries_total                counter    index steps retried in an outage
 stream_dedup_kafka_commit_failures_total        counter    offset commits Kafka refused
 stream_dedup_sketch_worker_failures_total       counter    batches sketched in process instead
 stream_dedup_rebalances_total{kind}             counter    partition assign / revoke
@@ -207,8 +209,22 @@ class Metrics:
         )
 
     def _register_lease(self, r: CollectorRegistry) -> None:
-        """The shared index's lease (Redis backend): waiting for it, and holding it."""
+        """The shared index's lease (Redis backend): waiting for it, and holding it; and
+        Redis outages ridden out (``service/index_outage.py``)."""
         p = PREFIX
+        self.index_up = Gauge(
+            f"{p}_index_up",
+            "0 while the shared index's Redis is unreachable and the service retries; 1 "
+            "otherwise (always 1 for an index of one instance).",
+            registry=r,
+        )
+        self.index_up.set(1)
+        self.index_retries = Counter(
+            f"{p}_index_retries",
+            "Steps on the shared index (deciding and storing a batch, storing offsets) run "
+            "again because Redis was unreachable.",
+            registry=r,
+        )
         self.lease_wait = Histogram(
             f"{p}_index_lease_wait_seconds",
             "Waits for the shared index's lease (Redis backend) before deciding a batch.",
