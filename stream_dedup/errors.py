@@ -25,7 +25,8 @@ module is named::
     │       │                         permissions, a closed database): the service
     │       │                         stops without dead-lettering; fix and restart
     │       ├── IndexUnreachableError the shared index's Redis cannot be reached or
-    │       │                         refused a command
+    │       │                         refused a command (a running service retries up
+    │       │                         to index.redis.outage_limit_s first)
     │       └── IndexLeaseLostError   another instance took the shared index's lease
     │                                 before this one stored its batch
     ├── SketchWorkerError             service/prefetch/worker.py: the sketch worker failed
