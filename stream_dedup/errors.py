@@ -35,6 +35,8 @@ module is named::
     │                                 started; it returns 0 before any Kafka client
     ├── DeliveryAbandonedError        service/kafka.py: deliveries were unconfirmed when
     │                                 the service stopped; the batch is replayed
+    ├── RecordRefusedError            service/refusals.py: the dead-letter topic refused a
+    │                                 dead letter even without its value: the service stops
     ├── TransactionError              exactly-once delivery cannot go on (fenced by another
     │                                 instance, a fatal producer error, offsets unreadable
     │                                 at start): the service stops (exit code 1)
@@ -230,6 +232,21 @@ class IndexUnreachableError(IndexIOError):
         )
         self.path = location
         self.operation = operation
+        self.detail = detail
+
+
+class RecordRefusedError(StreamDedupError):
+    """A record was refused for good and nothing smaller can replace it: the dead-letter
+    topic refuses even a dead letter without its value (authorization, a topic policy).
+    Stopping keeps the record: its input message is consumed again at the next start."""
+
+    def __init__(self, topic: str, detail: str) -> None:
+        super().__init__(
+            f"the broker refused a record for {topic} for good ({detail}) and it has no "
+            "smaller replacement: check that the service may write the dead-letter topic "
+            "(output.dlq_topic) and its limits, then start again; the batch is consumed again"
+        )
+        self.topic = topic
         self.detail = detail
 
 

@@ -35,12 +35,13 @@ from stream_dedup.logs import fields
 from stream_dedup.service.batches import Ranges, TpKey
 from stream_dedup.service.broker_watch import BrokerWatch
 from stream_dedup.service.config import ServiceConfig
-from stream_dedup.service.decide import DecidedBatch, Decider, Rejected
+from stream_dedup.service.decide import DecidedBatch, Decider
 from stream_dedup.service.events import OutRecord
 from stream_dedup.service.index_outage import IndexOutage
 from stream_dedup.service.inputs import Decoded
 from stream_dedup.service.kafka import EventProducer
 from stream_dedup.service.metrics import Metrics
+from stream_dedup.service.refusals import Refused
 from stream_dedup.service.transactions import TransactionalProducer, intent_delivered
 
 log = logging.getLogger("stream_dedup.service.checkpoint")
@@ -100,18 +101,14 @@ class CommitStrategy(ABC):
 
     # -- the steps the strategies share ---------------------------------------------------
 
-    def _produce(self, records: list[OutRecord], rejected: Rejected) -> None:
+    def _produce(self, records: list[OutRecord], refused: Refused) -> None:
         """Hand a batch's records to the producer (a transaction's, in exactly-once mode);
-        a record the client rejects outright is replaced by what ``rejected`` gives."""
+        a record refused for good, now or at delivery, is replaced by what ``refused``
+        gives (:mod:`.refusals`)."""
         producer = self._producer
-        producer.begin()
-        for i, rec in enumerate(records):
-            try:
-                producer.produce(rec)
-            except KafkaException as exc:
-                replacement = rejected(i, exc)
-                if replacement is not None:
-                    producer.produce(replacement)
+        producer.begin(refused)
+        for rec in records:
+            producer.produce(rec)
 
     def _confirm(self, offsets: Offsets, group: object = None) -> None:
         """Return once every record is delivered (or the transaction committed)."""
@@ -158,7 +155,7 @@ class _IntentFirst(CommitStrategy):
                 extra=fields(action="none: its events are not emitted again"),
             )
         else:
-            self._produce(out.records, out.rejected)  # 2. produce
+            self._produce(out.records, out.refused)  # 2. produce
         pending = self._decider.dedup.prepare(out.result, offsets)  # 4. built while acked
         if not delivered:
             self._deliver(offsets)  # 3. confirm every delivery, or commit the transaction
@@ -251,7 +248,7 @@ class SharedIndex(CommitStrategy):
         )
         started = time.perf_counter()
         offsets = _next_offsets(ranges)
-        self._produce(out.records, out.rejected)  # 2. produce
+        self._produce(out.records, out.refused)  # 2. produce
         self._confirm(offsets)  # 3. confirm every delivery
         self._outage.call("storing offsets", lambda: self._index.write_offsets(offsets))  # 4.
         self._commit_kafka(offsets)  # 5. offsets to Kafka, for lag tools

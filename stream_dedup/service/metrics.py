@@ -17,6 +17,7 @@ name                                            type       meaning
 stream_dedup_messages_consumed_total            counter    input messages taken from Kafka
 stream_dedup_verdicts_total{verdict}            counter    events emitted, unique/duplicate
 stream_dedup_dead_letters_total{reason}         counter    messages sent to the DLQ
+stream_dedup_refused_records_total{kind}        counter    records refused for good, replaced
 stream_dedup_replayed_documents_total           counter    ids decided before (stored verdict)
 stream_dedup_truncated_lookups_total            counter    lookups cut at max_candidates
 stream_dedup_time_field_missing_total           counter    input.time_field missing/unreadable
@@ -187,8 +188,17 @@ class Metrics:
         self.dead_letters = Counter(
             f"{p}_dead_letters", "Messages sent to the dead-letter topic.", ["reason"], registry=r
         )
-        for reason in DecodeError.REASONS:
+        for reason in (*DecodeError.REASONS, "refused"):
             self.dead_letters.labels(reason)
+        self.refused = Counter(
+            f"{p}_refused_records",
+            "Output records the broker refused for good, by kind: an event (replaced by its "
+            "message's dead letter) or a dead letter (sent again without its value).",
+            ["kind"],
+            registry=r,
+        )
+        for refused in ("event", "dead_letter"):
+            self.refused.labels(refused)
         self.replayed = Counter(
             f"{p}_replayed_documents", "Documents whose id was already decided.", registry=r
         )
