@@ -35,8 +35,9 @@ module is named::
     │                                 started; it returns 0 before any Kafka client
     ├── DeliveryAbandonedError        service/kafka.py: deliveries were unconfirmed when
     │                                 the service stopped; the batch is replayed
-    ├── RecordRefusedError            service/refusals.py: the dead-letter topic refused a
-    │                                 dead letter even without its value: the service stops
+    ├── RecordRefusedError            the dead-letter topic refused a dead letter even
+    │                                 without its value (service/refusals.py): the service
+    │                                 stops (exit code 1)
     ├── TransactionError              exactly-once delivery cannot go on (fenced by another
     │                                 instance, a fatal producer error, offsets unreadable
     │                                 at start): the service stops (exit code 1)
