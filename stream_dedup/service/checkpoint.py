@@ -243,9 +243,12 @@ class SharedIndex(CommitStrategy):
     def commit(
         self, decoded: Decoded, sketched: Sketch | None, ranges: Ranges, *, replaying: bool
     ) -> BatchResult:
-        out = self._outage.call(
-            "deciding and storing a batch", lambda: self._decide_and_store(decoded, sketched)
-        )
+        built: list[DecidedBatch] = []  # one per attempt that got as far as deciding
+
+        def store() -> DecidedBatch:
+            return self._decide_and_store(decoded, sketched, built)
+
+        out = self._outage.call("deciding and storing a batch", store)
         started = time.perf_counter()
         offsets = _next_offsets(ranges)
         self._produce(out.records, out.refused)  # 2. produce
@@ -255,19 +258,23 @@ class SharedIndex(CommitStrategy):
         self._committed(started)
         return out.result
 
-    def _decide_and_store(self, decoded: Decoded, sketched: Sketch | None) -> DecidedBatch:
+    def _decide_and_store(
+        self, decoded: Decoded, sketched: Sketch | None, built: list[DecidedBatch]
+    ) -> DecidedBatch:
         """Step 1: under the lease, decide the batch and store it (one atomic write).
 
         Run again after an outage, it takes a new lease, which first applies a write the
         outage interrupted after its commit point; the batch's documents stored by then
         get their stored verdicts back, so its events are the same as the first try's.
+        ``built`` holds the earlier attempts' builds: their dead letters are counted once.
         """
         metrics = self._metrics
         waited = time.perf_counter()
         with self._index.exclusive():
             held = time.perf_counter()
             metrics.lease_wait.observe(held - waited)
-            out = self._decider.build(decoded, sketched)
+            out = self._decider.build(decoded, sketched, told=bool(built))
+            built.append(out)
             self._index.apply(self._decider.dedup.prepare(out.result))  # 1. store
         metrics.lease_held.observe(time.perf_counter() - held)
         return out

@@ -73,19 +73,29 @@ class Decider:
         #: (unique, duplicate) topics: derived from the input topic, read once.
         self._topics = (config.unique_topic, config.duplicate_topic)
 
-    def build(self, decoded: Decoded, sketched: Sketch | None = None) -> DecidedBatch:
+    def build(
+        self, decoded: Decoded, sketched: Sketch | None = None, *, told: bool = False
+    ) -> DecidedBatch:
         """Decide the decoded batch and build its records.
 
         ``sketched`` is the sketch of ``decoded.docs`` when it was computed ahead (by the
-        sketch worker); without it the documents are sketched here.
+        sketch worker); without it the documents are sketched here. ``told``: an earlier
+        build of this batch counted and logged its dead letters already (the shared
+        index's strategy builds a batch again after a Redis outage); nothing is counted
+        before deciding has succeeded, so a build that raised counted nothing.
         """
         cfg = self.config
-        dead = [
-            self.dead_letter(src, exc.reason, exc, "decode") for src, exc in decoded.undecodable
-        ]
         result, failed = self._decide(decoded.docs, sketched)
-        for i, error in failed:
-            dead.append(self.dead_letter(decoded.sources[i], "processing_error", error, "process"))
+        bad: list[tuple[Source, str, Exception, str]] = [
+            (src, exc.reason, exc, "decode") for src, exc in decoded.undecodable
+        ]
+        bad += [(decoded.sources[i], "processing_error", e, "process") for i, e in failed]
+        dead = [
+            dead_letter(src, cfg.dlq_topic, reason, exc, stage)
+            if told
+            else self.dead_letter(src, reason, exc, stage)
+            for src, reason, exc, stage in bad
+        ]
         failed_idx = {i for i, _ in failed}
         kept = [s for i, s in enumerate(decoded.sources) if i not in failed_idx]
         records: list[OutRecord] = []

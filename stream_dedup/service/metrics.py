@@ -75,7 +75,7 @@ from prometheus_client import (
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from stream_dedup.errors import DecodeError
+from stream_dedup.errors import DecodeError, IndexUnreachableError
 from stream_dedup.index.store import IndexStats
 from stream_dedup.models import VerdictKind
 from stream_dedup.service.bulk_histogram import BulkHistogram
@@ -125,8 +125,12 @@ class _ScrapeCollector(Collector):
             f"{PREFIX}_index_epochs", "Live epochs of the index (slices of the retention)."
         )
         source = self._m.index_source
-        if source is not None:
-            stats, n_filter = source()
+        try:
+            read = source() if source is not None else None
+        except IndexUnreachableError:  # left out while Redis is away (stream_dedup_index_up)
+            read = None
+        if read is not None:
+            stats, n_filter = read
             docs.add_metric([], stats.documents)
             size.add_metric([], stats.size_bytes)
             filters.add_metric([], n_filter)

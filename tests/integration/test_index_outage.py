@@ -31,8 +31,10 @@ from .support import (
     kijiji_documents,
     make_config,
     offline_reference,
+    produce,
     produce_json,
     read_topic,
+    scrape,
 )
 
 pytestmark = pytest.mark.broker
@@ -88,9 +90,12 @@ def test_a_short_redis_outage_is_ridden_out_and_nothing_is_decided_twice(
 
     node.stop()
     produce_json(bootstrap, topics.input, docs[HALF:])  # consumed, not storable meanwhile
+    produce(bootstrap, topics.input, [(None, b'{"id": "bad", "title": ', None)])
     wait_until(lambda: svc.metric("stream_dedup_index_up") == 0, 20, "no outage noticed")
     status, body = ready(svc)
     assert status == 503 and body["index_reachable"] is False
+    assert svc.service.http is not None  # /metrics still answers, without the index's gauges
+    assert scrape(svc.service.http.port, "stream_dedup_index_up") == 0
     time.sleep(3)  # a few seconds of outage, retried
     retries = svc.metric("stream_dedup_index_retries_total")
     assert retries >= 3
@@ -99,7 +104,7 @@ def test_a_short_redis_outage_is_ridden_out_and_nothing_is_decided_twice(
 
     wait_until(lambda: svc.metric("stream_dedup_index_up") == 1, 30, "outage never ended")
     wait_until(lambda: ready(svc)[0] == 200, 20, "not ready after the outage")
-    svc.wait_for("stream_dedup_messages_consumed_total", len(docs), timeout_s=30)
+    svc.wait_for("stream_dedup_messages_consumed_total", len(docs) + 1, timeout_s=30)
     assert svc.stop() == 0
     index = DedupIndex(RedisBackend(node.url, namespace=namespace), None)
     try:
@@ -117,7 +122,9 @@ def test_a_short_redis_outage_is_ridden_out_and_nothing_is_decided_twice(
         ref = reference[doc_id]
         fields = ("verdict", "duplicate_of", "similarity", "cluster_id")
         assert {k: ev[k] for k in fields} == {k: ref[k] for k in fields}, doc_id
-    assert read_topic(bootstrap, topics.dlq, 0, timeout_s=5, idle_s=1) == []
+    dead = read_topic(bootstrap, topics.dlq, 1, timeout_s=5, idle_s=1)
+    assert [m.value() for m in dead] == [b'{"id": "bad", "title": ']
+    assert svc.metric("stream_dedup_dead_letters_total", {"reason": "invalid_json"}) == 1
     said = [r.getMessage() for r in package_logs if r.name == "stream_dedup.service.index"]
     assert said == ["shared index unreachable; retrying", "shared index reachable again"]
 
