@@ -83,6 +83,15 @@ class CommitStrategy(ABC):
         service is not ready meanwhile."""
         return None
 
+    def stored_offsets(self) -> dict[TpKey, int]:
+        """The next offset of each partition as the index stores it, read when partitions
+        are assigned."""
+        return self._index.offsets()
+
+    def stored_intent(self) -> Ranges | None:
+        """The batch the index announced and never committed (read once, at start)."""
+        return self._index.intent()
+
     def replay_delivered(self, intent: Ranges) -> bool:
         """Whether the batch ``intent`` announces was delivered before the last stop (then
         its replay stores it without producing it again). Asked once, at start."""
@@ -239,6 +248,12 @@ class SharedIndex(CommitStrategy):
     @property
     def index_down_since(self) -> float | None:
         return self._outage.down_since
+
+    def stored_offsets(self) -> dict[TpKey, int]:
+        return self._outage.call("reading offsets", self._index.offsets)
+
+    def stored_intent(self) -> Ranges | None:
+        return self._outage.call("reading the batch intent", self._index.intent)
 
     def commit(
         self, decoded: Decoded, sketched: Sketch | None, ranges: Ranges, *, replaying: bool

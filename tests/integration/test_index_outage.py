@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from confluent_kafka import Consumer
 
 from stream_dedup.errors import IndexUnreachableError
 from stream_dedup.index import DedupIndex
@@ -127,6 +128,33 @@ def test_a_short_redis_outage_is_ridden_out_and_nothing_is_decided_twice(
     assert svc.metric("stream_dedup_dead_letters_total", {"reason": "invalid_json"}) == 1
     said = [r.getMessage() for r in package_logs if r.name == "stream_dedup.service.index"]
     assert said == ["shared index unreachable; retrying", "shared index reachable again"]
+
+
+def test_an_outage_during_a_rebalance_is_waited_out(
+    bootstrap: str, topics: Topics, tmp_path: Path, node: redis_local.PersistentNode
+) -> None:
+    """A rebalance reads the partitions' offsets from the index: in an outage it waits."""
+    docs = kijiji_documents(40)
+    config, _namespace = shared_config(bootstrap, topics, tmp_path, node.url, 60.0)
+    svc = ServiceThread(config).start()
+    wait_until(lambda: ready(svc)[0] == 200, 30, "the service never became ready")
+    node.stop()
+    other = Consumer({"bootstrap.servers": bootstrap, "group.id": topics.group})
+    other.subscribe([topics.input])  # joins the group: the service is assigned again
+    try:
+        deadline = time.monotonic() + 30
+        while svc.metric("stream_dedup_index_up") == 1:
+            assert time.monotonic() < deadline, "the rebalance did not wait for Redis"
+            other.poll(0.1)
+        assert svc.metric("stream_dedup_rebalances_total", {"kind": "assign"}) >= 1
+    finally:
+        other.close()  # leaves the group: the service gets every partition back
+    node.start()
+    produce_json(bootstrap, topics.input, docs)
+    svc.wait_for("stream_dedup_messages_consumed_total", len(docs))
+    wait_until(lambda: ready(svc)[0] == 200, 30, "not ready after the outage")
+    assert svc.stop() == 0
+    assert svc.metric("stream_dedup_index_up") == 1
 
 
 def test_an_outage_longer_than_the_limit_stops_the_service(
