@@ -137,9 +137,10 @@ def dead_letter(
 
     Headers added after the original ones: ``__connect.errors.reason`` (a stable code:
     ``invalid_json``, ``not_an_object``, ``missing_id``, ``invalid_id``, ``missing_content``,
-    ``invalid_content``, ``invalid_utf8``, ``too_large``, ``processing_error``),
+    ``invalid_content``, ``invalid_utf8``, ``too_large``, ``processing_error``, ``refused``:
+    the broker refused its event for good, see :mod:`.refusals`),
     ``__connect.errors.topic`` / ``.partition`` / ``.offset`` (the source),
-    ``__connect.errors.stage`` (``decode`` or ``process``),
+    ``__connect.errors.stage`` (``decode``, ``process`` or ``produce``),
     ``__connect.errors.exception.class.name`` and ``__connect.errors.exception.message``.
     """
     headers = list(source.headers)
