@@ -10,10 +10,12 @@ numba compiles the very function that Python runs, so the two give the same numb
 tests run both over the bundled corpora and compare verdicts and index bytes.
 
 The rule (:func:`runs_compiled`): compiled for a batch of more than :data:`SMALL_BATCH`
-documents (or :data:`SMALL_KEYS` keys, for the loops over keys), or whenever numba is
-loaded already, since then only the cache load is left to pay and a long-lived process
-(the service, after its warm-up) keeps the one path. Below that, the Python loops over a
-few documents take less time than loading numba would (docs/benchmarks.md, 2026-11-25).
+documents, or for a loop over more than :data:`SMALL_ITEMS` items (index keys, or the
+members of a batch's buckets: a few documents matched against a large index verify many
+candidates), or whenever numba is loaded already, since then only the cache load is left
+to pay and a long-lived process (the service, after its warm-up) keeps the one path.
+Below that, the Python loops take less time than loading numba would (docs/benchmarks.md,
+2026-11-25).
 
 The Python form runs with numpy's overflow warnings off: numba's 64-bit integers wrap
 silently, numpy's scalars wrap too but warn, and the hashes rely on the wrap.
@@ -32,12 +34,15 @@ import numpy as np
 
 F = TypeVar("F", bound=Callable[..., Any])
 
-#: The most documents a batch may have and still run the Python forms: above it, loading
-#: the compiled kernels costs less than the Python loops would (see the module docstring).
-SMALL_BATCH = 64
-#: The same bound for the loops over index keys (key filter, fingerprints): about as many
-#: keys as a batch of :data:`SMALL_BATCH` documents looks up.
-SMALL_KEYS = 32 * SMALL_BATCH
+#: The most documents a batch may have and still run the Python forms. The Python loops
+#: cost about 2.5 ms per news article, loading numba and its cached kernels about 1.5 s:
+#: even at 500 articles the Python forms were no slower (2026-11-25). A quarter of that
+#: leaves room for documents with more candidates and for slower machines.
+SMALL_BATCH = 128
+#: The same bound for the loops over index keys (key filter, fingerprints) and over the
+#: members of a batch's buckets (candidates to verify): about as many keys as a batch of
+#: :data:`SMALL_BATCH` documents looks up.
+SMALL_ITEMS = 32 * SMALL_BATCH
 
 _JIT: dict[str, Any] = {"nogil": True, "cache": True, "boundscheck": False}
 _MARK = "__stream_dedup_kernel__"
@@ -92,16 +97,17 @@ def python(fn: F) -> F:
     return run  # type: ignore[return-value]
 
 
-def runs_compiled(documents: int = 0, keys: int = 0) -> bool:
-    """Whether a batch of ``documents`` documents (or ``keys`` index keys) runs compiled."""
+def runs_compiled(documents: int = 0, items: int = 0) -> bool:
+    """Whether work over ``documents`` documents, or ``items`` keys or bucket members,
+    runs compiled (see the module docstring)."""
     if _forced:
         return _forced[-1]
-    return documents > SMALL_BATCH or keys > SMALL_KEYS or "numba" in sys.modules
+    return documents > SMALL_BATCH or items > SMALL_ITEMS or "numba" in sys.modules
 
 
-def choose(fn: F, documents: int = 0, keys: int = 0) -> F:
-    """Kernel ``fn`` in the form :func:`runs_compiled` picks for a batch of that size."""
-    return compiled(fn) if runs_compiled(documents, keys) else python(fn)
+def choose(fn: F, documents: int = 0, items: int = 0) -> F:
+    """Kernel ``fn`` in the form :func:`runs_compiled` picks for work of that size."""
+    return compiled(fn) if runs_compiled(documents, items) else python(fn)
 
 
 @contextmanager

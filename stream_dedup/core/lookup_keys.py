@@ -143,6 +143,6 @@ def fingerprints(bands: npt.NDArray[np.integer[Any]], hashes: U64) -> U64:
     """The fingerprint of each bucket key given as its band and its band hash."""
     out = np.empty(hashes.size, dtype=np.uint64)
     if hashes.size:
-        mix = jit.choose(_fingerprints, keys=hashes.size)
+        mix = jit.choose(_fingerprints, items=hashes.size)
         mix(bands.astype(np.uint16), hashes.astype(np.uint64), out)
     return out

@@ -159,7 +159,7 @@ def match_batch(
     q_flat, q_at, q_len = payloads
     r_docnums, r_flat, r_at, r_len = records
     u32, i64 = "<u4", "<i8"
-    kernel = jit.choose(_match_batch, documents=n)
+    kernel = jit.choose(_match_batch, documents=n, items=com_members.size + old_members.size)
     out = kernel(
         _read_only(fresh, "?"), _read_only(text_group, i64),
         np.array(group_docnum, dtype=np.int64),  # updated as the pass indexes texts

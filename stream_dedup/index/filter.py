@@ -134,7 +134,7 @@ def key_fingerprints(index_keys: Sequence[bytes]) -> U64:
     out = np.empty(len(index_keys), dtype=np.uint64)
     if index_keys:
         ends = np.cumsum(np.fromiter(map(len, index_keys), dtype=np.int64, count=len(out)))
-        hash_keys = jit.choose(_hash_keys, keys=len(out))
+        hash_keys = jit.choose(_hash_keys, items=len(out))
         hash_keys(np.frombuffer(b"".join(index_keys), dtype=np.uint8), ends, out)
     return out
 
@@ -178,7 +178,7 @@ class KeyFilter:
         """Add fingerprints (from :func:`bucket_fingerprints` or :func:`key_fingerprints`)."""
         if fps.size > self._room:
             self._grow(2 * (self._count + fps.size))
-        jit.choose(_insert, keys=fps.size)(self._layers[-1], _SALT, fps)
+        jit.choose(_insert, items=fps.size)(self._layers[-1], _SALT, fps)
         self._room -= fps.size
         self._count += fps.size
 
@@ -232,7 +232,7 @@ class KeyFilter:
     def may_hold(self, fps: U64) -> npt.NDArray[np.bool_]:
         """``False`` where the key was certainly never added; ``True`` where it may have been."""
         out = np.zeros(fps.size, dtype=np.bool_)
-        query = jit.choose(_query, keys=fps.size)
+        query = jit.choose(_query, items=fps.size)
         for layer in self._layers:
             query(layer, _SALT, fps, out)
         return out

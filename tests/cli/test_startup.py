@@ -16,6 +16,7 @@ import pytest
 
 from stream_dedup.cli import app
 from stream_dedup.cli import stats as cli_stats
+from stream_dedup.core import jit
 from stream_dedup.index.redis_layout import DEFAULT_NAMESPACE
 
 #: Modules no command's parser needs: the Kafka client, Redis, RocksDB, the compiler and
@@ -92,11 +93,12 @@ def test_dedup_of_a_few_documents_loads_neither_numba_nor_rocksdb(tmp_path: Path
 
 
 def test_dedup_of_a_large_batch_loads_numba(tmp_path: Path) -> None:
-    lines = [json.dumps({"id": str(i), "text": f"text number {i}"}) for i in range(100)]
+    n = jit.SMALL_BATCH + 1
+    lines = [json.dumps({"id": str(i), "text": f"text number {i}"}) for i in range(n)]
     (tmp_path / "many.jsonl").write_text("\n".join(lines) + "\n")
     loaded = loaded_by(["dedup", "many.jsonl", "-o", "out.jsonl", "-q"], tmp_path)
     assert "numba" in loaded
-    assert (tmp_path / "out.jsonl").read_text().count("\n") == 100
+    assert (tmp_path / "out.jsonl").read_text().count("\n") == n
 
 
 def test_the_detector_on_a_few_documents_loads_no_numba(tmp_path: Path) -> None:

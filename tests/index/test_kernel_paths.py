@@ -127,7 +127,9 @@ def test_word_signature_verification_too(tmp_path: Path) -> None:
 
 @pytest.fixture
 def fresh_choice() -> Iterator[None]:
-    """numba looks unloaded to :func:`jit.runs_compiled` (whatever earlier tests loaded)."""
+    """numba looks unloaded to :func:`jit.runs_compiled` (whatever earlier tests loaded);
+    ``drop_repeats`` is compiled first, as numba must not be imported a second time."""
+    jit.compiled(drop_repeats)
     numba = sys.modules.pop("numba", None)
     try:
         yield
@@ -140,8 +142,8 @@ def fresh_choice() -> Iterator[None]:
 def test_a_small_batch_runs_python_and_a_large_one_compiled() -> None:
     assert not jit.runs_compiled(documents=jit.SMALL_BATCH)
     assert jit.runs_compiled(documents=jit.SMALL_BATCH + 1)
-    assert not jit.runs_compiled(keys=jit.SMALL_KEYS)
-    assert jit.runs_compiled(keys=jit.SMALL_KEYS + 1)
+    assert not jit.runs_compiled(items=jit.SMALL_ITEMS)
+    assert jit.runs_compiled(items=jit.SMALL_ITEMS + 1)
     assert jit.choose(drop_repeats, documents=1) is not jit.compiled(drop_repeats)
     assert jit.choose(drop_repeats, documents=jit.SMALL_BATCH + 1) is jit.compiled(drop_repeats)
     with jit.forced(True):
