@@ -93,9 +93,9 @@ class Deduplicator:
 
         ``sketched`` is ``docs``' sketch when it was computed elsewhere (the service's
         sketch worker computes it one batch ahead); by default it is computed here. The
-        matching itself is one compiled pass (:func:`~stream_dedup.core.match.match_batch`);
-        this method gathers its inputs from the index and turns its numbers into verdicts
-        and records.
+        matching itself is one pass (:func:`~stream_dedup.core.match.match_batch`, compiled
+        unless the batch is small); this method gathers its inputs from the index and
+        turns its numbers into verdicts and records.
         """
         sk = sketched if sketched is not None else self.sketch(docs)
         if sk.size != len(docs):
