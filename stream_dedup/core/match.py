@@ -11,9 +11,9 @@ verification) would be the largest share of the service's main thread's work.
 members, the batch's own appends as per-bucket linked lists, and the verification payloads
 of both the prefetched records and the batch's documents. What it returns is numbers only
 (matched docnum, similarity, docnum given, counts); :class:`~stream_dedup.dedup.Deduplicator`
-turns them into verdicts and records. The kernel and the steps it is
-cut into are in :mod:`stream_dedup.core._match_kernels`; this module is its interface. A
-large batch runs them compiled by numba, a small one as the same functions in Python
+turns them into verdicts and records. The kernel and the steps it is cut into are in
+:mod:`stream_dedup.core._match_kernels`; this module is its interface. A large batch runs
+them compiled by numba, a small one as the same functions in Python
 (:mod:`stream_dedup.core.jit`), which spares a short run loading numba.
 
 Verification computes exact Jaccard (:func:`stream_dedup.core.verify.exact_jaccard`), but only

@@ -7,8 +7,7 @@ from its own Bloom filters, but only after each key has crossed into the library
 probed the memtable and every SST file: for tens of thousands of keys per batch, a large
 share of the service's time per document. This filter answers the same question for the
 whole batch in one compiled pass (a Python one for a few keys: :mod:`stream_dedup.core.jit`),
-with no call per key, and only the keys it cannot rule
-out are read from the index.
+with no call per key, and only the keys it cannot rule out are read from the index.
 
 It holds 64-bit fingerprints, never keys, so it cannot say a key exists, only that one
 does not: a false positive costs one read that finds nothing, and there are no false
