@@ -97,6 +97,7 @@ def events(verdicts: list[Verdict]) -> list[tuple[Any, ...]]:
     return [(e.key, e.value, e.headers) for e in (event(v, source, None, "out") for v in verdicts)]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("corpus", sorted(CORPORA))
 @pytest.mark.parametrize("store", ["memory", "rocks"])
 @pytest.mark.parametrize(
