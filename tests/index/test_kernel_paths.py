@@ -24,9 +24,9 @@ from stream_dedup.core.config import DedupConfig
 from stream_dedup.core.lookup_keys import fingerprints
 from stream_dedup.dedup import Deduplicator
 from stream_dedup.index import DedupIndex, MemoryBackend, open_index
-from stream_dedup.index.epoch_filters import FILTER_FILE
 from stream_dedup.index.filter import KeyFilter, key_fingerprints
 from stream_dedup.index.params import IndexParams
+from stream_dedup.index.retention import Retention
 from stream_dedup.models import Document, Verdict
 from stream_dedup.service.events import Source, event
 from stream_dedup.tools.generate import StreamSpec, generate
@@ -67,12 +67,19 @@ def rocks_bytes(path: Path) -> dict[str, dict[bytes, bytes]]:
 
 
 def run(
-    docs: list[Document], config: DedupConfig, where: Path | None, compiled: bool
+    docs: list[Document],
+    config: DedupConfig,
+    where: Path | None,
+    compiled: bool,
+    retention: Retention | None = None,
 ) -> tuple[list[Verdict], list[Any], Any]:
     """Decide ``docs`` in batches on one path: verdicts, per-batch work, the index's bytes."""
     memory = MemoryBackend()
     params = IndexParams.of(config)
-    index = DedupIndex(memory, params) if where is None else open_index(where, params)
+    if where is None:
+        index = DedupIndex(memory, params, retention=retention)
+    else:
+        index = open_index(where, params, retention=retention)
     dedup = Deduplicator(index, config)
     verdicts: list[Verdict] = []
     work: list[Any] = []
@@ -88,7 +95,9 @@ def run(
             stored: Any = {e: dict(memory.scan_prefix(b"", e)) for e in memory.epochs()}
         index.close()  # a RocksDB index saves its key filter (built on this path) here
     if where is not None:
-        stored = (rocks_bytes(where), (where / FILTER_FILE).read_bytes())
+        filters = {f.name: f.read_bytes() for f in where.glob("keyfilter*.bin")}
+        assert filters  # keyfilter.bin, or one per epoch under retention
+        stored = (rocks_bytes(where), filters)
     return verdicts, work, stored
 
 
@@ -124,6 +133,19 @@ def test_word_signature_verification_too(tmp_path: Path) -> None:
     docs = news()[:300]
     config = DedupConfig(shingle_kind="word", verify="signature")
     assert run(docs, config, None, compiled=False) == run(docs, config, None, compiled=True)
+
+
+def test_retention_expires_the_same_documents_on_both_paths(tmp_path: Path) -> None:
+    """A window on the documents' clock and a document limit: the matching pass's cutoffs
+    and change points, in both forms (the ads are timed one minute apart)."""
+    docs = [Document(d.id, d.content, 60_000 * i) for i, d in enumerate(ads()[:1200])]
+    retention = Retention(window=6 * 3600, max_documents=500)
+    config = DedupConfig()
+    py = run(docs, config, tmp_path / "py", compiled=False, retention=retention)
+    compiled = run(docs, config, tmp_path / "compiled", compiled=True, retention=retention)
+    assert py == compiled
+    _, work, _ = compiled
+    assert sum(len(points[0]) for _, _, points in work[1::2]) > 1  # the clock moved on
 
 
 @pytest.fixture
