@@ -1,7 +1,7 @@
 """Kernels written once, run compiled by numba or as plain Python: which one, by batch size.
 
-Importing numba and loading the compiled kernels from its cache costs about a second, more
-than a run over a few documents takes. So the kernel modules (:mod:`._kernels`,
+Importing numba and loading the compiled kernels from its cache costs about 1.5 s of CPU,
+far more than a run over a few documents takes. So the kernel modules (:mod:`._kernels`,
 :mod:`._match_kernels`, :mod:`.lookup_keys`, :mod:`stream_dedup.index.filter`) do not import
 numba: they mark their loops with :func:`kernel`, which leaves each an ordinary Python
 function, and the callers go through :func:`choose`, which hands back the compiled form
@@ -47,7 +47,7 @@ SMALL_ITEMS = 32 * SMALL_BATCH
 _JIT: dict[str, Any] = {"nogil": True, "cache": True, "boundscheck": False}
 _MARK = "__stream_dedup_kernel__"
 _compiled: dict[Callable[..., Any], Any] = {}
-#: Set by :func:`forced`: the path every choice takes (None: by size).
+#: Pushed by :func:`forced`: the last entry is the path every choice takes (empty: by size).
 _forced: list[bool] = []
 
 
