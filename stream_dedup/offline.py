@@ -25,7 +25,7 @@ from types import FrameType, TracebackType
 from typing import IO, Any, Literal
 
 from stream_dedup.decode import DocumentFormat, document_from_json
-from stream_dedup.dedup import Deduplicator
+from stream_dedup.dedup import Deduplicator, compiling_notice
 from stream_dedup.errors import DecodeError, InputError
 from stream_dedup.index.retention import NO_CLOCK, format_duration
 from stream_dedup.input_files import open_input as open_input
@@ -221,12 +221,16 @@ def run_offline(
     on_error: OnError = "skip",
     progress: IO[str] | None = None,
     report: IO[str] = sys.stderr,
+    notice: IO[str] | None = None,
 ) -> RunSummary:
     """Decide every document of ``lines`` in order and write one verdict line each.
 
     The verdicts of a batch are written, and ``out`` flushed, after the batch's commit:
     what ``out`` holds is always whole batches that the index holds too. SIGINT stops the
     run between batches with ``KeyboardInterrupt`` (see :class:`InterruptBetweenBatches`).
+    ``notice`` is told before the first batch when that batch must compile the kernels
+    (:func:`~stream_dedup.dedup.compiling_notice`): asked only then, as the first batch,
+    the largest, settles whether the run loads numba at all.
     """
     summary = RunSummary()
     start = time.perf_counter()
@@ -234,6 +238,9 @@ def run_offline(
     with InterruptBetweenBatches() as interrupts:
         for batch in batched(read_documents(lines, fmt, summary, on_error, report), batch_size):
             interrupts.in_batch = True
+            if notice is not None and (said := compiling_notice(len(batch))) is not None:
+                print(said, file=notice, flush=True)
+            notice = None
             result = dedup.process(batch)
             for v in result.verdicts:
                 out.write(verdict_line(v))

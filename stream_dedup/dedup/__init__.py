@@ -27,11 +27,18 @@ a batch), :mod:`.reads` (what a batch reads), :mod:`.writes` (verdicts and the b
 index writes), :mod:`.revisions` (which repeats of an id replay and which are new
 revisions), :mod:`.batch` (what a batch gives), :mod:`.queries` (texts asked about,
 decided against the index alone), :mod:`.kernels` (whether the compiled kernels are
-cached).
+cached, asked only before a batch that runs them).
 """
 
 from stream_dedup.dedup.batch import BatchResult, BatchStats
 from stream_dedup.dedup.deduplicator import Deduplicator
-from stream_dedup.dedup.kernels import COMPILING_NOTICE, kernels_cached
+from stream_dedup.dedup.kernels import COMPILING_NOTICE, compiling_notice, kernels_cached
 
-__all__ = ["COMPILING_NOTICE", "BatchResult", "BatchStats", "Deduplicator", "kernels_cached"]
+__all__ = [
+    "COMPILING_NOTICE",
+    "BatchResult",
+    "BatchStats",
+    "Deduplicator",
+    "compiling_notice",
+    "kernels_cached",
+]

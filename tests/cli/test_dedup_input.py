@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 
 from stream_dedup import dedup, offline
+from stream_dedup.core import jit
 from stream_dedup.core.config import DedupConfig
 from stream_dedup.decode import DocumentFormat
 from stream_dedup.dedup import COMPILING_NOTICE, BatchResult, Deduplicator
@@ -335,11 +336,22 @@ def test_the_sigint_handler_found_is_put_back(before: signal.Handlers, tmp_path:
 def test_the_first_compilation_is_announced(
     tmp_path: Path, capsys: Capsys, monkeypatch: pytest.MonkeyPatch, cached: bool
 ) -> None:
-    monkeypatch.setattr(dedup, "kernels_cached", lambda: cached)
+    monkeypatch.setattr(dedup.kernels, "kernels_cached", lambda: cached)
+    src = write(tmp_path / "in.jsonl", jsonl(RECORDS * 3))
+    with jit.forced(True):  # as a batch of more than jit.SMALL_BATCH documents would
+        assert run("dedup", str(src), "-o", str(tmp_path / "out"), "--batch-size", "2")[0] == 0
+        err = capsys.readouterr().err
+        assert err.startswith(COMPILING_NOTICE + "\n") is not cached
+        assert err.count(COMPILING_NOTICE) == (0 if cached else 1)  # before the first batch
+        assert run("dedup", str(src), "-o", str(tmp_path / "out"), "-q")[0] == 0
+        assert capsys.readouterr().err == ""
+
+
+def test_a_run_on_the_python_kernels_compiles_nothing_and_says_nothing(
+    tmp_path: Path, capsys: Capsys, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(dedup.kernels, "kernels_cached", lambda: False)
     src = write(tmp_path / "in.jsonl", jsonl(RECORDS))
-    assert run("dedup", str(src), "-o", str(tmp_path / "out"))[0] == 0
-    err = capsys.readouterr().err
-    assert err.startswith(COMPILING_NOTICE + "\n") is not cached
-    assert err.count(COMPILING_NOTICE) == (0 if cached else 1)
-    assert run("dedup", str(src), "-o", str(tmp_path / "out"), "-q")[0] == 0
-    assert capsys.readouterr().err == ""
+    with jit.forced(False):  # as a batch of at most jit.SMALL_BATCH documents would
+        assert run("dedup", str(src), "-o", str(tmp_path / "out"))[0] == 0
+    assert COMPILING_NOTICE not in capsys.readouterr().err

@@ -529,7 +529,8 @@ def test_an_index_of_the_old_layout_decides_as_before(
 
 def test_warm_up_loads_the_one_matching_kernel_every_batch_uses() -> None:
     """In a fresh process, warm_up leaves the matching pass compiled for the array types
-    real batches hand it, sketched here or by the worker (read-only shared memory).
+    real batches hand it, sketched here or by the worker (read-only shared memory), and
+    the small batches after it run compiled too (numba is loaded).
 
     The first batch would otherwise load it (up to a second) while documents wait. Run in a
     subprocess: in this one, other tests may have compiled it already.
@@ -540,11 +541,12 @@ def test_warm_up_loads_the_one_matching_kernel_every_batch_uses() -> None:
         "from stream_dedup.dedup import Deduplicator\n"
         "from stream_dedup.index import IndexParams, open_index\n"
         "from stream_dedup.models import Document\n"
-        "from stream_dedup.core import match as batch_match, sketch\n"
+        "from stream_dedup.core import jit, match as batch_match, sketch\n"
+        "kernel = jit.compiled(batch_match._match_batch)\n"
         "c = DedupConfig()\n"
         "d = Deduplicator(open_index(None, IndexParams.of(c)), c)\n"
         "d.warm_up()\n"
-        "after_warm_up = len(batch_match._match_batch.signatures)\n"
+        "after_warm_up = len(kernel.signatures)\n"
         "docs = [Document(str(i), 'the same long text about a harbour ' * 4 + str(i % 2))\n"
         "        for i in range(6)]\n"
         "d.process(docs[:3])\n"
@@ -552,7 +554,7 @@ def test_warm_up_loads_the_one_matching_kernel_every_batch_uses() -> None:
         "for a in packed:\n"
         "    if isinstance(a, np.ndarray): a.flags.writeable = False\n"
         "d.commit(d.decide(docs[3:], sketch.unpack(packed)))\n"
-        "print(after_warm_up, len(batch_match._match_batch.signatures))\n"
+        "print(after_warm_up, len(kernel.signatures))\n"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.split() == ["1", "1"]
