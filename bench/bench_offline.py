@@ -48,6 +48,7 @@ import numpy as np
 from datasketch import MinHash, MinHashLSH
 from rensa import RMinHash, RMinHashLSH
 
+from stream_dedup.core import jit
 from stream_dedup.core.config import DedupConfig
 from stream_dedup.core.normalize import normalize
 from stream_dedup.core.sketch import sketch
@@ -275,8 +276,9 @@ def run(args: argparse.Namespace) -> Report:
     bs = args.batch_size
     keep_freed_memory()  # as the command line does
     # Load (or compile, on the first run after an install) the sketch kernels outside
-    # the timings, as the peers' native code is loaded at import.
-    with tempfile.TemporaryDirectory() as warm:
+    # the timings, as the peers' native code is loaded at import (compiled: 50 documents
+    # would otherwise take the Python path and load nothing).
+    with tempfile.TemporaryDirectory() as warm, jit.forced(True):
         ours_pipeline(docs[:50], warm, bs)
     plan: list[Planned] = [
         ("signatures", "datasketch", datasketch_signatures, subset, sub_note),

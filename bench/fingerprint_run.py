@@ -6,6 +6,9 @@ byte-identical Kafka events for the same input. It drives the installed ``stream
 command (``generate`` and ``dedup``), so it works across changes of the package's layout.
 
     python bench/fingerprint_run.py  # the ads of tests/data; --kijiji FILE for others
+
+With ``--batch-size 16`` a run takes the kernels' Python path (:mod:`stream_dedup.core.jit`):
+its digests must equal those of a compiled run, from this checkout or another.
 """
 
 from __future__ import annotations
@@ -105,6 +108,9 @@ def main() -> None:
         "--kijiji", type=Path, default=KIJIJI, help="the ads (default: tests/data's copy)"
     )
     parser.add_argument("-n", "--documents", type=int, default=20_000, help="generated docs")
+    parser.add_argument(
+        "--batch-size", default="700", help="dedup's batch (700; 16: the kernels' Python path)"
+    )
     args = parser.parse_args()
     work = Path(tempfile.mkdtemp(prefix="fingerprint-"))
     try:
@@ -122,7 +128,8 @@ def main() -> None:
                 index = work / f"index-{name}-{len(extra)}"
                 out = work / f"out-{name}-{len(extra)}.jsonl"
                 _run("dedup", str(source), "-o", str(out), "--index", str(index),
-                     "--content-fields", fields, "--batch-size", "700", "-q", *extra)  # fmt: skip
+                     "--content-fields", fields, "--batch-size", args.batch_size,
+                     "-q", *extra)  # fmt: skip
                 verdicts = hashlib.sha256(out.read_bytes()).hexdigest()
                 index_hash, keys = _index_digest(index)
                 print(f"{label}: verdicts {verdicts[:16]}")

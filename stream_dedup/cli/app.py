@@ -27,6 +27,7 @@ from stream_dedup.errors import (
     ConfigError,
     IndexStoreError,
     InputError,
+    RecordRefusedError,
     StreamDedupError,
     TransactionError,
 )
@@ -53,7 +54,7 @@ def _open_for_dedup(args: argparse.Namespace) -> tuple[DedupIndex, DedupConfig]:
 
 def cmd_dedup(args: argparse.Namespace, out: IO[str], err: IO[str]) -> int:
     from stream_dedup.decode import DocumentFormat
-    from stream_dedup.dedup import COMPILING_NOTICE, Deduplicator, kernels_cached
+    from stream_dedup.dedup import Deduplicator
     from stream_dedup.index.retention import parse_duration
     from stream_dedup.input_files import open_input, output_over_input
     from stream_dedup.offline import MalformedLineError, no_time_warning, run_offline
@@ -75,8 +76,6 @@ def cmd_dedup(args: argparse.Namespace, out: IO[str], err: IO[str]) -> int:
     try:
         dedup = Deduplicator(index, config)
         show = err if (args.progress or (args.progress is None and err.isatty())) else None
-        if not args.quiet and not kernels_cached():
-            print(COMPILING_NOTICE, file=err, flush=True)
         with ExitStack() as stack:
             source = open_input(args.input, stack)
             target: IO[str] = (
@@ -93,6 +92,7 @@ def cmd_dedup(args: argparse.Namespace, out: IO[str], err: IO[str]) -> int:
                 on_error=args.on_error,
                 progress=show,
                 report=err,
+                notice=None if args.quiet else err,
             )
     except MalformedLineError as exc:
         print(f"error: {exc}. Fix the line or rerun with --on-error skip.", file=err)
@@ -305,7 +305,7 @@ def _main(argv: Sequence[str] | None, out: IO[str] | None) -> int:
     except InputError as exc:
         print(f"error: {exc}", file=err)
         return 2
-    except TransactionError as exc:  # run stopped; its last batch is replayed at the next start
+    except (TransactionError, RecordRefusedError) as exc:  # run stopped; its batch is replayed
         print(f"error: {exc}", file=err)
         return 1
     except BrokenPipeError:

@@ -11,5 +11,7 @@ it, one module per step:
 - :mod:`.sketch` runs the steps up to the band keys for a whole batch; for character
   shingles it takes the compiled path of :mod:`._kernels`, which gives bit for bit what the
   step modules give (the tests hold one against the other).
+- :mod:`.jit` decides whether a batch runs the kernels compiled by numba or as the same
+  functions in Python (a small batch: no numba to load).
 - :mod:`.config` holds the detector's parameters.
 """

@@ -1,4 +1,4 @@
-"""Compiled inner loops of the sketch path (numba), one pass per document over its units.
+"""Inner loops of the sketch path, compiled by numba, one pass per document over its units.
 
 Why compiled: the numpy formulation of normalise -> shingle -> sign makes some twenty passes
 over a batch's million grams (polynomial, finaliser, sort, compaction, bin minima), and the
@@ -11,26 +11,27 @@ loop. The results are bit-for-bit those of the reference functions
 which the tests check. Sorting stays with numpy, whose SIMD sort is several times faster
 than numba's.
 
-Kernels are compiled on first use and cached on disk next to this module (``cache=True``),
-so only the first process after an install pays the compilation (a few seconds).
+Kernels are compiled on first use (:func:`stream_dedup.core.jit.compiled`) and cached on disk
+next to this module, so only the first process after an install pays the compilation (a
+few seconds). A small batch sketches with the reference functions instead and never loads
+numba (:mod:`stream_dedup.core.jit`).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-import numba
 import numpy as np
 import numpy.typing as npt
 
-_JIT: dict[str, Any] = {"nogil": True, "cache": True, "boundscheck": False}
+from stream_dedup.core.jit import kernel
 
 #: ``WHITESPACE[c]`` for every code point up to the last one ``str.isspace`` accepts
 #: (U+3000); everything above is not whitespace. The same set ``str.split()`` splits on.
 WHITESPACE: npt.NDArray[np.bool_] = np.array([chr(c).isspace() for c in range(0x3001)])
 
 
-@numba.njit(**_JIT)  # type: ignore[untyped-decorator]
+@kernel
 def collapse_whitespace(
     units: Any, starts: Any, lengths: Any, table: Any, pad: int
 ) -> tuple[Any, Any, Any, Any]:
@@ -89,7 +90,7 @@ def collapse_whitespace(
     return out[: pos + pad], new_lengths, utf8[:at], utf8_lengths
 
 
-@numba.njit(**_JIT)  # type: ignore[untyped-decorator]
+@kernel
 def sketch_grams(
     units: Any,
     starts: Any,
@@ -163,7 +164,7 @@ def sketch_grams(
     return runs
 
 
-@numba.njit(**_JIT)  # type: ignore[untyped-decorator]
+@kernel
 def drop_repeats(values: Any, runs: Any) -> tuple[Any, Any]:
     """Within each sorted run ``values[runs[d] : runs[d + 1]]``, keep each value once.
 
@@ -191,24 +192,10 @@ def drop_repeats(values: Any, runs: Any) -> tuple[Any, Any]:
     return out[:pos], sizes
 
 
-@numba.njit(**_JIT)  # type: ignore[untyped-decorator]
-def intersection_size(a: Any, b: Any) -> int:
-    """How many values two sorted arrays of distinct values share (one merge pass)."""
-    i = 0
-    j = 0
-    shared = 0
-    while i < a.size and j < b.size:
-        x = a[i]
-        y = b[j]
-        shared += x == y
-        i += x <= y
-        j += y <= x
-    return shared
-
-
-@numba.njit(**_JIT)  # type: ignore[untyped-decorator]
+@kernel
 def intersection_at_least(a: Any, b: Any, need: int) -> int:
-    """:func:`intersection_size`, or -1 as soon as the count can no longer reach ``need``.
+    """How many values two sorted arrays of distinct values share (one merge pass), or -1
+    as soon as the count can no longer reach ``need``.
 
     After each step the values not yet passed can add at most the smaller of the two
     remainders; a candidate far below the threshold is given up after a few hundred steps

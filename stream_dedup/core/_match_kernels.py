@@ -1,10 +1,11 @@
-"""Compiled code of the matching pass (numba): the kernel and the steps it is cut into.
+"""The matching pass's kernel and the steps it is cut into, compiled by numba or run as Python.
 
 :func:`stream_dedup.core.match.match_batch` describes the pass, its arguments and its
 results. :func:`_match_batch` walks the batch's live documents in order and calls one
 helper per step. The helpers sit in the kernel's module because numba's on-disk cache
 checks only the source file of the function it caches: a helper elsewhere could change
-unseen by the cached kernel.
+unseen by the cached kernel. The same functions run as plain Python for a small batch
+(:mod:`stream_dedup.core.jit`): the compiled and the Python pass are one source.
 
 LLVM inlines only small helpers, and a call per document or per bucket costs about as
 much as the step itself (a document takes about a microsecond): the steps run per bucket
@@ -22,15 +23,13 @@ from __future__ import annotations
 import math
 from typing import Any
 
-import numba
 import numpy as np
 
 from stream_dedup.core._kernels import intersection_at_least
+from stream_dedup.core.jit import kernel
 
-_JIT: dict[str, Any] = {"nogil": True, "cache": True, "boundscheck": False}
 
-
-@numba.njit(**_JIT)  # type: ignore[untyped-decorator]
+@kernel
 def least_shared(total: int, threshold: float) -> int:
     """The least shared count m with ``m / (total - m) >= threshold``, as floats compare.
 
@@ -46,7 +45,7 @@ def least_shared(total: int, threshold: float) -> int:
     return m
 
 
-@numba.njit(**_JIT)  # type: ignore[untyped-decorator]
+@kernel
 def similarity_at_least(a: Any, b: Any, threshold: float) -> float:
     """Exact Jaccard of two sorted sets of distinct values if it is at least ``threshold``,
     else -1.0.
@@ -68,7 +67,7 @@ def similarity_at_least(a: Any, b: Any, threshold: float) -> float:
     return sim if sim >= threshold else -1.0
 
 
-@numba.njit(**_JIT)  # type: ignore[untyped-decorator]
+@kernel
 def _similarity(a: Any, b: Any, exact: bool, threshold: float) -> float:
     """Exact: :func:`similarity_at_least`; signature: the fraction of equal positions."""
     if not exact:
@@ -76,10 +75,10 @@ def _similarity(a: Any, b: Any, exact: bool, threshold: float) -> float:
         for i in range(a.size):
             equal += a[i] == b[i]
         return equal / a.size  # type: ignore[no-any-return]
-    return similarity_at_least(a, b, threshold)  # type: ignore[no-any-return]
+    return similarity_at_least(a, b, threshold)
 
 
-@numba.njit(**_JIT)  # type: ignore[untyped-decorator]
+@kernel
 def _first_held(
     clock: int, limits: Any, cp_doc: Any, cp_clock: Any, pt_doc: Any, pt_clock: Any, n_pts: int,
     next_docnum: int,
@@ -109,7 +108,7 @@ def _first_held(
     return lo
 
 
-@numba.njit(**_JIT)  # type: ignore[untyped-decorator]
+@kernel
 def _add_point(
     pt_doc: Any, pt_clock: Any, n_pts: int, num: int, clock: int, cp_clock: Any, opens: bool
 ) -> int:
@@ -135,7 +134,7 @@ def _add_point(
 HEAD, TAIL, COUNT, DOC, NEXT = 0, 1, 2, 3, 4
 
 
-@numba.njit(**_JIT)  # type: ignore[untyped-decorator]
+@kernel
 def _no_appends(n_keys: int) -> Any:
     """Empty ``lists`` for ``n_keys`` bucket slots, with room for one entry per key.
 
@@ -150,7 +149,7 @@ def _no_appends(n_keys: int) -> Any:
     return lists
 
 
-@numba.njit(**_JIT)  # type: ignore[untyped-decorator]
+@kernel
 def _held(s: int, com_len: Any, lists: Any, max_members: int) -> int:
     """How many members bucket slot ``s`` holds now: the committed ones and the batch's
     appends, at most ``max_members`` once the batch has appended (the index keeps a
@@ -160,13 +159,13 @@ def _held(s: int, com_len: Any, lists: Any, max_members: int) -> int:
     return com_len[s]  # type: ignore[no-any-return]
 
 
-@numba.njit(**_JIT)  # type: ignore[untyped-decorator]
+@kernel
 def _pushed_out(s: int, com_len: Any, lists: Any, max_members: int) -> int:
     """How many of bucket slot ``s``'s oldest members the batch's appends pushed out."""
     return com_len[s] + lists[COUNT, s] - _held(s, com_len, lists, max_members)  # type: ignore[no-any-return]
 
 
-@numba.njit(**_JIT)  # type: ignore[untyped-decorator]
+@kernel
 def _bucket_into(out: Any, at: int, skip: int, committed: Any, e: int, lists: Any) -> int:
     """Write a bucket's members, oldest first (``committed``, then the batch's appends from
     entry ``e`` on), less the first ``skip``, to ``out`` from ``at``; returns the position
@@ -191,7 +190,7 @@ def _bucket_into(out: Any, at: int, skip: int, committed: Any, e: int, lists: An
     return at
 
 
-@numba.njit(**_JIT)  # type: ignore[untyped-decorator]
+@kernel
 def _shared_counts(members: Any, lo: int) -> tuple[Any, Any]:
     """The distinct values of sorted ``members`` from ``lo`` on, and how often each occurs.
 
@@ -217,7 +216,7 @@ def _shared_counts(members: Any, lo: int) -> tuple[Any, Any]:
     return unique, counts
 
 
-@numba.njit(**_JIT)  # type: ignore[untyped-decorator]
+@kernel
 def _best_match(
     qa: Any, chosen: Any, q_flat: Any, q_at: Any, q_len: Any, records: Any, pos_of: Any,
     first: int, exact: bool, threshold: float,
@@ -248,7 +247,7 @@ def _best_match(
     return found, best
 
 
-@numba.njit(**_JIT)  # type: ignore[untyped-decorator]
+@kernel
 def _append(lists: Any, s: int, e: int, num: int, com_len: Any, max_members: int) -> bool:
     """Append docnum ``num`` to bucket slot ``s``'s list as entry ``e``, where the batch's
     later documents find it; returns whether the bucket was full (it evicts its oldest).
@@ -265,10 +264,10 @@ def _append(lists: Any, s: int, e: int, num: int, com_len: Any, max_members: int
         lists[HEAD, s] = e
     lists[TAIL, s] = e
     lists[COUNT, s] += 1
-    return full  # type: ignore[no-any-return]
+    return full
 
 
-@numba.njit(**_JIT)  # type: ignore[untyped-decorator]
+@kernel
 def _final_contents(
     com_at: Any, com_len: Any, com_members: Any, lists: Any, max_members: int
 ) -> tuple[Any, Any, Any]:
@@ -294,7 +293,7 @@ def _final_contents(
     return contents, content_at, content_len
 
 
-@numba.njit(**_JIT)  # type: ignore[untyped-decorator]
+@kernel
 def _match_batch(
     fresh: Any,
     text_group: Any,

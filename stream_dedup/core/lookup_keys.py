@@ -22,18 +22,17 @@ import hashlib
 from collections.abc import Sequence
 from typing import Any
 
-import numba
 import numpy as np
 import numpy.typing as npt
 
+from stream_dedup.core import jit
 from stream_dedup.core.hashing import U64
+from stream_dedup.core.jit import kernel
 
 #: Prefix byte of a band key.
 BUCKET = b"b"
 #: Prefix byte of an exact-text key.
 EXACT = b"x"
-
-_JIT: dict[str, Any] = {"nogil": True, "cache": True, "boundscheck": False}
 
 _BAND_DTYPE = np.dtype([("p", "S1"), ("band", ">u2"), ("h", ">u8")])
 
@@ -124,7 +123,7 @@ def exact_key(digest: bytes) -> bytes:
     return EXACT + digest
 
 
-@numba.njit(**_JIT)  # type: ignore[untyped-decorator]
+@kernel
 def splitmix64(h: Any) -> Any:
     """splitmix64's finaliser: a bijection of 64-bit words that spreads every bit."""
     h = (h ^ (h >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
@@ -132,7 +131,7 @@ def splitmix64(h: Any) -> Any:
     return h ^ (h >> np.uint64(31))
 
 
-@numba.njit(**_JIT)  # type: ignore[untyped-decorator]
+@kernel
 def _fingerprints(bands: npt.NDArray[np.uint16], hashes: U64, out: U64) -> None:
     """Mix each key's band into its band hash (splitmix64's finaliser)."""
     for i in range(hashes.size):
@@ -144,5 +143,6 @@ def fingerprints(bands: npt.NDArray[np.integer[Any]], hashes: U64) -> U64:
     """The fingerprint of each bucket key given as its band and its band hash."""
     out = np.empty(hashes.size, dtype=np.uint64)
     if hashes.size:
-        _fingerprints(bands.astype(np.uint16), hashes.astype(np.uint64), out)
+        mix = jit.choose(_fingerprints, items=hashes.size)
+        mix(bands.astype(np.uint16), hashes.astype(np.uint64), out)
     return out

@@ -1,4 +1,4 @@
-"""A batch's documents matched against their band buckets, in order, in one compiled pass.
+"""A batch's documents matched against their band buckets, in order, in one pass.
 
 Deciding a document means: take the members of its band buckets (what the index holds,
 plus what earlier documents of the same batch appended), count how many bands each member
@@ -11,8 +11,10 @@ verification) would be the largest share of the service's main thread's work.
 members, the batch's own appends as per-bucket linked lists, and the verification payloads
 of both the prefetched records and the batch's documents. What it returns is numbers only
 (matched docnum, similarity, docnum given, counts); :class:`~stream_dedup.dedup.Deduplicator`
-turns them into verdicts and records. The compiled code, the kernel and the steps it is
-cut into, is in :mod:`stream_dedup.core._match_kernels`; this module is its interface.
+turns them into verdicts and records. The kernel and the steps it is cut into are in
+:mod:`stream_dedup.core._match_kernels`; this module is its interface. A large batch runs
+them compiled by numba, a small one as the same functions in Python
+(:mod:`stream_dedup.core.jit`), which spares a short run loading numba.
 
 Verification computes exact Jaccard (:func:`stream_dedup.core.verify.exact_jaccard`), but only
 a match's value is used, so it gives up on a candidate as soon as it can no longer reach the
@@ -32,6 +34,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from stream_dedup.core import jit
 from stream_dedup.core._match_kernels import _match_batch as _match_batch
 from stream_dedup.core._match_kernels import least_shared as least_shared
 from stream_dedup.core._match_kernels import similarity_at_least as similarity_at_least
@@ -156,7 +159,8 @@ def match_batch(
     q_flat, q_at, q_len = payloads
     r_docnums, r_flat, r_at, r_len = records
     u32, i64 = "<u4", "<i8"
-    out = _match_batch(
+    kernel = jit.choose(_match_batch, documents=n, items=com_members.size + old_members.size)
+    out = kernel(
         _read_only(fresh, "?"), _read_only(text_group, i64),
         np.array(group_docnum, dtype=np.int64),  # updated as the pass indexes texts
         _read_only(slot, i64),

@@ -33,6 +33,7 @@ import numpy.typing as npt
 import zstandard
 
 from stream_dedup.core import _kernels as kernels
+from stream_dedup.core import jit
 from stream_dedup.core.config import DedupConfig
 from stream_dedup.core.hashing import POLY, U32, mix_seed
 from stream_dedup.core.shingles import SHINGLE_SALT, full_gram_bias, shingle_sets
@@ -72,9 +73,11 @@ def rebuild_sets(texts: Sequence[str], config: DedupConfig) -> list[U32]:
 
     Character shingles take the compiled kernel the sketch uses
     (:func:`~stream_dedup.core._kernels.sketch_grams`: its signature output is discarded),
-    then numpy's sort and the repeat-dropping pass; word shingles the numpy reference.
+    then numpy's sort and the repeat-dropping pass, when the sketch would (see
+    :func:`~stream_dedup.core.jit.runs_compiled`); otherwise, and for word shingles, the
+    numpy reference, which gives the same sets.
     """
-    if config.shingle.kind != "char":
+    if config.shingle.kind != "char" or not jit.runs_compiled(documents=len(texts)):
         return verification_sets(shingle_sets(texts, config.shingle, config.seed))
     k = config.shingle.k
     units = np.frombuffer("".join(texts).encode("utf-32-le", "surrogatepass"), dtype="<u4")
@@ -86,13 +89,13 @@ def rebuild_sets(texts: Sequence[str], config: DedupConfig) -> list[U32]:
     seed_mix = mix_seed(config.seed, SHINGLE_SALT)
     sigs = np.zeros((n, config.num_perm), dtype=np.uint32)
     filled = np.zeros((n, config.num_perm), dtype=bool)
-    runs = kernels.sketch_grams(
+    runs = jit.compiled(kernels.sketch_grams)(
         units, starts, lengths, k, POLY, full_gram_bias(k, 1, seed_mix), seed_mix,
         sigs, filled, high,
     )  # fmt: skip
     for lo, hi in itertools.pairwise(runs.tolist()):
         high[lo:hi].sort()
-    flat, sizes = kernels.drop_repeats(high, runs)
+    flat, sizes = jit.compiled(kernels.drop_repeats)(high, runs)
     ends = np.cumsum(sizes).tolist()
     return [flat[e - s : e] for e, s in zip(ends, sizes.tolist(), strict=True)]
 

@@ -2,11 +2,13 @@
 
 Everything a decision needs from the documents themselves, computed for the whole batch at
 once before the index is read. Character shingles (the default) take the compiled path of
-:mod:`stream_dedup.core._kernels`: NFKC and ``casefold`` per text (C code in the standard library),
-then one pass per document that collapses whitespace, one that hashes the grams into the
-signature bins and their verification halves, numpy's sort per document, and one pass that
-drops repeats. Word shingles take the numpy path of :mod:`stream_dedup.core.shingles`. Both give
-exactly what :func:`~stream_dedup.core.normalize.normalize`, :func:`~stream_dedup.core.shingles.
+:mod:`stream_dedup.core._kernels` when the batch is large enough to repay loading numba
+(:func:`stream_dedup.core.jit.runs_compiled`): NFKC and ``casefold`` per text (C code in
+the standard library), then one pass per document that collapses whitespace, one that
+hashes the grams into the signature bins and their verification halves, numpy's sort per
+document, and one pass that drops repeats. Word shingles, and a small batch of character
+shingles, take the numpy path of :mod:`stream_dedup.core.shingles`. Both give exactly what
+:func:`~stream_dedup.core.normalize.normalize`, :func:`~stream_dedup.core.shingles.
 shingle_sets`, :func:`~stream_dedup.core.signature.signatures` and
 :func:`~stream_dedup.core.verify.verification_sets` give, which the tests check.
 """
@@ -22,6 +24,7 @@ import numpy as np
 import numpy.typing as npt
 
 from stream_dedup.core import _kernels as kernels
+from stream_dedup.core import jit
 from stream_dedup.core.bands import BandPlan, band_hashes
 from stream_dedup.core.config import DedupConfig
 from stream_dedup.core.hashing import POLY, U32, U64, mix_seed
@@ -119,7 +122,7 @@ def sketch_packed(texts: Sequence[str], config: DedupConfig, plan: BandPlan) -> 
     verification sets as 2,000 arrays cost a copy to join them: the worker sends these,
     and only the process that decides turns them into the objects it uses.
     """
-    if config.shingle.kind == "char":
+    if config.shingle.kind == "char" and jit.runs_compiled(documents=len(texts)):
         live, flat, sizes, sigs, digests, texts_at = _sketch_char(texts, config)
     else:
         live, flat, sizes, sigs, digests, texts_at = _sketch_numpy(texts, config)
@@ -172,7 +175,7 @@ def _sketch_char(texts: Sequence[str], config: DedupConfig) -> _Parts:
     raw = np.frombuffer("".join(folded).encode("utf-32-le", "surrogatepass"), dtype="<u4")
     lengths = np.fromiter((len(t) for t in folded), dtype=np.int64, count=len(folded))
     starts = np.cumsum(lengths) - lengths
-    units, lengths, utf8, utf8_lengths = kernels.collapse_whitespace(
+    units, lengths, utf8, utf8_lengths = jit.compiled(kernels.collapse_whitespace)(
         raw, starts, lengths, kernels.WHITESPACE, k - 1
     )
     starts = np.cumsum(lengths) - lengths
@@ -185,7 +188,7 @@ def _sketch_char(texts: Sequence[str], config: DedupConfig) -> _Parts:
     counts = np.where(lengths >= k, lengths - k + 1, 1)
     high = np.empty(int(counts.sum()), dtype="<u4")
     seed_mix = mix_seed(config.seed, SHINGLE_SALT)
-    runs = kernels.sketch_grams(
+    runs = jit.compiled(kernels.sketch_grams)(
         units, starts, lengths, k, POLY, full_gram_bias(k, 1, seed_mix), seed_mix,
         sigs, filled, high,
     )  # fmt: skip
@@ -196,7 +199,7 @@ def _sketch_char(texts: Sequence[str], config: DedupConfig) -> _Parts:
         bounds = runs.tolist()
         for lo, hi in itertools.pairwise(bounds):
             high[lo:hi].sort()
-        flat, sizes = kernels.drop_repeats(high, runs)
+        flat, sizes = jit.compiled(kernels.drop_repeats)(high, runs)
     text = utf8.tobytes()
     at8, len8 = utf8_starts[live_at].tolist(), utf8_lengths[live_at].tolist()
     digests = [content_digest(text[s : s + c]) for s, c in zip(at8, len8, strict=True)]

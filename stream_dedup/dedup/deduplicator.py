@@ -14,6 +14,7 @@ from collections.abc import Callable, Mapping, Sequence
 
 import numpy as np
 
+from stream_dedup.core import jit
 from stream_dedup.core.config import DedupConfig
 from stream_dedup.core.hashing import U32
 from stream_dedup.core.match import I64, Expiry, Matches, match_batch
@@ -59,7 +60,8 @@ class Deduplicator:
         texts = ["warm-up text for the compiled kernels", "warm-up text for the kernels"]
         if notice is not None and not kernels_cached():
             notice(COMPILING_NOTICE)
-        self.decide([Document(f"\x00warm-up {i}", t) for i, t in enumerate(texts)])
+        with jit.forced(True):  # two documents would otherwise run the Python forms
+            self.decide([Document(f"\x00warm-up {i}", t) for i, t in enumerate(texts)])
 
     def process(
         self, docs: Sequence[Document], offsets: Mapping[tuple[str, int], int] | None = None
@@ -99,14 +101,14 @@ class Deduplicator:
 
         ``sketched`` is ``docs``' sketch when it was computed elsewhere (the service's
         sketch worker computes it one batch ahead); by default it is computed here. The
-        matching itself is one compiled pass (:func:`~stream_dedup.core.match.match_batch`);
-        this method gathers its inputs from the index and turns its numbers into verdicts
-        and records.
+        matching itself is one pass (:func:`~stream_dedup.core.match.match_batch`, compiled
+        unless the batch is small); this method gathers its inputs from the index and
+        turns its numbers into verdicts and records.
         """
         sk = sketched if sketched is not None else self.sketch(docs)
         if sk.size != len(docs):
             raise ValueError("the sketch handed in is not the sketch of these documents")
-        known = read_known(self.index, docs, sk)
+        known = read_known(self.index, docs, sk, self.config.revisions)
         epoch = self.index.batch_epoch()
         held = read_held(self.index, sk, known, epoch)
         doc_clock = clocks(docs, self.index.timeline.clock)

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
+from stream_dedup.core import jit
 from stream_dedup.core import lookup_keys as _lookup_keys
 from stream_dedup.core import match as _match
 
@@ -23,13 +25,27 @@ def kernels_cached() -> bool:
     matching pass and of the key fingerprints, the two kernels every configuration runs,
     where numba's own locator puts it (``__pycache__`` beside the module, or under
     ``NUMBA_CACHE_DIR``): one ``stat`` each. Should numba's internals move, it answers
-    True, as a missing notice costs less than a false one on every run.
+    True, as a missing notice costs less than a false one on every run. Asking imports
+    numba: ask only before a batch that runs compiled (:func:`.compiling_notice`).
     """
-    for kernel in (_match._match_batch, _lookup_keys._fingerprints):
+    kernels: tuple[Any, ...] = (_match._match_batch, _lookup_keys._fingerprints)
+    for kernel in kernels:
         try:
-            index = Path(kernel._cache._cache_file._index_path)
+            index = Path(jit.compiled(kernel)._cache._cache_file._index_path)
         except (AttributeError, TypeError):
             return True
         if not index.exists():
             return False
     return True
+
+
+def compiling_notice(documents: int) -> str | None:
+    """:data:`COMPILING_NOTICE` if a batch of ``documents`` documents is about to compile the
+    kernels, else None.
+
+    A batch that runs the Python forms (:func:`stream_dedup.core.jit.runs_compiled`)
+    compiles nothing and is not asked about: asking would load numba, which it avoids.
+    """
+    if jit.runs_compiled(documents=documents) and not kernels_cached():
+        return COMPILING_NOTICE
+    return None

@@ -6,8 +6,8 @@ bucket exists only where an earlier document had the same band. RocksDB answers 
 from its own Bloom filters, but only after each key has crossed into the library and
 probed the memtable and every SST file: for tens of thousands of keys per batch, a large
 share of the service's time per document. This filter answers the same question for the
-whole batch in one compiled pass, with no call per key, and only the keys it cannot rule
-out are read from the index.
+whole batch in one compiled pass (a Python one for a few keys: :mod:`stream_dedup.core.jit`),
+with no call per key, and only the keys it cannot rule out are read from the index.
 
 It holds 64-bit fingerprints, never keys, so it cannot say a key exists, only that one
 does not: a false positive costs one read that finds nothing, and there are no false
@@ -35,13 +35,13 @@ import os
 import struct
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
-import numba
 import numpy as np
 import numpy.typing as npt
 
+from stream_dedup.core import jit
 from stream_dedup.core.hashing import U64
+from stream_dedup.core.jit import kernel
 from stream_dedup.core.lookup_keys import fingerprints, parse_bucket_keys, splitmix64
 
 #: Bits of filter per key it is sized for (about 1% false positives).
@@ -64,12 +64,10 @@ _SALT = np.array(
     ],
     dtype=np.uint64,
 )
-_JIT: dict[str, Any] = {"nogil": True, "cache": True, "boundscheck": False}
-
 Words = npt.NDArray[np.uint32]
 
 
-@numba.njit(**_JIT)  # type: ignore[untyped-decorator]
+@kernel
 def _insert(words: Words, salt: U64, fps: U64) -> None:
     blocks = np.uint64(words.shape[0])
     low = np.uint64(0xFFFFFFFF)
@@ -82,7 +80,7 @@ def _insert(words: Words, salt: U64, fps: U64) -> None:
             words[block, j] |= np.uint32(1) << np.uint32(bit)
 
 
-@numba.njit(**_JIT)  # type: ignore[untyped-decorator]
+@kernel
 def _query(words: Words, salt: U64, fps: U64, out: npt.NDArray[np.bool_]) -> None:
     """``out[i] |= `` whether every bit of key ``i`` is set in this filter."""
     blocks = np.uint64(words.shape[0])
@@ -110,7 +108,7 @@ def bucket_fingerprints(bucket_keys: Sequence[bytes]) -> U64:
     return fingerprints(parsed["band"], parsed["h"])
 
 
-@numba.njit(**_JIT)  # type: ignore[untyped-decorator]
+@kernel
 def _hash_keys(data: npt.NDArray[np.uint8], ends: npt.NDArray[np.int64], out: U64) -> None:
     """A 64-bit hash of each key (``data[ends[i-1]:ends[i]]``): its length, then its bytes
     as little-endian 64-bit words (the last one zero-padded), each mixed into the state."""
@@ -135,7 +133,8 @@ def key_fingerprints(index_keys: Sequence[bytes]) -> U64:
     out = np.empty(len(index_keys), dtype=np.uint64)
     if index_keys:
         ends = np.cumsum(np.fromiter(map(len, index_keys), dtype=np.int64, count=len(out)))
-        _hash_keys(np.frombuffer(b"".join(index_keys), dtype=np.uint8), ends, out)
+        hash_keys = jit.choose(_hash_keys, items=len(out))
+        hash_keys(np.frombuffer(b"".join(index_keys), dtype=np.uint8), ends, out)
     return out
 
 
@@ -178,7 +177,7 @@ class KeyFilter:
         """Add fingerprints (from :func:`bucket_fingerprints` or :func:`key_fingerprints`)."""
         if fps.size > self._room:
             self._grow(2 * (self._count + fps.size))
-        _insert(self._layers[-1], _SALT, fps)
+        jit.choose(_insert, items=fps.size)(self._layers[-1], _SALT, fps)
         self._room -= fps.size
         self._count += fps.size
 
@@ -232,6 +231,7 @@ class KeyFilter:
     def may_hold(self, fps: U64) -> npt.NDArray[np.bool_]:
         """``False`` where the key was certainly never added; ``True`` where it may have been."""
         out = np.zeros(fps.size, dtype=np.bool_)
+        query = jit.choose(_query, items=fps.size)
         for layer in self._layers:
-            _query(layer, _SALT, fps, out)
+            query(layer, _SALT, fps, out)
         return out

@@ -131,8 +131,8 @@ def open_or_create(
         stored = index.params
         chosen = choose(stored.dedup_config())
         wanted = IndexParams.of(chosen)
-        if stored.mismatch(wanted):
-            raise IndexMismatchError(index.location, stored.mismatch(wanted))
+        if wanted != stored:
+            raise IndexMismatchError(index.location, stored.differences(wanted))
     except BaseException:
         index.close()
         raise

@@ -13,12 +13,18 @@ from stream_dedup.core.signature import SIGNATURE_SCHEME
 from stream_dedup.errors import IndexCorruptError
 
 #: Version of the on-disk layout (keys and value encodings in :mod:`.keys`, :mod:`.records`).
-#: 3: exact verification stores compressed normalised text, not verification sets.
-FORMAT_VERSION = 3
-#: Formats this version opens and decides on: a format-2 index is read as it is (its
-#: document records decode as before) and becomes format 3 at its first commit, from
-#: which on its new records hold texts (:mod:`stream_dedup.index.records`).
-READABLE_FORMATS = frozenset({2, 3})
+#: 3: a verdict record holds one verdict per revision of its id (``docs/revisions.md``).
+#: 4: exact verification stores compressed normalised text, not verification sets
+#: (``docs/payload.md``).
+FORMAT_VERSION = 4
+
+#: Older versions this one reads as they are and upgrades: a format 2 verdict record is a
+#: format 3 record of one revision; a document record of format 2 or 3 holds a
+#: verification set, read as it is, where one of format 4 holds text (marked in the
+#: record, so both kinds can sit in one index). The first commit stores the new version, so that an
+#: older stream-dedup then refuses the index (it could not read a second revision)
+#: instead of failing on the first record it cannot parse.
+UPGRADABLE_FORMATS = (2, 3)
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,6 +84,13 @@ class IndexParams:
         values.update(overrides)
         return DedupConfig(**values)  # type: ignore[arg-type]
 
+    def upgraded(self) -> tuple[IndexParams, bool]:
+        """These parameters at :data:`FORMAT_VERSION`, and whether that is an upgrade (see
+        :data:`UPGRADABLE_FORMATS`); other versions stay as they are, and are refused."""
+        if self.format_version not in UPGRADABLE_FORMATS:
+            return self, False
+        return replace(self, format_version=FORMAT_VERSION), True
+
     def to_bytes(self) -> bytes:
         return json.dumps(asdict(self), sort_keys=True).encode()
 
@@ -88,18 +101,6 @@ class IndexParams:
             return cls(**{f.name: data[f.name] for f in fields(cls)})
         except (ValueError, KeyError, TypeError) as exc:
             raise IndexCorruptError(f"index metadata does not parse: {exc}") from exc
-
-    def current(self) -> IndexParams:
-        """These parameters in the format this version writes."""
-        return replace(self, format_version=FORMAT_VERSION)
-
-    def mismatch(self, other: IndexParams) -> dict[str, tuple[object, object]]:
-        """:meth:`differences` that matter: none between formats both readable here."""
-        found = self.differences(other)
-        formats = {self.format_version, other.format_version}
-        if "format_version" in found and formats <= READABLE_FORMATS:
-            del found["format_version"]
-        return found
 
     def differences(self, other: IndexParams) -> dict[str, tuple[object, object]]:
         """``{name: (self's value, other's value)}`` for every parameter that differs."""

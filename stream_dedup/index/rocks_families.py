@@ -74,7 +74,7 @@ def small_options() -> Options:
     (``bench/bench_growth.py``; docs/benchmarks.md). A read checks one bloom filter per
     run, and reads here are few: the key filter of :mod:`stream_dedup.index.filter`
     answers most misses. Blocks are compressed with zstd: once document records hold
-    compressed text (format 3), these records are half of an index's bytes, and zstd takes
+    compressed text (format 4), these records are half of an index's bytes, and zstd takes
     ~25% off them (bucket members are docnums whose high bytes are zero, verdicts are JSON
     with repeated keys): 1,241 against 917 bytes per document on disk in all, LZ4 1,000
     (``bench/bench_bytes.py``, docs/benchmarks.md), for CPU in RocksDB's background
@@ -108,9 +108,9 @@ def docs_options() -> Options:
     """Options of the ``docs`` family: sequential keys, incompressible values.
 
     A document record is read only after a band bucket named its docnum, so it is always
-    present and needs no bloom filter; its payload is a zstd frame (format 3) or a set of
-    random 32-bit values (format 2), neither of which block compression shrinks. 16 MiB is
-    about twelve batches of 2,000 news articles of format 3 (two of format 2): flushes start
+    present and needs no bloom filter; its payload is a zstd frame (format 4) or a set of
+    random 32-bit values (formats 2 and 3), neither of which block compression shrinks. 16 MiB is
+    about twelve batches of 2,000 news articles of format 4 (two of formats 2 and 3): flushes start
     during a run rather than all at ``close``.
     """
     opts = Options(raw_mode=True)

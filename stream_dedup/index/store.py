@@ -32,7 +32,7 @@ from __future__ import annotations
 import contextlib
 import json
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -42,7 +42,7 @@ from stream_dedup.index import keys
 from stream_dedup.index.backend import NO_ORDERED_PUTS, Backend, OrderedPuts
 from stream_dedup.index.bucket_records import Members
 from stream_dedup.index.epoch_filters import FILTER_FILE, EpochFilters
-from stream_dedup.index.params import FORMAT_VERSION, IndexParams
+from stream_dedup.index.params import IndexParams
 from stream_dedup.index.pending import (
     PendingCommit,
     counter_records,
@@ -125,6 +125,7 @@ class DedupIndex(IndexReads):
         self._shared = backend.shared
         self._asked_retention = retention
         stored_raw = backend.get_many([keys.META])[0]
+        self._upgrade = False  # the stored format is older: the next commit stores the new
         if stored_raw is None:
             if params is None:
                 backend.close()
@@ -135,11 +136,14 @@ class DedupIndex(IndexReads):
                 )
             backend.write({keys.META: params.to_bytes()})
             self._params = params
+            self._stored_format = params.format_version
         else:
-            stored = IndexParams.from_bytes(stored_raw)
-            if params is not None and stored.mismatch(params):
+            as_stored = IndexParams.from_bytes(stored_raw)
+            stored, self._upgrade = as_stored.upgraded()
+            self._stored_format = as_stored.format_version
+            if params is not None and stored != params:
                 backend.close()
-                raise IndexMismatchError(backend.location, stored.mismatch(params))
+                raise IndexMismatchError(backend.location, stored.differences(params))
             self._params = stored
         self._load_state()
         self._intent_pending = self.intent() is not None
@@ -285,8 +289,8 @@ class DedupIndex(IndexReads):
             batch[keys.EPOCHS] = timeline.to_bytes()
         if self.retention != self._stored_retention:
             batch[keys.RETENTION] = self.retention.to_bytes()
-        if self._params.format_version != FORMAT_VERSION:  # an older index's first commit
-            batch[keys.META] = self._params.current().to_bytes()
+        if self._upgrade:
+            batch[keys.META] = self._params.to_bytes()
         # Every lookup key written reaches the filter, however it was handed in.
         fingerprints = written_fingerprints(batch, ordered, ordered_fingerprints)
         return PendingCommit(
@@ -306,13 +310,13 @@ class DedupIndex(IndexReads):
         if pending.after_writes != self._writes:
             raise RuntimeError("the index was written after this commit was prepared")
         self._backend.apply(pending.write)
-        self._params = self._params.current()  # the commit stored it (see prepare)
         if self._filters.loaded:  # not loaded yet: its scan will see these keys
             self._filters.add(pending.epoch, pending.fingerprints, self._new_filter_size())
         self._counters = pending.counters
         self._timeline = pending.timeline
         self._stored_retention = pending.retention
-        self._intent_pending = False
+        self._intent_pending = self._upgrade = False
+        self._stored_format = self._params.format_version
         self._writes += 1
         live = set(pending.timeline.numbers())
         gone = list(pending.dead)
@@ -377,7 +381,8 @@ class DedupIndex(IndexReads):
         oldest = timeline.clock_at(cutoff) if cutoff < c["indexed"] else NO_CLOCK
         return IndexStats(
             location=self.location,
-            params=self._params,
+            # The format as stored: an older one is stored anew at the next commit.
+            params=replace(self._params, format_version=self._stored_format),
             documents=c["documents"],
             indexed=c["indexed"],
             duplicates=c["duplicates"],

@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 
 from stream_dedup import dedup, offline
+from stream_dedup.core import jit
 from stream_dedup.core.config import DedupConfig
 from stream_dedup.decode import DocumentFormat
 from stream_dedup.dedup import COMPILING_NOTICE, BatchResult, Deduplicator
@@ -119,21 +120,38 @@ def test_a_corrupt_gzip_input_exits_2_naming_it(tmp_path: Path, capsys: Capsys) 
     assert "Traceback" not in err
 
 
-def test_replayed_ids_are_marked_and_other_texts_counted(tmp_path: Path, capsys: Capsys) -> None:
+@pytest.mark.parametrize("mode", ["decide", "replay"])
+def test_replayed_ids_are_marked_and_other_texts_revised(
+    tmp_path: Path, capsys: Capsys, mode: str
+) -> None:
     records = [
         *RECORDS,
         {"id": "a", "title": "Budget approved", "text": RECORDS[0]["text"]},  # same text
         {"id": "b", "text": "something else entirely"},  # other text
+        {"id": "z", "text": "something else entirely"},  # a copy of b's new text
     ]
     src = write(tmp_path / "in.jsonl", jsonl(records))
-    assert run("dedup", str(src), "-o", str(tmp_path / "out"))[0] == 0
+    flags = [] if mode == "decide" else ["--revisions", "replay"]
+    assert run("dedup", str(src), "-o", str(tmp_path / "out"), *flags)[0] == 0
     lines = read_verdicts(tmp_path / "out")
-    assert [v.get("replayed", False) for v in lines] == [False] * 6 + [True, True]
     assert lines[6] == {**lines[0], "replayed": True}
-    assert lines[7] == {**lines[1], "replayed": True}
     err = capsys.readouterr().err
-    assert "replayed    2" in err
-    assert "mismatched  1" in err
+    if mode == "replay":  # the old behaviour: b's first verdict, its new text never indexed
+        assert lines[7] == {**lines[1], "replayed": True}
+        assert (lines[8]["verdict"], "revision" in lines[7]) == ("unique", False)
+        assert "replayed    2" in err and "mismatched  1" in err and "revisions   0" in err
+        return
+    assert (lines[7]["revision"], lines[7]["verdict"], "replayed" in lines[7]) == (
+        2,
+        "unique",
+        False,
+    )
+    assert (lines[8]["verdict"], lines[8]["duplicate_of"], lines[8]["similarity"]) == (
+        "duplicate",
+        "b",
+        1.0,
+    )
+    assert "replayed    1" in err and "revisions   1" in err and "mismatched  0" in err
 
 
 # -- Ctrl-C ----------------------------------------------------------------------------
@@ -318,11 +336,22 @@ def test_the_sigint_handler_found_is_put_back(before: signal.Handlers, tmp_path:
 def test_the_first_compilation_is_announced(
     tmp_path: Path, capsys: Capsys, monkeypatch: pytest.MonkeyPatch, cached: bool
 ) -> None:
-    monkeypatch.setattr(dedup, "kernels_cached", lambda: cached)
+    monkeypatch.setattr(dedup.kernels, "kernels_cached", lambda: cached)
+    src = write(tmp_path / "in.jsonl", jsonl(RECORDS * 3))
+    with jit.forced(True):  # as a batch of more than jit.SMALL_BATCH documents would
+        assert run("dedup", str(src), "-o", str(tmp_path / "out"), "--batch-size", "2")[0] == 0
+        err = capsys.readouterr().err
+        assert err.startswith(COMPILING_NOTICE + "\n") is not cached
+        assert err.count(COMPILING_NOTICE) == (0 if cached else 1)  # before the first batch
+        assert run("dedup", str(src), "-o", str(tmp_path / "out"), "-q")[0] == 0
+        assert capsys.readouterr().err == ""
+
+
+def test_a_run_on_the_python_kernels_compiles_nothing_and_says_nothing(
+    tmp_path: Path, capsys: Capsys, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(dedup.kernels, "kernels_cached", lambda: False)
     src = write(tmp_path / "in.jsonl", jsonl(RECORDS))
-    assert run("dedup", str(src), "-o", str(tmp_path / "out"))[0] == 0
-    err = capsys.readouterr().err
-    assert err.startswith(COMPILING_NOTICE + "\n") is not cached
-    assert err.count(COMPILING_NOTICE) == (0 if cached else 1)
-    assert run("dedup", str(src), "-o", str(tmp_path / "out"), "-q")[0] == 0
-    assert capsys.readouterr().err == ""
+    with jit.forced(False):  # as a batch of at most jit.SMALL_BATCH documents would
+        assert run("dedup", str(src), "-o", str(tmp_path / "out"))[0] == 0
+    assert COMPILING_NOTICE not in capsys.readouterr().err

@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import random
 import sys
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 import pytest
 
+from stream_dedup.core import jit
 from stream_dedup.core._kernels import WHITESPACE, drop_repeats
 from stream_dedup.core.config import DedupConfig
 from stream_dedup.core.sketch import _sketch_char, _sketch_numpy, sketch
@@ -95,13 +98,16 @@ def test_sketch_lines_up_live_documents_with_their_keys() -> None:
     assert np.array_equal(sk.bucket_fingerprints, bucket_fingerprints(sk.bucket_keys))
 
 
-def test_drop_repeats_keeps_each_value_of_a_run_once_and_respects_empty_runs() -> None:
+@pytest.mark.parametrize("form", [jit.compiled, jit.python])
+def test_drop_repeats_keeps_each_value_of_a_run_once_and_respects_empty_runs(
+    form: Callable[[Any], Any],
+) -> None:
     rng = np.random.default_rng(7)
     runs_of = [np.sort(rng.integers(0, 6, rng.integers(0, 12))).astype("<u4") for _ in range(50)]
     runs_of += [np.empty(0, dtype="<u4"), np.array([5], dtype="<u4"), np.array([2, 2, 2], "<u4")]
     values = np.concatenate(runs_of)
     runs = np.concatenate([[0], np.cumsum([r.size for r in runs_of])]).astype(np.int64)
-    flat, sizes = drop_repeats(values, runs)
+    flat, sizes = form(drop_repeats)(values, runs)
     expected = [np.unique(r) for r in runs_of]
     assert sizes.tolist() == [e.size for e in expected]
     assert np.array_equal(flat, np.concatenate(expected))

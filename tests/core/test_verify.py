@@ -2,8 +2,13 @@
 
 from __future__ import annotations
 
-import numpy as np
+from collections.abc import Callable
+from typing import Any
 
+import numpy as np
+import pytest
+
+from stream_dedup.core import jit, match
 from stream_dedup.core.match import similarity_at_least
 from stream_dedup.core.normalize import normalize
 from stream_dedup.core.shingles import ShingleSets, ShingleSpec, shingle_sets
@@ -44,8 +49,13 @@ def test_exact_jaccard_matches_set_arithmetic() -> None:
     assert exact_jaccard(a, np.zeros(0, dtype=np.uint32)) == 0.0
 
 
-def test_similarity_at_least_is_exact_jaccard_above_the_threshold_and_minus_one_below() -> None:
-    """Every pair and threshold, including pairs exactly at it: same float, or -1."""
+@pytest.mark.parametrize("form", [jit.compiled, jit.python])
+def test_similarity_at_least_is_exact_jaccard_above_the_threshold_and_minus_one_below(
+    form: Callable[[Any], Any],
+) -> None:
+    """Every pair and threshold, including pairs exactly at it: same float, or -1, in
+    numba's compiled form and in Python's."""
+    similarity_at_least = form(match.similarity_at_least)
     rng = np.random.default_rng(11)
     checked = at_threshold = 0
     for _ in range(400):

@@ -190,14 +190,18 @@ def test_lone_surrogates_do_not_break_a_batch(make_dedup: DedupFactory) -> None:
     assert not result.verdicts[2].empty
 
 
+@pytest.mark.parametrize("mode", ["decide", "replay"])
 def test_resubmitted_id_returns_stored_verdict_and_changes_nothing(
-    make_dedup: DedupFactory,
+    make_dedup: DedupFactory, mode: str
 ) -> None:
-    dedup = make_dedup()
+    dedup = make_dedup(revisions=mode)
     original = dedup.process(docs(("a", A), ("a1", A1))).verdicts
     counters = {c: dedup.index.counter(c) for c in ("documents", "indexed", "duplicates")}
-    # Same ids, even with other content: the recorded verdict is returned unchanged.
-    replay = dedup.process(docs(("a1", B), ("a", "different now")))
+    # Same ids with the same normalised text (under "replay" even with other content):
+    # the recorded verdict is returned unchanged (other texts are revisions:
+    # test_revisions.py).
+    again = (("a1", A1.upper()), ("a", " " + A)) if mode == "decide" else (("a1", B), ("a", "new"))
+    replay = dedup.process(docs(*again))
     assert [v.replayed for v in replay.verdicts] == [True, True]
     for old, new in zip(original[::-1], replay.verdicts, strict=True):
         assert not old.replayed
@@ -217,7 +221,9 @@ def test_resubmitted_id_returns_stored_verdict_and_changes_nothing(
 
 
 def test_same_id_twice_in_one_batch_is_decided_once(make_dedup: DedupFactory) -> None:
-    dedup = make_dedup()
+    """Under ``revisions = "replay"`` (with the default, "a" with B is revision 2:
+    test_revisions.py)."""
+    dedup = make_dedup(revisions="replay")
     result = dedup.process(docs(("a", A), ("a", B), ("b", B)))
     first, second, b = result.verdicts
     assert (first.verdict, first.replayed) == (UNIQUE, False)
@@ -319,7 +325,7 @@ def test_index_policy_all_indexes_everything_with_their_texts(
     assert dedup.index.counter("indexed") == 3
     records = [decode_doc(v) for _, v in backend.scan_prefix(keys.DOC)]
     assert [(r.doc_id, r.cluster_id) for r in records] == [("a", "a"), ("a1", "a"), ("a2", "a")]
-    # Exact verification stores the normalised text, compressed (index format 3), from
+    # Exact verification stores the normalised text, compressed (index format 4), from
     # which the sorted distinct high halves of the shingle hashes are rebuilt.
     assert all(r.text for r in records)
     assert decode_text(records[2].payload) == normalize(A2)
@@ -472,7 +478,7 @@ def test_rocks_index_continues_after_reopen(tmp_path: Path) -> None:
     dedup.index.close()
     dedup = Deduplicator(open_index(path, IndexParams.of(config)), config)
     try:
-        result = dedup.process(docs(("a1", "x"), ("a2", A2), ("ok", "ok")))
+        result = dedup.process(docs(("a1", A1.upper()), ("a2", A2), ("ok", "ok")))
         assert summary(result.verdicts) == [
             ("a1", "duplicate", "a", "a"),
             ("a2", "duplicate", "a1", "a"),
@@ -527,7 +533,8 @@ def test_an_index_of_the_old_layout_decides_as_before(
 
 def test_warm_up_loads_the_one_matching_kernel_every_batch_uses() -> None:
     """In a fresh process, warm_up leaves the matching pass compiled for the array types
-    real batches hand it, sketched here or by the worker (read-only shared memory).
+    real batches hand it, sketched here or by the worker (read-only shared memory), and
+    the small batches after it run compiled too (numba is loaded).
 
     The first batch would otherwise load it (up to a second) while documents wait. Run in a
     subprocess: in this one, other tests may have compiled it already.
@@ -538,11 +545,12 @@ def test_warm_up_loads_the_one_matching_kernel_every_batch_uses() -> None:
         "from stream_dedup.dedup import Deduplicator\n"
         "from stream_dedup.index import IndexParams, open_index\n"
         "from stream_dedup.models import Document\n"
-        "from stream_dedup.core import match as batch_match, sketch\n"
+        "from stream_dedup.core import jit, match as batch_match, sketch\n"
+        "kernel = jit.compiled(batch_match._match_batch)\n"
         "c = DedupConfig()\n"
         "d = Deduplicator(open_index(None, IndexParams.of(c)), c)\n"
         "d.warm_up()\n"
-        "after_warm_up = len(batch_match._match_batch.signatures)\n"
+        "after_warm_up = len(kernel.signatures)\n"
         "docs = [Document(str(i), 'the same long text about a harbour ' * 4 + str(i % 2))\n"
         "        for i in range(6)]\n"
         "d.process(docs[:3])\n"
@@ -550,7 +558,7 @@ def test_warm_up_loads_the_one_matching_kernel_every_batch_uses() -> None:
         "for a in packed:\n"
         "    if isinstance(a, np.ndarray): a.flags.writeable = False\n"
         "d.commit(d.decide(docs[3:], sketch.unpack(packed)))\n"
-        "print(after_warm_up, len(batch_match._match_batch.signatures))\n"
+        "print(after_warm_up, len(kernel.signatures))\n"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.split() == ["1", "1"]

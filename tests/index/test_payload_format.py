@@ -1,5 +1,5 @@
-"""Index format 3 (compressed text payloads) decides exactly as format 2 (stored sets),
-and a format-2 index keeps opening, reading its records and deciding the same."""
+"""Index format 4 (compressed text payloads) decides exactly as formats 2 and 3 (stored
+sets), and a format-2 index keeps opening, reading its records and deciding the same."""
 
 from __future__ import annotations
 
@@ -76,14 +76,14 @@ def test_a_format_2_index_opens_and_decides_the_same(backend_factory: BackendFac
     old_records = dict(backend.scan_prefix(keys.DOC))
     assert old_records and not any(decode_doc(v).text for v in old_records.values())
 
-    reopened = DedupIndex(backend, IndexParams.of(CONFIG))  # format 3 opens format 2
-    assert reopened.params.format_version == 2
+    reopened = DedupIndex(backend, IndexParams.of(CONFIG))  # format 4 opens format 2
+    assert reopened.stats().params.format_version == 2  # as stored, until the first commit
     dedup = Deduplicator(reopened, CONFIG)
     dedup.set_cache.max_bytes = 0  # every text candidate's set rebuilt from its record
     rest = decide(dedup, docs[1500:])
     assert digest(first + rest) == FORMAT_2_DIGEST
     assert dedup.set_cache.rebuilt == dedup.set_cache.asked > 0  # new records were too
-    assert reopened.params.format_version == FORMAT_VERSION  # stored at its first commit
+    assert reopened.stats().params.format_version == FORMAT_VERSION  # stored at its first commit
     assert IndexParams.from_bytes(backend.get_many([keys.META])[0] or b"") == IndexParams.of(CONFIG)
     records = dict(backend.scan_prefix(keys.DOC))
     assert {k: records[k] for k in old_records} == old_records  # old records untouched

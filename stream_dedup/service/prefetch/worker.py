@@ -39,6 +39,7 @@ import time
 from collections.abc import Sequence
 from multiprocessing.connection import Connection
 
+from stream_dedup.core import jit
 from stream_dedup.core.config import DedupConfig
 from stream_dedup.core.sketch import PackedSketch, Sketch, sketch, sketch_packed, unpack
 from stream_dedup.decode import DecodeOutcome, MessageFormat, decode_messages
@@ -73,7 +74,8 @@ def _serve(conn: Connection, region: SharedRegion, requests: SharedRegion) -> No
     except (EOFError, OSError):
         return
     plan = config.band_plan()
-    sketch(["warm-up text for the compiled kernels", "warm-up text"], config, plan)
+    with jit.forced(True):  # two texts would otherwise take the Python path
+        sketch(["warm-up text for the compiled kernels", "warm-up text"], config, plan)
     try:
         conn.send(("ready", None))
     except OSError:
