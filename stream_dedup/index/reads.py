@@ -11,7 +11,9 @@ record encodings stay in this package.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import contextlib
+import threading
+from collections.abc import Callable, Iterator, Sequence
 
 import numpy as np
 
@@ -39,6 +41,21 @@ class IndexReads:
     _timeline: Timeline
     _counters: dict[str, int]
     _filters: EpochFilters
+    _state_lock: threading.Lock
+
+    @contextlib.contextmanager
+    def consistent(self) -> Iterator[None]:
+        """Read from another thread than the writer's: every read in here sees one
+        committed state.
+
+        A commit (:meth:`~.store.DedupIndex.apply`) changes the backend, the key filters,
+        the counters and the epochs one after the other; it waits while a reader is in
+        here, and a reader waits for it, so the reads in between never see half of one.
+        The writer's own reads need no lock (it is the only one to change the state).
+        Hold it for the reads only, not for the work on what they return: the writer waits.
+        """
+        with self._state_lock:
+            yield
 
     def read(self, keys_: Sequence[bytes]) -> list[bytes | None]:
         """One batched read of the index's own keys (and epoch 0's records)."""
