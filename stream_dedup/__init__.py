@@ -42,18 +42,20 @@ if TYPE_CHECKING:
         StreamDedupError,
         TransactionError,
     )
-    from stream_dedup.models import Document, Verdict, VerdictKind
+    from stream_dedup.models import CheckMatch, Document, Relation, Verdict, VerdictKind
 
 __version__ = "0.1.0"
 
 #: Public name -> the module that defines it.
 _EXPORTS = {
+    "CheckMatch": "stream_dedup.models",
     "DedupConfig": "stream_dedup.core.config",
     "Detector": "stream_dedup.api",
     "DetectorStats": "stream_dedup.api",
     "Document": "stream_dedup.models",
     "DocumentFormat": "stream_dedup.decode",
     "QueryResult": "stream_dedup.api",
+    "Relation": "stream_dedup.models",
     "Verdict": "stream_dedup.models",
     "VerdictKind": "stream_dedup.models",
     "ConfigError": "stream_dedup.errors",
@@ -74,6 +76,7 @@ _EXPORTS = {
 }
 
 __all__ = [
+    "CheckMatch",
     "ConfigError",
     "DecodeError",
     "DedupConfig",
@@ -92,6 +95,7 @@ __all__ = [
     "IndexUnreachableError",
     "InputError",
     "QueryResult",
+    "Relation",
     "RetentionWarning",
     "StreamDedupError",
     "TransactionError",
