@@ -35,7 +35,7 @@ from stream_dedup.errors import ConfigError
 from stream_dedup.index.store import DedupIndex, DocRecord
 from stream_dedup.models import CheckMatch, Relation
 
-__all__ = ["check_k", "check_texts"]
+__all__ = ["answer", "check_k", "check_texts"]
 
 
 def check_k(k: object, most: int | None = None) -> int:
@@ -142,3 +142,8 @@ def _best(
             CheckMatch(rec.doc_id, round(sim, 6), contained, reverse, rec.cluster_id, relation)
         )
     return out
+
+
+def answer(doc_id: str, matches: Sequence[CheckMatch]) -> dict[str, object]:
+    """One check's answer as the command line and the HTTP port write it (JSON)."""
+    return {"id": doc_id, "matches": [m.to_json() for m in matches]}
