@@ -47,6 +47,8 @@ stream_dedup_consumer_lag_messages{topic,part.}  gauge      lag from librdkafka 
 stream_dedup_decision_lag_seconds{edge}         gauge      now - time of last batch's oldest/newest
 stream_dedup_reorder_waiting_messages           gauge      consumed, held by the time-ordered merge
 stream_dedup_transactions_total{outcome}        counter    exactly-once: committed / aborted
+stream_dedup_check_requests_total{outcome}      counter    POST /check, /check/batch answered
+stream_dedup_check_duration_seconds             histogram  one check request, read to answer
 ==============================================  =========  =================================
 
 With them the client library's own ``process_*`` (the service process's CPU seconds,
@@ -85,8 +87,12 @@ PREFIX = "stream_dedup"
 _LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 _COUNT_BUCKETS = (0, 1, 2, 5, 10, 20, 50, 100, 200, 500, 1000)
 _BATCH_BUCKETS = (1, 10, 50, 100, 500, 1000, 2000, 5000, 10000)
+#: A check answers in milliseconds; 20 ms is the latency it is held to at p99.
+_CHECK_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 1.0)
+#: What became of a check request (``stream_dedup.service.check_http``).
+CHECK_OUTCOMES = ("ok", "bad_request", "too_large", "unavailable", "failed")
 
-__all__ = ["PREFIX", "BulkHistogram", "Metrics"]
+__all__ = ["CHECK_OUTCOMES", "PREFIX", "BulkHistogram", "Metrics"]
 
 
 class _ScrapeCollector(Collector):
@@ -165,6 +171,7 @@ class Metrics:
         self._register_checkpoints(registry)
         self._register_partitions(registry)
         self._register_transactions(registry)
+        self._register_checks(registry)
         registry.register(_ScrapeCollector(self))
         # The service process's CPU, memory and open files (process_*; Linux only, as
         # they read /proc) and the Python version (python_info), as the client library's
@@ -312,6 +319,24 @@ class Metrics:
         )
         for outcome in ("committed", "aborted"):
             self.transactions.labels(outcome)
+
+    def _register_checks(self, r: CollectorRegistry) -> None:
+        """The check endpoints: requests by outcome, and how long each took."""
+        p = PREFIX
+        self.check_requests = Counter(
+            f"{p}_check_requests",
+            "Check requests (POST /check, /check/batch) answered, by outcome.",
+            ["outcome"],
+            registry=r,
+        )
+        for outcome in CHECK_OUTCOMES:
+            self.check_requests.labels(outcome)
+        self.check_duration = Histogram(
+            f"{p}_check_duration_seconds",
+            "One check request, from its body read to its answer (index reads and scoring).",
+            buckets=_CHECK_BUCKETS,
+            registry=r,
+        )
 
     def observe_batch(
         self,
