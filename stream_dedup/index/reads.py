@@ -45,14 +45,19 @@ class IndexReads:
 
     @contextlib.contextmanager
     def consistent(self) -> Iterator[None]:
-        """Read from another thread than the writer's: every read in here sees one
-        committed state.
+        """Read from another thread than the writer's: the reads in here never see a
+        commit half applied.
 
-        A commit (:meth:`~.store.DedupIndex.apply`) changes the backend, the key filters,
-        the counters and the epochs one after the other; it waits while a reader is in
-        here, and a reader waits for it, so the reads in between never see half of one.
-        The writer's own reads need no lock (it is the only one to change the state).
-        Hold it for the reads only, not for the work on what they return: the writer waits.
+        A commit (:meth:`~stream_dedup.index.store.DedupIndex.apply`) writes the backend
+        in one atomic write (a read sees all of it or none of it), then swaps the key
+        filters, counters and epochs held in memory and drops the epochs retention let
+        go. That second part waits while a reader is in here, and a reader waits for it:
+        no read runs on a dropped epoch or on filters being changed. A reader may see a
+        commit's write before its swap: the newest batch's buckets and records with the
+        counters, cutoff and filters of the batch before (a view one batch older in
+        part, never a wrong one). The writer's own reads need no lock (it is the only one
+        to change the state). Hold it for the reads only, not for work on what they
+        return: the writer's swap waits.
         """
         with self._state_lock:
             yield

@@ -303,15 +303,16 @@ class DedupIndex(IndexReads):
         )
 
     def apply(self, pending: PendingCommit) -> None:
-        """Apply a prepared commit: the atomic write, the new counters and epochs in
-        memory, then the epochs it let go dropped; readers in ``consistent()`` wait."""
-        with self._state_lock:
-            self._apply(pending)
-
-    def _apply(self, pending: PendingCommit) -> None:
+        """Apply a prepared commit: the atomic write, then, while readers in
+        ``consistent()`` wait, the new counters and epochs in memory and the epochs it
+        let go dropped (a reader meanwhile sees the write whole or not at all)."""
         if pending.after_writes != self._writes:
             raise RuntimeError("the index was written after this commit was prepared")
         self._backend.apply(pending.write)
+        with self._state_lock:
+            self._swap(pending)
+
+    def _swap(self, pending: PendingCommit) -> None:
         if self._filters.loaded:  # not loaded yet: its scan will see these keys
             self._filters.add(pending.epoch, pending.fingerprints, self._new_filter_size())
         self._counters = pending.counters

@@ -15,11 +15,13 @@ it is closing; 500 when the index cannot be read.
 Thread safety: requests are answered on the HTTP server's threads while the loop thread
 decides and commits batches on the same index object. The loop is the only writer; a
 check does its index reads inside :meth:`~stream_dedup.index.reads.IndexReads.consistent`,
-the lock that the index's commit (:meth:`~stream_dedup.index.store.DedupIndex.apply`)
-also takes, so a check sees the index as of one committed batch, never half of one, and a
-commit waits at most for one check's reads (a batched read of its band buckets and
-candidate records: about a millisecond). The scoring runs outside the lock. A check
-therefore answers from what was committed, never from the batch being decided.
+a lock that a commit (:meth:`~stream_dedup.index.store.DedupIndex.apply`) takes only to
+swap the index's in-memory state (counters, epochs, key filters: microseconds) and to
+drop the epochs retention let go, not for its write, which is atomic by itself. So a
+check never reads a dropped epoch or a half-changed filter, reads only committed data
+(never the batch being decided), and a commit waits at most for one check's reads (a
+batched read of its band buckets and candidate records: about a millisecond). The
+scoring runs outside the lock.
 """
 
 from __future__ import annotations

@@ -3,15 +3,19 @@ order, exact containment both ways, and nothing written."""
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
 
 import pytest
 
+from stream_dedup.core.config import DedupConfig
 from stream_dedup.core.normalize import normalize
 from stream_dedup.dedup import Deduplicator
 from stream_dedup.dedup.check import check_texts
 from stream_dedup.errors import ConfigError
-from stream_dedup.index import Backend
+from stream_dedup.index import Backend, DedupIndex
+from stream_dedup.index.params import IndexParams
+from stream_dedup.index.retention import RetentionChange
 from stream_dedup.models import CheckMatch, Document, Relation
 from tests.index.test_dedup import DedupFactory, article, build, edit
 
@@ -150,3 +154,51 @@ def test_k_must_be_a_positive_whole_number(make_dedup: DedupFactory, k: object) 
     dedup = make_dedup()
     with pytest.raises(ConfigError, match="k"):
         check(dedup, ["text"], k=k)  # type: ignore[arg-type]
+
+
+def test_checks_on_other_threads_while_batches_commit_and_epochs_expire(
+    backend_factory: Callable[[], Backend],
+) -> None:
+    """The service's case: checks read the index on other threads while the writer
+    commits batches, opening and dropping epochs (max_documents); every check answers,
+    from committed documents, and the writer's verdicts are those of an index never
+    checked."""
+    config = DedupConfig()
+    held = RetentionChange.of(None, 400)
+
+    def open_one() -> Deduplicator:
+        return Deduplicator(DedupIndex(backend_factory(), IndexParams.of(config), held), config)
+
+    checked, plain = open_one(), open_one()
+    stories = [article(i) for i in range(60)]
+    batches = [
+        [Document(f"b{b}-{i}", edit(stories[(b + i) % 60], 3, b * 100 + i)) for i in range(100)]
+        for b in range(12)
+    ]
+    errors: list[BaseException] = []
+    answers: list[list[list[CheckMatch]]] = []
+    done = threading.Event()
+
+    def ask() -> None:
+        while not done.is_set():
+            try:
+                answers.append(check(checked, stories[:20], k=3))
+            except BaseException as exc:  # surfaced below
+                errors.append(exc)
+                return
+
+    askers = [threading.Thread(target=ask) for _ in range(2)]
+    for t in askers:
+        t.start()
+    try:
+        verdicts = [checked.process(batch).verdicts for batch in batches]
+    finally:
+        done.set()
+        for t in askers:
+            t.join(30)
+    assert not errors, errors
+    assert len(answers) >= 2 and any(any(a) for a in answers)
+    ids = {d.id for batch in batches for d in batch}
+    assert all(m.id in ids for a in answers for per_text in a for m in per_text)
+    assert len(checked.index.timeline.epochs) > 1 or checked.index.cutoff() > 0
+    assert verdicts == [plain.process(batch).verdicts for batch in batches]
