@@ -60,6 +60,9 @@ class HttpEndpoints:
             # the body of a kept-alive reply waits for the client's delayed ACK (~40 ms).
             protocol_version = "HTTP/1.1"
             disable_nagle_algorithm = True
+            # A connection idle (or a body unsent) this long is closed: a kept-alive client
+            # that went away does not hold a thread for ever.
+            timeout = 60
 
             def do_GET(self) -> None:
                 path = self.path.split("?", 1)[0]
