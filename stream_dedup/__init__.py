@@ -38,6 +38,7 @@ if TYPE_CHECKING:
         IndexStoreError,
         IndexUnreachableError,
         InputError,
+        RecordRefusedError,
         RetentionWarning,
         StreamDedupError,
         TransactionError,
@@ -72,6 +73,7 @@ _EXPORTS = {
     "InputError": "stream_dedup.errors",
     "RetentionWarning": "stream_dedup.errors",
     "StreamDedupError": "stream_dedup.errors",
+    "RecordRefusedError": "stream_dedup.errors",
     "TransactionError": "stream_dedup.errors",
 }
 
@@ -95,6 +97,7 @@ __all__ = [
     "IndexUnreachableError",
     "InputError",
     "QueryResult",
+    "RecordRefusedError",
     "Relation",
     "RetentionWarning",
     "StreamDedupError",

@@ -41,7 +41,10 @@ the normalised texts' shingle sets, a document is a duplicate of the most simila
 document at or above the threshold (its ``cluster_id`` is that cluster's first document),
 identical normalised texts match with similarity 1.0, and a text that normalises to nothing
 is ``unique`` with ``empty=True`` and never indexed. An id decided before gets its stored
-verdict back (``replayed=True``), so adding the same documents twice is harmless.
+verdict back (``replayed=True``), so adding the same documents twice is harmless; an id
+added again with another text is decided again as its next revision
+(``Verdict.revision``; ``revisions="replay"`` keeps the old verdict: see
+``docs/revisions.md``).
 """
 
 from __future__ import annotations
@@ -193,7 +196,7 @@ class Detector:
         )
 
     def __len__(self) -> int:
-        """Documents decided so far (each id once)."""
+        """Documents decided so far (each id once per text: revisions count)."""
         return self._open_index().counter("documents")
 
     def __repr__(self) -> str:
@@ -205,8 +208,9 @@ class Detector:
     def add(self, id: str, text: str) -> Verdict:
         """Decide one document against everything added before, then index it.
 
-        Returns its :class:`~stream_dedup.models.Verdict`; an ``id`` decided before returns
-        the stored verdict (``replayed=True``) and changes nothing.
+        Returns its :class:`~stream_dedup.models.Verdict`; an ``id`` decided before with the
+        same normalised text returns the stored verdict (``replayed=True``) and changes
+        nothing; with another text it is decided as the id's next revision.
         """
         return self._add_many([(id, text)])[0]
 

@@ -25,7 +25,8 @@ module is named::
     │       │                         permissions, a closed database): the service
     │       │                         stops without dead-lettering; fix and restart
     │       ├── IndexUnreachableError the shared index's Redis cannot be reached or
-    │       │                         refused a command
+    │       │                         refused a command (a running service retries up
+    │       │                         to index.redis.outage_limit_s first)
     │       └── IndexLeaseLostError   another instance took the shared index's lease
     │                                 before this one stored its batch
     ├── SketchWorkerError             service/prefetch/worker.py: the sketch worker failed
@@ -34,6 +35,9 @@ module is named::
     │                                 started; it returns 0 before any Kafka client
     ├── DeliveryAbandonedError        service/kafka.py: deliveries were unconfirmed when
     │                                 the service stopped; the batch is replayed
+    ├── RecordRefusedError            the dead-letter topic refused a dead letter even
+    │                                 without its value (service/refusals.py): the service
+    │                                 stops (exit code 1)
     ├── TransactionError              exactly-once delivery cannot go on (fenced by another
     │                                 instance, a fatal producer error, offsets unreadable
     │                                 at start): the service stops (exit code 1)
@@ -229,6 +233,21 @@ class IndexUnreachableError(IndexIOError):
         )
         self.path = location
         self.operation = operation
+        self.detail = detail
+
+
+class RecordRefusedError(StreamDedupError):
+    """A record was refused for good and nothing smaller can replace it: the dead-letter
+    topic refuses even a dead letter without its value (authorization, a topic policy).
+    Stopping keeps the record: its input message is consumed again at the next start."""
+
+    def __init__(self, topic: str, detail: str) -> None:
+        super().__init__(
+            f"the broker refused a record for {topic} for good ({detail}) and it has no "
+            "smaller replacement: check that the service may write the dead-letter topic "
+            "(output.dlq_topic) and its limits, then start again; the batch is consumed again"
+        )
+        self.topic = topic
         self.detail = detail
 
 

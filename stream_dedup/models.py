@@ -43,6 +43,11 @@ class Verdict:
     document is ``unique``, never enters the index and never matches anything.
     ``replayed`` is True when the id had been decided before and the stored verdict was
     returned unchanged.
+
+    ``revision`` numbers the texts an id was decided on (1: its first text; see
+    ``docs/revisions.md``): an id seen again with another normalised text is decided again
+    as revision 2, 3, ..., and ``previous`` is the text tag of the revision before
+    (``""`` when that one was empty content; ``None`` for revision 1).
     """
 
     id: str
@@ -52,6 +57,8 @@ class Verdict:
     cluster_id: str
     empty: bool = False
     replayed: bool = False
+    revision: int = 1
+    previous: str | None = None
 
     def __init__(
         self,
@@ -62,13 +69,23 @@ class Verdict:
         cluster_id: str,
         empty: bool = False,
         replayed: bool = False,
+        revision: int = 1,
+        previous: str | None = None,
     ) -> None:
         # A frozen dataclass's own __init__ sets each field by name through
         # object.__setattr__; the slots' descriptors (_FIELD_SETTERS) set them at about
         # half the cost, for one verdict per document decided.
-        set_id, set_verdict, set_of, set_similarity, set_cluster, set_empty, set_replayed = (
-            _FIELD_SETTERS
-        )
+        (
+            set_id,
+            set_verdict,
+            set_of,
+            set_similarity,
+            set_cluster,
+            set_empty,
+            set_replayed,
+            set_revision,
+            set_previous,
+        ) = _FIELD_SETTERS
         set_id(self, id)
         set_verdict(self, verdict)
         set_of(self, duplicate_of)
@@ -76,6 +93,8 @@ class Verdict:
         set_cluster(self, cluster_id)
         set_empty(self, empty)
         set_replayed(self, replayed)
+        set_revision(self, revision)
+        set_previous(self, previous)
 
     @property
     def is_duplicate(self) -> bool:
@@ -86,14 +105,20 @@ class Verdict:
 
         ``verdict`` is the :class:`VerdictKind` itself, a ``str`` that JSON encoders write
         as its value (reading ``.value`` off an enum costs more than encoding the event).
+        ``revision`` and ``previous`` are written only from revision 2 on: the events of an
+        id's first text are those of a stream without revisions, byte for byte.
         """
-        return {
+        body: dict[str, Any] = {
             "id": self.id,
             "verdict": self.verdict,
             "duplicate_of": self.duplicate_of,
             "similarity": self.similarity,
             "cluster_id": self.cluster_id,
         }
+        if self.revision != 1:
+            body["revision"] = self.revision
+            body["previous"] = self.previous
+        return body
 
 
 class Relation(StrEnum):

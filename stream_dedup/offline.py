@@ -43,8 +43,10 @@ class RunSummary:
     duplicates: int = 0
     empty: int = 0
     replayed: int = 0
-    #: Replayed ids whose normalised text differs from their first occurrence's.
+    #: Replayed ids whose normalised text no revision of the id had (``revisions =
+    #: "replay"`` only), and documents decided as a new revision of their id.
     mismatched_repeats: int = 0
+    revisions: int = 0
     malformed: int = 0
     candidates: int = 0
     verifications: int = 0
@@ -78,9 +80,11 @@ class RunSummary:
             f"duplicates  {self.duplicates} ({dup_pct:.1f}%)",
             f"unique      {self.documents - self.duplicates}",
             f"empty       {self.empty}",
-            f"replayed    {self.replayed} (ids seen before: their first verdict again)",
-            f"mismatched  {self.mismatched_repeats} (replayed ids whose text differs from "
-            "the first occurrence's)",
+            f"replayed    {self.replayed} (ids seen before with the same text: their verdict "
+            "again)",
+            f"revisions   {self.revisions} (ids seen before with another text: decided again)",
+            f"mismatched  {self.mismatched_repeats} (replayed ids with another text, under "
+            "revisions = replay)",
             f"malformed   {self.malformed}",
             f"time        {self.seconds:.2f} s ({self.rate:,.0f} docs/s)",
         ]
@@ -142,7 +146,8 @@ def batched(docs: Iterable[Document], size: int) -> Iterator[list[Document]]:
 
 
 def verdict_line(v: Verdict) -> str:
-    """One output line: the event fields, plus ``empty`` and ``replayed`` when true."""
+    """One output line: the event fields (``revision`` and ``previous`` from an id's
+    second text on), plus ``empty`` and ``replayed`` when true."""
     body = v.to_json()
     if v.empty:
         body["empty"] = True
@@ -241,6 +246,7 @@ def run_offline(
             summary.documents += len(batch)
             summary.replayed += result.stats.replayed
             summary.mismatched_repeats += result.stats.mismatched_repeats
+            summary.revisions += result.stats.revisions
             summary.candidates += sum(result.stats.candidates)
             summary.verifications += sum(result.stats.verifications)
             summary.truncated_lookups += result.stats.truncated_lookups

@@ -150,7 +150,12 @@ def test_near_duplicates_of_the_ads_are_found_with_their_similarity(
 def test_verdicts_equal_the_offline_commands(
     where: Path | None, tmp_path: Path, batch_size: int
 ) -> None:
-    docs = [*STORIES, ("blank", "  \n "), ("doc-000003", "a replayed id")]
+    docs = [
+        *STORIES,
+        ("blank", "  \n "),
+        ("doc-000003", "a revised text"),  # revision 2 of an id
+        ("doc-000003", STORIES[3][1]),  # its revision 1 again
+    ]
     expected = offline(tmp_path, docs, "--index", str(tmp_path / "cli-index"))
     with Detector(where, batch_size=batch_size) as detector:
         half = len(docs) // 2
@@ -158,7 +163,8 @@ def test_verdicts_equal_the_offline_commands(
         got += detector.add_many(Document(i, t) for i, t in docs[half:])
     assert [event(v) for v in got] == expected
     assert sum(v["verdict"] == "duplicate" for v in expected) > 100
-    assert got[-1].replayed and got[-2].empty
+    assert got[-1].replayed and (got[-2].revision, got[-2].replayed) == (2, False)
+    assert got[-3].empty and (got[-1].revision, got[-1].previous) == (1, None)
 
 
 def test_verdicts_equal_the_offline_commands_on_the_ads(
@@ -177,8 +183,17 @@ def test_an_id_added_again_gets_its_stored_verdict(detector: Detector) -> None:
     assert [v.to_json() for v in again] == [v.to_json() for v in first]
     assert [v.empty for v in again] == [v.empty for v in first]
     assert detector.stats == stats
-    # The id decides, not the text: a new text under a decided id changes nothing.
-    assert detector.add(STORIES[0][0], "something else entirely").replayed
+    # A new text under a decided id is its next revision (revisions="replay": the old
+    # verdict, and nothing changes).
+    revised = detector.add(STORIES[0][0], "something else entirely")
+    assert (revised.replayed, revised.revision) == (False, 2)
+    assert len(detector) == stats.documents + 1
+    with Detector(revisions="replay") as replaying:
+        (old,) = replaying.add_many(STORIES[:1])
+        assert replaying.add(STORIES[0][0], "something else entirely") == Verdict(
+            old.id, old.verdict, old.duplicate_of, old.similarity, old.cluster_id, replayed=True
+        )
+        assert len(replaying) == 1
 
 
 def test_empty_text_is_unique_and_not_indexed(detector: Detector) -> None:

@@ -16,11 +16,14 @@ from pathlib import Path
 import pytest
 
 from stream_dedup.core.config import DedupConfig
+from stream_dedup.core.lookup_keys import content_digest, exact_key
+from stream_dedup.core.normalize import normalize
 from stream_dedup.decode import DocumentFormat
 from stream_dedup.dedup import COMPILING_NOTICE, Deduplicator, kernels_cached
 from stream_dedup.errors import DecodeError, InputError, StreamDedupError
 from stream_dedup.index import open_index
 from stream_dedup.index.params import IndexParams
+from stream_dedup.index.records import text_of
 from stream_dedup.models import Verdict, VerdictKind
 from stream_dedup.offline import (
     MALFORMED_SHOWN,
@@ -152,10 +155,11 @@ def test_verdict_lines_mark_replays_and_empty_content() -> None:
     assert json.loads(verdict_line(empty))["replayed"] is True
 
 
-def test_the_summary_shows_mismatched_repeats() -> None:
-    summary = RunSummary(documents=5, replayed=3, mismatched_repeats=2)
+def test_the_summary_shows_revisions_and_mismatched_repeats() -> None:
+    summary = RunSummary(documents=5, replayed=3, mismatched_repeats=2, revisions=4)
     text = summary.render()
     assert "replayed    3" in text
+    assert "revisions   4" in text
     assert "mismatched  2" in text
     assert not summary.nothing_read
     assert RunSummary(malformed=4).nothing_read
@@ -200,26 +204,48 @@ def test_a_cold_cache_is_announced_and_filled_by_the_warm_up(tmp_path: Path) -> 
     assert any((tmp_path / "numba-cache").rglob("*.nbi"))
 
 
-def test_the_run_summary_counts_replays_and_mismatched_repeats() -> None:
-    records = [
-        {"id": "a", "text": "the first text of a"},
-        {"id": "b", "text": "b"},
-        {"id": "a", "text": "THE  first text of a"},  # same normalised text
-        {"id": "a", "text": "a second text of a"},  # other text
-        {"id": "b", "text": ""},  # b emptied
-        {"id": "c", "text": "c"},
-    ]
-    lines = [json.dumps(r).encode() + b"\n" for r in records]
-    config = DedupConfig()
+RECORDS_WITH_REPEATS = [
+    {"id": "a", "text": "the first text of a"},
+    {"id": "b", "text": "b"},
+    {"id": "a", "text": "THE  first text of a"},  # same normalised text
+    {"id": "a", "text": "a second text of a"},  # other text
+    {"id": "b", "text": ""},  # b emptied
+    {"id": "c", "text": "c"},
+]
+
+
+def _run_repeats(**overrides: object) -> tuple[RunSummary, list[dict[str, object]]]:
+    lines = [json.dumps(r).encode() + b"\n" for r in RECORDS_WITH_REPEATS]
+    config = DedupConfig(**overrides)  # type: ignore[arg-type]
     index = open_index(None, IndexParams.of(config))
     out = io.StringIO()
     try:
         summary = run_offline(Deduplicator(index, config), lines, out, fmt=FMT, batch_size=2)
     finally:
         index.close()
+    return summary, [json.loads(line) for line in out.getvalue().splitlines()]
+
+
+def test_the_run_summary_counts_replays_and_revisions() -> None:
+    summary, written = _run_repeats()
+    assert (summary.documents, summary.replayed, summary.revisions) == (6, 1, 2)
+    assert summary.mismatched_repeats == 0
+    assert [v.get("replayed", False) for v in written] == [False, False, True, False, False, False]
+    assert [v.get("revision", 1) for v in written] == [1, 1, 1, 2, 2, 1]
+    assert written[3]["previous"] == _tag("the first text of a")
+    assert (written[4]["empty"], written[4]["previous"]) == (True, _tag("b"))
+
+
+def _tag(text: str) -> str:
+    return text_of(exact_key(content_digest(normalize(text).encode())))
+
+
+def test_the_run_summary_counts_mismatched_repeats_under_replay() -> None:
+    summary, written = _run_repeats(revisions="replay")
     assert (summary.documents, summary.replayed, summary.mismatched_repeats) == (6, 3, 2)
-    written = [json.loads(line) for line in out.getvalue().splitlines()]
+    assert summary.revisions == 0
     assert [v.get("replayed", False) for v in written] == [False, False, True, True, True, False]
+    assert all("revision" not in v for v in written)
 
 
 def test_a_flood_of_malformed_lines_is_reported_up_to_a_bound(tmp_path: Path) -> None:

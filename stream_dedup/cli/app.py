@@ -28,6 +28,7 @@ from stream_dedup.errors import (
     ConfigError,
     IndexStoreError,
     InputError,
+    RecordRefusedError,
     StreamDedupError,
     TransactionError,
 )
@@ -307,7 +308,7 @@ def _main(argv: Sequence[str] | None, out: IO[str] | None) -> int:
     except InputError as exc:
         print(f"error: {exc}", file=err)
         return 2
-    except TransactionError as exc:  # run stopped; its last batch is replayed at the next start
+    except (TransactionError, RecordRefusedError) as exc:  # run stopped; its batch is replayed
         print(f"error: {exc}", file=err)
         return 1
     except BrokenPipeError:

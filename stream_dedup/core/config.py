@@ -22,6 +22,7 @@ if TYPE_CHECKING:
 
 VerifyMode = Literal["exact", "signature"]
 IndexPolicy = Literal["all", "uniques"]
+RevisionMode = Literal["decide", "replay"]
 
 
 ShingleKind = Literal["char", "word"]
@@ -109,6 +110,11 @@ class DedupConfig:
         "which documents enter the index: all (catches chains of edits) or uniques",
         stored=True,
     )
+    revisions: RevisionMode = _param(
+        "decide",
+        "an id seen again with other text: decide it as a new revision, or replay the id's verdict",
+        stored=False,
+    )
     max_bucket_size: int = _param(256, "documents remembered per band bucket", stored=False)
     max_candidates: int = _param(100, "candidates verified per document", stored=False)
 
@@ -132,6 +138,8 @@ class DedupConfig:
             raise ConfigError(
                 "index_policy", f"must be 'all' or 'uniques', got {self.index_policy!r}"
             )
+        if self.revisions not in ("decide", "replay"):
+            raise ConfigError("revisions", f"must be 'decide' or 'replay', got {self.revisions!r}")
         if self.max_bucket_size < 1:
             raise ConfigError("max_bucket_size", f"must be positive, got {self.max_bucket_size}")
         if self.max_candidates < 1:

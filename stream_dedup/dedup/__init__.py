@@ -11,8 +11,10 @@ counters and the input offsets to one atomic index write. Deciding the same batc
 over the same committed index gives identical verdicts, which is what makes a replay
 after a crash emit identical events.
 
-Per document: a replayed id returns its stored verdict (a repeat whose normalised text
-differs from the first occurrence's is counted in ``BatchStats.mismatched_repeats``);
+Per document: a replayed id (the same normalised text again) returns its stored verdict;
+an id with another text is a new revision, decided like any document (under
+``revisions = "replay"`` it gets the id's latest verdict, counted in
+``BatchStats.mismatched_repeats``; see :mod:`.revisions`);
 empty normalised content is ``unique`` with ``empty=True`` and never indexed; identical
 normalised text (exact digest) is a duplicate with similarity 1.0 of the first document
 with that text; otherwise the band buckets give candidates, ranked by shared bands, the
@@ -22,7 +24,8 @@ threshold decides.
 The index is asked typed questions and handed typed writes: no module here reads or
 writes the index's key and record encodings. Modules: :mod:`.deduplicator` (the steps of
 a batch), :mod:`.reads` (what a batch reads), :mod:`.writes` (verdicts and the batch's
-index writes), :mod:`.batch` (what a batch gives), :mod:`.queries` (texts asked about,
+index writes), :mod:`.revisions` (which repeats of an id replay and which are new
+revisions), :mod:`.batch` (what a batch gives), :mod:`.queries` (texts asked about,
 decided against the index alone), :mod:`.check` (the indexed documents most similar to
 texts, scored, nothing written), :mod:`.kernels` (whether the compiled kernels are
 cached).

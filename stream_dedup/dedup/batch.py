@@ -22,9 +22,11 @@ class BatchStats:
     bucket_evictions: int = 0
     exact_hits: int = 0
     replayed: int = 0
-    #: Replayed ids whose normalised text differs from the first occurrence's (they get
-    #: the first occurrence's verdict all the same).
+    #: Replayed ids whose normalised text no revision of the id had (only under
+    #: ``revisions = "replay"``: they get the id's latest verdict all the same).
     mismatched_repeats: int = 0
+    #: Documents decided as a new revision of an id decided before on another text.
+    revisions: int = 0
     #: Documents without a time (:attr:`~stream_dedup.models.Document.time` ``None``):
     #: each is decided at the stream's clock as it stands.
     untimed: int = 0

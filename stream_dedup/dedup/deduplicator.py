@@ -98,7 +98,7 @@ class Deduplicator:
         sk = sketched if sketched is not None else self.sketch(docs)
         if sk.size != len(docs):
             raise ValueError("the sketch handed in is not the sketch of these documents")
-        known = read_known(self.index, docs, sk)
+        known = read_known(self.index, docs, sk, self.config.revisions)
         epoch = self.index.batch_epoch()
         held = read_held(self.index, sk, known, epoch)
         doc_clock = clocks(docs, self.index.timeline.clock)

@@ -19,6 +19,7 @@ import numpy.typing as npt
 from stream_dedup.core.hashing import U32
 from stream_dedup.core.match import I64, NO_CLOCK
 from stream_dedup.core.sketch import Sketch
+from stream_dedup.dedup.revisions import Repeat, RevisionMode, plan_repeats
 from stream_dedup.index.store import DedupIndex, DocRecord, Members, StoredVerdict
 from stream_dedup.models import Document
 
@@ -29,9 +30,10 @@ class Known:
 
     #: Per document: the verdict its id was given before (``None``: never decided).
     stored: list[StoredVerdict | None]
-    #: Id -> the first position in the batch with that id: an id repeated within the
-    #: batch is decided once, there, and its later occurrences get that verdict back.
-    first_at: dict[str, int]
+    #: Per position of a document whose id was decided before (in the index or earlier
+    #: in the batch): whether it replays a revision or is a new one (see
+    #: :mod:`.revisions`). Empty for a batch without repeated ids.
+    repeats: dict[int, Repeat]
     #: Per document: its position among the live ones (``None``: empty content).
     live_pos: list[int | None]
     #: Per live document: decided now (neither a replay nor a later repeat).
@@ -42,23 +44,29 @@ class Known:
     group_docnum: I64
 
 
-def read_known(index: DedupIndex, docs: Sequence[Document], sk: Sketch) -> Known:
-    """What the index knows of ``docs``' ids and exact texts (``sk``: their sketch)."""
+def read_known(
+    index: DedupIndex, docs: Sequence[Document], sk: Sketch, mode: RevisionMode = "decide"
+) -> Known:
+    """What the index knows of ``docs``' ids and exact texts (``sk``: their sketch);
+    ``mode`` is what a repeated id with another text is (see :mod:`.revisions`)."""
     ids = [d.id for d in docs]
     n_docs = len(ids)
     stored, text_docnums = index.read_decided(ids, sk.exact_keys)
-    first_at = dict(zip(reversed(ids), range(n_docs - 1, -1, -1), strict=True))
     live_pos: list[int | None] = [None] * n_docs
     for p, doc_index in enumerate(sk.live):
         live_pos[doc_index] = p
     fresh = np.ones(len(sk.live), dtype=bool)
-    if len(first_at) < n_docs or stored.count(None) < n_docs:
-        for i, doc_id in enumerate(ids):
+    repeats: dict[int, Repeat] = {}
+    if len(set(ids)) < n_docs or stored.count(None) < n_docs:
+        xkeys = sk.exact_keys
+        texts = [None if p is None else xkeys[p] for p in live_pos]
+        repeats = plan_repeats(ids, texts, stored, mode)
+        for i, repeat in repeats.items():
             at_live = live_pos[i]
-            if at_live is not None and (stored[i] is not None or first_at[doc_id] != i):
+            if at_live is not None and repeat.replay:
                 fresh[at_live] = False
     text_group, group_docnum = text_groups(sk.exact_keys, text_docnums)
-    return Known(stored, first_at, live_pos, fresh, text_group, group_docnum)
+    return Known(stored, repeats, live_pos, fresh, text_group, group_docnum)
 
 
 def text_groups(xkeys: list[bytes], committed: list[int | None]) -> tuple[I64, I64]:

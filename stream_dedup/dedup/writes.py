@@ -1,10 +1,11 @@
 """The matching pass's numbers turned into verdicts and the batch's index writes.
 
 Documents are taken in batch order, so that a repeat of an id within the batch reads the
-verdict its first occurrence was just given, and a document indexed here is a candidate
-record for the later ones. The writes are staged in the index's own encodings
-(:class:`~stream_dedup.index.staged.StagedWrite`); the band buckets, written in key order
-apart from the rest, come from :func:`~stream_dedup.index.bucket_records.bucket_puts`.
+verdicts its earlier revisions were just given (see :mod:`.revisions`), and a document
+indexed here is a candidate record for the later ones. The writes are staged in the
+index's own encodings (:class:`~stream_dedup.index.staged.StagedWrite`); the band
+buckets, written in key order apart from the rest, come from
+:func:`~stream_dedup.index.bucket_records.bucket_puts`.
 """
 
 from __future__ import annotations
@@ -38,9 +39,9 @@ def verdicts_and_writes(
 
     ``records`` are the candidates' records (the batch's indexed documents are added);
     ``queries`` the batch's verification payloads as the matching pass took them (flat,
-    start, length per live document); ``stats`` counts the replays.
+    start, length per live document); ``stats`` counts the replays and revisions.
     """
-    xkeys, live_pos, stored, first_at = sk.exact_keys, known.live_pos, known.stored, known.first_at
+    xkeys, live_pos, stored, repeats = sk.exact_keys, known.live_pos, known.stored, known.repeats
     matched, sims = found.match.tolist(), found.similarity.tolist()
     given, new_text = found.docnum.tolist(), found.new_text.tolist()
     q_flat, q_at, q_len = queries
@@ -48,34 +49,50 @@ def verdicts_and_writes(
     starts, sizes = (4 * q_at).tolist(), (4 * q_len).tolist()
     staged = StagedWrite()
     verdicts: list[Verdict] = []
+    revision, previous, before = 1, None, None
     for i, doc in enumerate(docs):
-        replay = stored[i]
-        if replay is None and first_at[doc.id] != i:
-            replay = staged.decided(doc.id)  # what its first occurrence was given
         live_at = live_pos[i]
         xkey = None if live_at is None else xkeys[live_at]
-        if replay is not None:
-            verdict, differs = replay.replayed(doc.id, xkey)
-            verdicts.append(verdict)
-            stats.replayed += 1
-            stats.mismatched_repeats += differs
-            continue
+        if repeats:  # the id's record as it stands: staged earlier in the batch, or stored
+            repeat = repeats.get(i)
+            if repeat is not None:
+                before = staged.decided(doc.id) or stored[i]
+                assert before is not None  # a repeat's id was decided before
+                if repeat.replay:
+                    verdicts.append(before.replayed(doc.id, repeat.revision, repeat.previous))
+                    stats.replayed += 1
+                    stats.mismatched_repeats += repeat.differs
+                    continue
+                revision, previous = repeat.revision, repeat.previous
+                stats.revisions += 1
+            else:
+                revision, previous, before = 1, None, None
         if live_at is None:
-            verdict = Verdict(doc.id, _UNIQUE, None, None, doc.id, empty=True)
+            verdict = Verdict(doc.id, _UNIQUE, None, None, doc.id, True, False, revision, previous)
         else:
             p = live_at
             n = matched[p]
             if n < 0:
-                verdict = Verdict(doc.id, _UNIQUE, None, None, doc.id)
+                verdict = Verdict(
+                    doc.id, _UNIQUE, None, None, doc.id, revision=revision, previous=previous
+                )
             else:
                 rec = records[n]
-                verdict = Verdict(doc.id, _DUPLICATE, rec.doc_id, round(sims[p], 6), rec.cluster_id)
+                verdict = Verdict(
+                    doc.id,
+                    _DUPLICATE,
+                    rec.doc_id,
+                    round(sims[p], 6),
+                    rec.cluster_id,
+                    revision=revision,
+                    previous=previous,
+                )
             num = given[p]
             if num >= 0:
                 payload = payload_bytes[starts[p] : starts[p] + sizes[p]]
                 records[num] = staged.document(num, doc.id, verdict.cluster_id, payload)
                 if new_text[p]:
                     staged.new_text(xkeys[p], num)
-        staged.verdict(verdict, xkey)
+        staged.verdict(verdict, xkey, before)
         verdicts.append(verdict)
     return verdicts, staged

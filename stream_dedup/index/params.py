@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, fields, replace
 from typing import Any
 
 from stream_dedup.core.config import DedupConfig, IndexPolicy, VerifyMode
@@ -13,7 +13,14 @@ from stream_dedup.core.signature import SIGNATURE_SCHEME
 from stream_dedup.errors import IndexCorruptError
 
 #: Version of the on-disk layout (keys and value encodings in :mod:`.keys`, :mod:`.records`).
-FORMAT_VERSION = 2
+#: 3: a verdict record holds one verdict per revision of its id (``docs/revisions.md``).
+FORMAT_VERSION = 3
+
+#: Older versions this one reads as they are and upgrades: a format 2 verdict record is a
+#: format 3 record of one revision. The first commit stores the new version, so that an
+#: older stream-dedup then refuses the index (it could not read a second revision)
+#: instead of failing on the first record it cannot parse.
+UPGRADABLE_FORMATS = (2,)
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,6 +79,13 @@ class IndexParams:
         }
         values.update(overrides)
         return DedupConfig(**values)  # type: ignore[arg-type]
+
+    def upgraded(self) -> tuple[IndexParams, bool]:
+        """These parameters at :data:`FORMAT_VERSION`, and whether that is an upgrade (see
+        :data:`UPGRADABLE_FORMATS`); other versions stay as they are, and are refused."""
+        if self.format_version not in UPGRADABLE_FORMATS:
+            return self, False
+        return replace(self, format_version=FORMAT_VERSION), True
 
     def to_bytes(self) -> bytes:
         return json.dumps(asdict(self), sort_keys=True).encode()

@@ -14,6 +14,12 @@ a replayed id returns exactly what was emitted the first time. ``"t"``, the text
 :func:`text_tag`), says which normalised text the id was decided on, so a repeat of the id
 with other text can be told apart; it is absent for empty content and from records of
 the older format without it, which still decode.
+
+An id decided on more than one text (its *revisions*, see ``docs/revisions.md``) keeps one
+such object per revision, oldest first, joined by ``\n`` (:data:`REVISION_SEP`: the
+objects are ASCII JSON with every control character escaped, so they never hold one). The
+record of an id with one revision is that one object, as in format 2, so an index of
+format 2 reads as revision 1 of each id.
 """
 
 from __future__ import annotations
@@ -87,32 +93,58 @@ def encode_verdict(v: Verdict, exact_key: bytes | None = None) -> bytes:
     ).encode()
 
 
+#: Separates the revisions of one id in its verdict record.
+REVISION_SEP = b"\n"
+
+#: The text of empty content, as a revision's text (no exact-text key, so no tag).
+EMPTY_TEXT = ""
+
+
+def text_of(exact_key: bytes | None) -> str:
+    """What tells a document's text apart from the other revisions of its id: its
+    :func:`text_tag`, or :data:`EMPTY_TEXT` for empty content (``exact_key`` ``None``)."""
+    return EMPTY_TEXT if exact_key is None else exact_key[1:9].hex()
+
+
+def decode_revision(
+    doc_id: str, raw: bytes, revision: int = 1, previous: str | None = None
+) -> tuple[Verdict, str | None]:
+    """One revision's stored verdict, marked replayed and numbered ``revision`` (after a
+    revision of text ``previous``), and the text it was decided on (:func:`text_of`;
+    ``None``: unknown, a record of the older format without tags)."""
+    try:
+        body = json.loads(raw)
+        kind = VerdictKind.DUPLICATE if body["k"] == "d" else VerdictKind.UNIQUE
+        empty = bool(body["e"])
+        verdict = Verdict(
+            doc_id,
+            kind,
+            body["of"],
+            body["s"],
+            body["c"],
+            empty=empty,
+            replayed=True,
+            revision=revision,
+            previous=previous,
+        )
+        text: str | None = EMPTY_TEXT if empty else body.get("t")
+    except (ValueError, KeyError, TypeError, AttributeError) as exc:
+        raise IndexCorruptError(f"verdict record of {doc_id!r} does not parse: {exc}") from exc
+    return verdict, text
+
+
 def decode_verdict(doc_id: str, raw: bytes) -> Verdict:
     """The stored verdict of ``doc_id``, marked replayed."""
     return decode_replay(doc_id, raw, None)[0]
 
 
 def decode_replay(doc_id: str, raw: bytes, exact_key: bytes | None) -> tuple[Verdict, bool]:
-    """The stored verdict of a repeated id, and whether the repeat's text differs.
+    """The stored verdict of a one-revision record, and whether a repeat's text differs.
 
     ``exact_key`` is the repeat's exact-text key (``None``: its content is empty). The
-    texts differ when the record's text tag is not the repeat's, or when exactly one of
-    the two is empty. A record without a tag whose content was not empty is of the older
-    format without tags: its text is unknown, and the repeat is not counted as different.
-    The verdict is the first occurrence's either way: an id is decided once.
+    texts differ when the record's text (:func:`text_of`) is not the repeat's. A record
+    without a tag whose content was not empty is of the older format without tags: its
+    text is unknown, and the repeat is not counted as different.
     """
-    try:
-        body = json.loads(raw)
-        kind = VerdictKind.DUPLICATE if body["k"] == "d" else VerdictKind.UNIQUE
-        empty = bool(body["e"])
-        verdict = Verdict(
-            doc_id, kind, body["of"], body["s"], body["c"], empty=empty, replayed=True
-        )
-        tag = body.get("t")
-    except (ValueError, KeyError, TypeError, AttributeError) as exc:
-        raise IndexCorruptError(f"verdict record of {doc_id!r} does not parse: {exc}") from exc
-    if empty:
-        return verdict, exact_key is not None
-    if exact_key is None:
-        return verdict, True
-    return verdict, tag is not None and tag != text_tag(exact_key)
+    verdict, text = decode_revision(doc_id, raw)
+    return verdict, text is not None and text != text_of(exact_key)

@@ -119,6 +119,10 @@ class RedisBackend:
         self._epoch_set = layout.epoch_set
         self._lock_ttl_ms = lock_ttl_ms
         self._token: bytes | None = None
+        #: A lease this instance could not release (Redis was unreachable): released at
+        #: the next :meth:`exclusive`, so that a retry after an outage does not wait
+        #: ``lock_ttl_ms`` for this instance's own lease to expire.
+        self._unreleased: bytes | None = None
         self._writes = 0
         self._fenced = self._client.register_script(_FENCED)
         self._release = self._client.register_script(_RELEASE)
@@ -306,6 +310,9 @@ class RedisBackend:
         token = uuid.uuid4().hex.encode()
         pause = 0.0005
         with self._failing("taking the lease"):
+            if self._unreleased is not None:
+                self._release(keys=[self._lock], args=[self._unreleased])
+                self._unreleased = None
             while not self._client.set(self._lock, token, nx=True, px=self._lock_ttl_ms):
                 time.sleep(pause)
                 pause = min(2 * pause, 0.01)
@@ -315,8 +322,10 @@ class RedisBackend:
             yield
         finally:
             self._token = None
-            with contextlib.suppress(redis.RedisError, OSError):
+            try:
                 self._release(keys=[self._lock], args=[token])
+            except (redis.RedisError, OSError):
+                self._unreleased = token
 
     # -- the rest of the contract -------------------------------------------------------
 

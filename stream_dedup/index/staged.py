@@ -11,28 +11,44 @@ replayed verdict and never sees its bytes.
 from __future__ import annotations
 
 from stream_dedup.index import keys
-from stream_dedup.index.records import DocRecord, decode_replay, encode_doc, encode_verdict
+from stream_dedup.index.records import (
+    REVISION_SEP,
+    DocRecord,
+    decode_revision,
+    encode_doc,
+    encode_verdict,
+    text_of,
+)
 from stream_dedup.models import Verdict
 
-__all__ = ["COUNTERS", "DocRecord", "StagedWrite", "StoredVerdict"]
+__all__ = ["COUNTERS", "DocRecord", "StagedWrite", "StoredVerdict", "text_of"]
 
 #: Counters kept in the index, updated in the same write as the records they count.
 COUNTERS = ("documents", "indexed", "duplicates", "empty")
 
 
 class StoredVerdict:
-    """The verdict an id was given, as stored (see :func:`records.decode_replay`)."""
+    """The verdicts an id was given, one per revision, as stored (see :mod:`.records`)."""
 
-    __slots__ = ("_raw",)
+    __slots__ = ("_raw", "_revisions")
 
     def __init__(self, raw: bytes) -> None:
         self._raw = raw
+        self._revisions = raw.split(REVISION_SEP)
 
-    def replayed(self, doc_id: str, exact_key: bytes | None) -> tuple[Verdict, bool]:
-        """The stored verdict of ``doc_id``, marked replayed, and whether the repeat's text
-        (``exact_key``: its exact-text key, ``None`` for empty content) differs from the
-        text the id was first decided on."""
-        return decode_replay(doc_id, self._raw, exact_key)
+    def texts(self, doc_id: str) -> list[str | None]:
+        """The text of each revision, oldest first (see :func:`records.text_of`; ``None``:
+        unknown, a record of the older format without tags)."""
+        return [decode_revision(doc_id, raw)[1] for raw in self._revisions]
+
+    def replayed(self, doc_id: str, revision: int, previous: str | None) -> Verdict:
+        """The stored verdict of ``doc_id``'s ``revision`` (1 for the first), marked
+        replayed; ``previous`` is the text of the revision before it, as the event says."""
+        return decode_revision(doc_id, self._revisions[revision - 1], revision, previous)[0]
+
+    def extended(self, raw: bytes) -> bytes:
+        """The record with one more revision, ``raw`` (its verdict object), at the end."""
+        return self._raw + REVISION_SEP + raw
 
 
 class StagedWrite:
@@ -49,20 +65,27 @@ class StagedWrite:
         self.puts: dict[bytes, bytes] = {}
         self.counters: dict[str, int] = dict.fromkeys(COUNTERS, 0)
 
-    def verdict(self, verdict: Verdict, exact_key: bytes | None) -> None:
+    def verdict(
+        self, verdict: Verdict, exact_key: bytes | None, before: StoredVerdict | None = None
+    ) -> None:
         """Store the verdict of a document decided in this batch (``exact_key``: its
-        exact-text key, ``None`` for empty content), and count it."""
+        exact-text key, ``None`` for empty content), and count it. ``before`` is its id's
+        record as it stands (from the index or earlier in the batch) when the document is a
+        new revision: the verdict is added to it as the last revision."""
         counters = self.counters
         counters["documents"] += 1
         if verdict.is_duplicate:
             counters["duplicates"] += 1
         elif verdict.empty:
             counters["empty"] += 1
-        self.puts[keys.verdict_key(verdict.id)] = encode_verdict(verdict, exact_key)
+        raw = encode_verdict(verdict, exact_key)
+        self.puts[keys.verdict_key(verdict.id)] = raw if before is None else before.extended(raw)
 
-    def decided(self, doc_id: str) -> StoredVerdict:
-        """The verdict staged for ``doc_id`` earlier in this batch."""
-        return StoredVerdict(self.puts[keys.verdict_key(doc_id)])
+    def decided(self, doc_id: str) -> StoredVerdict | None:
+        """The record staged for ``doc_id`` earlier in this batch (``None``: none), every
+        revision of the id it holds included."""
+        raw = self.puts.get(keys.verdict_key(doc_id))
+        return None if raw is None else StoredVerdict(raw)
 
     def document(self, docnum: int, doc_id: str, cluster_id: str, payload: bytes) -> DocRecord:
         """Index a document under ``docnum``; its record, as a later candidate reads it."""

@@ -33,7 +33,7 @@ import contextlib
 import json
 import threading
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -127,6 +127,7 @@ class DedupIndex(IndexReads):
         self._shared = backend.shared
         self._asked_retention = retention
         stored_raw = backend.get_many([keys.META])[0]
+        self._upgrade = False  # the stored format is older: the next commit stores the new
         if stored_raw is None:
             if params is None:
                 backend.close()
@@ -137,8 +138,11 @@ class DedupIndex(IndexReads):
                 )
             backend.write({keys.META: params.to_bytes()})
             self._params = params
+            self._stored_format = params.format_version
         else:
-            stored = IndexParams.from_bytes(stored_raw)
+            as_stored = IndexParams.from_bytes(stored_raw)
+            stored, self._upgrade = as_stored.upgraded()
+            self._stored_format = as_stored.format_version
             if params is not None and stored != params:
                 backend.close()
                 raise IndexMismatchError(backend.location, stored.differences(params))
@@ -289,6 +293,8 @@ class DedupIndex(IndexReads):
             batch[keys.EPOCHS] = timeline.to_bytes()
         if self.retention != self._stored_retention:
             batch[keys.RETENTION] = self.retention.to_bytes()
+        if self._upgrade:
+            batch[keys.META] = self._params.to_bytes()
         # Every lookup key written reaches the filter, however it was handed in.
         fingerprints = written_fingerprints(batch, ordered, ordered_fingerprints)
         return PendingCommit(
@@ -318,7 +324,8 @@ class DedupIndex(IndexReads):
         self._counters = pending.counters
         self._timeline = pending.timeline
         self._stored_retention = pending.retention
-        self._intent_pending = False
+        self._intent_pending = self._upgrade = False
+        self._stored_format = self._params.format_version
         self._writes += 1
         live = set(pending.timeline.numbers())
         gone = list(pending.dead)
@@ -383,7 +390,8 @@ class DedupIndex(IndexReads):
         oldest = timeline.clock_at(cutoff) if cutoff < c["indexed"] else NO_CLOCK
         return IndexStats(
             location=self.location,
-            params=self._params,
+            # The format as stored: an older one is stored anew at the next commit.
+            params=replace(self._params, format_version=self._stored_format),
             documents=c["documents"],
             indexed=c["indexed"],
             duplicates=c["duplicates"],

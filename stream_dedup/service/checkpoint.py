@@ -35,11 +35,13 @@ from stream_dedup.logs import fields
 from stream_dedup.service.batches import Ranges, TpKey
 from stream_dedup.service.broker_watch import BrokerWatch
 from stream_dedup.service.config import ServiceConfig
-from stream_dedup.service.decide import Decider, Rejected
+from stream_dedup.service.decide import DecidedBatch, Decider
 from stream_dedup.service.events import OutRecord
+from stream_dedup.service.index_outage import IndexOutage
 from stream_dedup.service.inputs import Decoded
 from stream_dedup.service.kafka import EventProducer
 from stream_dedup.service.metrics import Metrics
+from stream_dedup.service.refusals import Refused
 from stream_dedup.service.transactions import TransactionalProducer, intent_delivered
 
 log = logging.getLogger("stream_dedup.service.checkpoint")
@@ -75,6 +77,21 @@ class CommitStrategy(ABC):
         self._settings = config.service
         self._keep_waiting = keep_waiting
 
+    @property
+    def index_down_since(self) -> float | None:
+        """When the shared index's current outage began (monotonic clock), or None: the
+        service is not ready meanwhile."""
+        return None
+
+    def stored_offsets(self) -> dict[TpKey, int]:
+        """The next offset of each partition as the index stores it, read when partitions
+        are assigned."""
+        return self._index.offsets()
+
+    def stored_intent(self) -> Ranges | None:
+        """The batch the index announced and never committed (read once, at start)."""
+        return self._index.intent()
+
     def replay_delivered(self, intent: Ranges) -> bool:
         """Whether the batch ``intent`` announces was delivered before the last stop (then
         its replay stores it without producing it again). Asked once, at start."""
@@ -93,18 +110,14 @@ class CommitStrategy(ABC):
 
     # -- the steps the strategies share ---------------------------------------------------
 
-    def _produce(self, records: list[OutRecord], rejected: Rejected) -> None:
+    def _produce(self, records: list[OutRecord], refused: Refused) -> None:
         """Hand a batch's records to the producer (a transaction's, in exactly-once mode);
-        a record the client rejects outright is replaced by what ``rejected`` gives."""
+        a record refused for good, now or at delivery, is replaced by what ``refused``
+        gives (:mod:`.refusals`)."""
         producer = self._producer
-        producer.begin()
-        for i, rec in enumerate(records):
-            try:
-                producer.produce(rec)
-            except KafkaException as exc:
-                replacement = rejected(i, exc)
-                if replacement is not None:
-                    producer.produce(replacement)
+        producer.begin(refused)
+        for rec in records:
+            producer.produce(rec)
 
     def _confirm(self, offsets: Offsets, group: object = None) -> None:
         """Return once every record is delivered (or the transaction committed)."""
@@ -151,7 +164,7 @@ class _IntentFirst(CommitStrategy):
                 extra=fields(action="none: its events are not emitted again"),
             )
         else:
-            self._produce(out.records, out.rejected)  # 2. produce
+            self._produce(out.records, out.refused)  # 2. produce
         pending = self._decider.dedup.prepare(out.result, offsets)  # 4. built while acked
         if not delivered:
             self._deliver(offsets)  # 3. confirm every delivery, or commit the transaction
@@ -214,27 +227,72 @@ class SharedIndex(CommitStrategy):
     stored only after the events are confirmed, and a batch consumed again after a crash
     between the two finds every verdict stored and re-emits identical events
     (``docs/shared-index.md``). There are no intents: ``replaying`` is never true here.
+
+    A Redis outage is ridden out (:class:`~stream_dedup.service.index_outage.IndexOutage`,
+    up to ``index.redis.outage_limit_s``): steps 1 and 4 are each retried whole, as a
+    replay in process would run them.
     """
+
+    def __init__(
+        self,
+        producer: EventProducer,
+        consumer: Consumer,
+        decider: Decider,
+        metrics: Metrics,
+        config: ServiceConfig,
+        keep_waiting: Callable[[], bool],
+    ) -> None:
+        super().__init__(producer, consumer, decider, metrics, config, keep_waiting)
+        self._outage = IndexOutage(config.index.redis.outage_limit_s, metrics, keep_waiting)
+
+    @property
+    def index_down_since(self) -> float | None:
+        return self._outage.down_since
+
+    def stored_offsets(self) -> dict[TpKey, int]:
+        return self._outage.call("reading offsets", self._index.offsets)
+
+    def stored_intent(self) -> Ranges | None:
+        return self._outage.call("reading the batch intent", self._index.intent)
 
     def commit(
         self, decoded: Decoded, sketched: Sketch | None, ranges: Ranges, *, replaying: bool
     ) -> BatchResult:
+        built: list[DecidedBatch] = []  # one per attempt that got as far as deciding
+
+        def store() -> DecidedBatch:
+            return self._decide_and_store(decoded, sketched, built)
+
+        out = self._outage.call("deciding and storing a batch", store)
+        started = time.perf_counter()
+        offsets = _next_offsets(ranges)
+        self._produce(out.records, out.refused)  # 2. produce
+        self._confirm(offsets)  # 3. confirm every delivery
+        self._outage.call("storing offsets", lambda: self._index.write_offsets(offsets))  # 4.
+        self._commit_kafka(offsets)  # 5. offsets to Kafka, for lag tools
+        self._committed(started)
+        return out.result
+
+    def _decide_and_store(
+        self, decoded: Decoded, sketched: Sketch | None, built: list[DecidedBatch]
+    ) -> DecidedBatch:
+        """Step 1: under the lease, decide the batch and store it (one atomic write).
+
+        Run again after an outage, it takes a new lease, which first applies a write the
+        outage interrupted after its commit point; the batch's documents stored by then
+        get their stored verdicts back, so its events are the same as the first try's.
+        ``built`` holds the earlier attempts' builds: their dead letters are counted once.
+        """
         metrics = self._metrics
         waited = time.perf_counter()
         with self._index.exclusive():
             held = time.perf_counter()
             metrics.lease_wait.observe(held - waited)
-            out = self._decider.build(decoded, sketched)
+            out = self._decider.build(decoded, sketched, told=bool(built))
+            built.append(out)
             self._index.apply(self._decider.dedup.prepare(out.result))  # 1. store
         metrics.lease_held.observe(time.perf_counter() - held)
-        started = time.perf_counter()
-        offsets = _next_offsets(ranges)
-        self._produce(out.records, out.rejected)  # 2. produce
-        self._confirm(offsets)  # 3. confirm every delivery
-        self._index.write_offsets(offsets)  # 4. the offsets
-        self._commit_kafka(offsets)  # 5. offsets to Kafka, for lag tools
-        self._committed(started)
-        return out.result
+        return out
 
 
 def open_strategy(

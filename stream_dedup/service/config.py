@@ -86,13 +86,15 @@ class RedisConfig:
     ``password`` may also be in the URL. ``namespace`` prefixes every key, so several
     indexes can share one Redis. ``lock_ttl_ms`` is how long an instance killed while
     holding the index's lease blocks the others: longer than deciding and storing one
-    batch takes."""
+    batch takes. ``outage_limit_s`` is how long a running instance waits for an
+    unreachable Redis, retrying, before it stops (0: stop at once)."""
 
     url: str = "redis://localhost:6379/0"
     password: str = ""
     namespace: str = DEFAULT_NAMESPACE
     tls_ca_file: str = ""
     lock_ttl_ms: int = 10_000
+    outage_limit_s: float = 120.0
 
     def __post_init__(self) -> None:
         if not re.fullmatch(r"(redis|rediss|unix)://.+", self.url):
@@ -101,6 +103,8 @@ class RedisConfig:
             raise ConfigError("namespace", "use 1 to 64 of A-Z a-z 0-9 _ . -")
         if self.lock_ttl_ms < 100:
             raise ConfigError("lock_ttl_ms", "must be at least 100")
+        if not 0 <= self.outage_limit_s <= 3600:
+            raise ConfigError("outage_limit_s", "must be between 0 and 3600 seconds")
 
 
 @dataclass(frozen=True, slots=True)

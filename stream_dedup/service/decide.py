@@ -8,9 +8,9 @@ The service's step between decoding (:mod:`stream_dedup.service.inputs`) and che
 is made durable by the commit strategy (:mod:`stream_dedup.service.checkpoint`).
 
 Bad input never stops a batch: a message that cannot be decoded, a document whose
-deciding raises, and a record the Kafka client rejects outright each become a dead letter
-with the reason, counted in ``stream_dedup_dead_letters_total`` (each one) and logged (one
-line per reason a minute, with the count of those left out). A broken
+deciding raises, and an event the broker refuses for good (:mod:`.refusals`) each become
+a dead letter with the reason, counted in ``stream_dedup_dead_letters_total`` (each one)
+and logged (one line per reason a minute, with the count of those left out). A broken
 environment is not bad input: an index error (:class:`~stream_dedup.errors.IndexStoreError`,
 e.g. RocksDB failing to read) or ``OSError``/``MemoryError`` raised while deciding would fail
 every document alike, so it stops the service instead (exit code 3 for the index) before
@@ -20,8 +20,9 @@ anything of the batch is produced or stored; the batch is decided again after a 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
 from dataclasses import dataclass
+
+from confluent_kafka import KafkaError, KafkaException
 
 from stream_dedup.core.sketch import Sketch
 from stream_dedup.dedup import BatchResult, Deduplicator
@@ -32,6 +33,7 @@ from stream_dedup.service.config import ServiceConfig
 from stream_dedup.service.events import OutRecord, Source, dead_letter, document_json, event
 from stream_dedup.service.inputs import Decoded
 from stream_dedup.service.metrics import Metrics
+from stream_dedup.service.refusals import Refused, without_value
 
 log = logging.getLogger("stream_dedup.service")
 
@@ -39,18 +41,15 @@ log = logging.getLogger("stream_dedup.service")
 #: its documents (see the module docstring).
 ENVIRONMENT_ERRORS: tuple[type[BaseException], ...] = (IndexStoreError, OSError, MemoryError)
 
-#: Called when the client rejects a record outright: returns a replacement (a dead letter).
-Rejected = Callable[[int, Exception], "OutRecord | None"]
-
 
 @dataclass(frozen=True, slots=True)
 class DecidedBatch:
     """What one batch produces: its records (events first, then dead letters), the
-    decided batch for the index write, and the replacement for a rejected record."""
+    decided batch for the index write, and what replaces a record refused for good."""
 
     records: list[OutRecord]
     result: BatchResult
-    rejected: Rejected
+    refused: Refused
 
 
 class Decider:
@@ -74,19 +73,29 @@ class Decider:
         #: (unique, duplicate) topics: derived from the input topic, read once.
         self._topics = (config.unique_topic, config.duplicate_topic)
 
-    def build(self, decoded: Decoded, sketched: Sketch | None = None) -> DecidedBatch:
+    def build(
+        self, decoded: Decoded, sketched: Sketch | None = None, *, told: bool = False
+    ) -> DecidedBatch:
         """Decide the decoded batch and build its records.
 
         ``sketched`` is the sketch of ``decoded.docs`` when it was computed ahead (by the
-        sketch worker); without it the documents are sketched here.
+        sketch worker); without it the documents are sketched here. ``told``: an earlier
+        build of this batch counted and logged its dead letters already (the shared
+        index's strategy builds a batch again after a Redis outage); nothing is counted
+        before deciding has succeeded, so a build that raised counted nothing.
         """
         cfg = self.config
-        dead = [
-            self.dead_letter(src, exc.reason, exc, "decode") for src, exc in decoded.undecodable
-        ]
         result, failed = self._decide(decoded.docs, sketched)
-        for i, error in failed:
-            dead.append(self.dead_letter(decoded.sources[i], "processing_error", error, "process"))
+        bad: list[tuple[Source, str, Exception, str]] = [
+            (src, exc.reason, exc, "decode") for src, exc in decoded.undecodable
+        ]
+        bad += [(decoded.sources[i], "processing_error", e, "process") for i, e in failed]
+        dead = [
+            dead_letter(src, cfg.dlq_topic, reason, exc, stage)
+            if told
+            else self.dead_letter(src, reason, exc, stage)
+            for src, reason, exc, stage in bad
+        ]
         failed_idx = {i for i, _ in failed}
         kept = [s for i, s in enumerate(decoded.sources) if i not in failed_idx]
         records: list[OutRecord] = []
@@ -100,12 +109,36 @@ class Decider:
             records.append(event(verdict, source, document, topic))
         records.extend(dead)
 
-        def rejected(i: int, exc: Exception) -> OutRecord | None:
-            if i >= len(kept):
-                raise exc  # a dead letter itself was rejected: nothing safer to send
-            return self.dead_letter(kept[i], "processing_error", exc, "produce")
+        return DecidedBatch(records, result, self._refusals(records, kept))
 
-        return DecidedBatch(records, result, rejected)
+    def _refusals(self, records: list[OutRecord], kept: list[Source]) -> Refused:
+        """What replaces a record of this batch refused for good (:mod:`.refusals`): an
+        event -> its message's dead letter; a dead letter -> itself without its value."""
+        sources = {id(rec): source for rec, source in zip(records, kept, strict=False)}
+        refused_total = self.metrics.refused
+
+        def refused(rec: OutRecord, err: KafkaError) -> OutRecord:
+            source = sources.pop(id(rec), None)
+            if source is not None:
+                refused_total.labels("event").inc()
+                return self.dead_letter(source, "refused", KafkaException(err), "produce")
+            refused_total.labels("dead_letter").inc()
+            replacement = without_value(rec, err)
+            suppressed = self._dead_log.admit("refused dead letter")
+            if suppressed is not None:
+                log.warning(
+                    "dead letter refused; sent without its value",
+                    extra=fields(
+                        error=err.str(),
+                        dlq_topic=rec.topic,
+                        suppressed=suppressed,
+                        action="the input message stays at the offset its headers name; "
+                        "raise the dead-letter topic's max.message.bytes to keep the value",
+                    ),
+                )
+            return replacement
+
+        return refused
 
     def _decide(
         self, docs: list[Document], sketched: Sketch | None

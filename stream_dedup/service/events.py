@@ -10,6 +10,10 @@ partition:
        "cluster_id": "a0", "empty": false, "topic": "news", "partition": 0,
        "offset": 42, "timestamp": 1717000000000, "document": {...}}
 
+  A new revision of an id (see ``docs/revisions.md``) also carries ``"revision": 2`` (3,
+  ...) and ``"previous"``, the text tag of the revision before; the event of an id's
+  first text has neither, so it is byte for byte what it was before revisions existed.
+
   ``timestamp`` is the input message's timestamp in milliseconds (``null`` if it had
   none); ``document`` is the original JSON object, byte for byte as it arrived (or the
   text, as a JSON string), unless pass-through is off.
@@ -42,6 +46,8 @@ HEADER_VERDICT = "stream-dedup.verdict"
 HEADER_CLUSTER = "stream-dedup.cluster-id"
 #: The id of the best earlier match; only on duplicates.
 HEADER_DUPLICATE_OF = "stream-dedup.duplicate-of"
+#: The revision number, in decimal; only from revision 2 on (see ``docs/revisions.md``).
+HEADER_REVISION = "stream-dedup.revision"
 
 #: Dead-letter headers (Kafka Connect's names; ``reason`` is ours, a stable code).
 DLQ_REASON = "__connect.errors.reason"
@@ -119,6 +125,8 @@ def event(verdict: Verdict, source: Source, document: bytes | None, topic: str) 
     ]
     if verdict.duplicate_of is not None:
         headers.append((HEADER_DUPLICATE_OF, verdict.duplicate_of.encode("utf-8", "surrogatepass")))
+    if verdict.revision != 1:
+        headers.append((HEADER_REVISION, str(verdict.revision).encode()))
     return OutRecord(topic, verdict.id.encode("utf-8", "surrogatepass"), value, headers)
 
 
@@ -129,9 +137,10 @@ def dead_letter(
 
     Headers added after the original ones: ``__connect.errors.reason`` (a stable code:
     ``invalid_json``, ``not_an_object``, ``missing_id``, ``invalid_id``, ``missing_content``,
-    ``invalid_content``, ``invalid_utf8``, ``too_large``, ``processing_error``),
+    ``invalid_content``, ``invalid_utf8``, ``too_large``, ``processing_error``, ``refused``:
+    the broker refused its event for good, see :mod:`.refusals`),
     ``__connect.errors.topic`` / ``.partition`` / ``.offset`` (the source),
-    ``__connect.errors.stage`` (``decode`` or ``process``),
+    ``__connect.errors.stage`` (``decode``, ``process`` or ``produce``),
     ``__connect.errors.exception.class.name`` and ``__connect.errors.exception.message``.
     """
     headers = list(source.headers)

@@ -22,9 +22,11 @@ from confluent_kafka import (
 )
 
 from stream_dedup.errors import StreamDedupError
+from stream_dedup.logs import fields
 from stream_dedup.service.broker_watch import BrokerWatch, LibrdkafkaLog
 from stream_dedup.service.events import OutRecord
 from stream_dedup.service.kafka_settings import client_config, python_client_keys
+from stream_dedup.service.refusals import Refused, permanent, refusal, refuse_all
 
 log = logging.getLogger("stream_dedup.service.kafka")
 
@@ -71,7 +73,9 @@ class EventProducer:
     delivery reports (``poll``) and retries. ``confirm`` flushes and re-produces any record
     whose delivery failed (events are keyed by id and identical on retry, so a duplicate
     delivery is harmless); while the broker is away it waits with exponential backoff and
-    logs, instead of failing the batch.
+    logs, instead of failing the batch. A record refused for good (:mod:`.refusals`),
+    when produced or in its delivery report, is replaced at once by what the batch's
+    :data:`~stream_dedup.service.refusals.Refused` gives (:meth:`begin`).
     """
 
     def __init__(self, user: Mapping[str, str], watch: BrokerWatch) -> None:
@@ -92,9 +96,13 @@ class EventProducer:
         #: Records produced since the last confirmed flush, to rebuild failed ones from.
         self._inflight: list[OutRecord] = []
         self._failed: list[tuple[_Identity, KafkaError]] = []
+        self._refused: Refused = refuse_all
 
-    def begin(self) -> None:
-        """A batch's records follow (a transaction begins in the transactional producer)."""
+    def begin(self, refused: Refused | None = None) -> None:
+        """A batch's records follow (a transaction begins in the transactional producer);
+        ``refused`` replaces those refused for good (by default none can be)."""
+        if refused is not None:
+            self._refused = refused
 
     def deliver(
         self,
@@ -118,8 +126,36 @@ class EventProducer:
         queue is full), not once per record. Only failures are reported by default
         (``delivery.report.only.error``); a success report is ignored.
         """
-        self._send(rec)
-        self._inflight.append(rec)
+        self._inflight.append(self._send_or_replace(rec))
+
+    def _send_or_replace(self, rec: OutRecord) -> OutRecord:
+        """Queue ``rec``, or what replaces it if the client refuses it for good; returns
+        the record queued. Other client errors are raised."""
+        while True:
+            try:
+                self._send(rec)
+                return rec
+            except KafkaException as exc:
+                err = refusal(exc)
+                if err is None:
+                    raise
+                rec = self._refused(rec, err)
+
+    def _replace_refused(
+        self, failed: list[tuple[OutRecord, KafkaError]]
+    ) -> tuple[list[tuple[OutRecord, KafkaError]], list[int]]:
+        """Swap each record refused for good in ``failed`` for its replacement among the
+        batch's records, unsent; returns the failures left to retry, and where the
+        replacements are."""
+        retry, replaced = [], []
+        for rec, err in failed:
+            if not permanent(err):
+                retry.append((rec, err))
+                continue
+            at = next(i for i, r in enumerate(self._inflight) if r is rec)
+            self._inflight[at] = self._refused(rec, err)
+            replaced.append(at)
+        return retry, replaced
 
     def _send(self, rec: OutRecord) -> None:
         while True:
@@ -134,19 +170,21 @@ class EventProducer:
         if err is not None:
             self._failed.append(((msg.topic() or "", msg.key(), msg.value()), err))
 
-    def _failed_records(self, failed: list[tuple[_Identity, KafkaError]]) -> list[OutRecord]:
+    def _failed_records(
+        self, failed: list[tuple[_Identity, KafkaError]]
+    ) -> list[tuple[OutRecord, KafkaError]]:
         """The produced records (headers included) that the failure reports name."""
         produced: dict[_Identity, list[OutRecord]] = {}
         for rec in self._inflight:
             produced.setdefault((rec.topic, rec.key, rec.value), []).append(rec)
         records = []
-        for identity, _err in failed:
+        for identity, err in failed:
             same = produced.get(identity)
             if not same:  # never: librdkafka reports the bytes it was given
                 raise DeliveryAbandonedError(
                     f"a failed delivery to {identity[0]} matches no record produced"
                 )
-            records.append(same.pop())
+            records.append((same.pop(), err))
         return records
 
     def confirm(
@@ -168,25 +206,8 @@ class EventProducer:
             # 0 once every record is acknowledged or failed (failures are reported first).
             remaining = self._producer.flush(step_s)
             if self._failed:
-                failed, self._failed = self._failed, []
-                records = self._failed_records(failed)
-                log.warning(
-                    "event deliveries failed, producing them again",
-                    extra={
-                        "fields": {
-                            "records": len(failed),
-                            "error": failed[0][1].str(),
-                            "retry_in_s": delay,
-                            "action": "check that the output topics exist and the broker is up",
-                        }
-                    },
-                )
-                if give_up():
-                    raise DeliveryAbandonedError(f"{len(failed)} records failed to deliver")
-                time.sleep(delay)
-                delay = min(delay * 2, backoff[1])
-                for rec in records:
-                    self._send(rec)  # still in _inflight: a retry does not add it again
+                if self._retry_failed(delay, give_up):
+                    delay = min(delay * 2, backoff[1])
                 continue
             if not remaining:
                 self._inflight.clear()
@@ -204,6 +225,31 @@ class EventProducer:
             if give_up():
                 raise DeliveryAbandonedError(f"{remaining} deliveries unconfirmed")
         self._watch.alive()
+
+    def _retry_failed(self, delay_s: float, give_up: Callable[[], bool]) -> bool:
+        """Send the replacements of records refused for good now, and the other failed
+        records again after ``delay_s``; returns whether it waited."""
+        failed, self._failed = self._failed, []
+        retry, replaced = self._replace_refused(self._failed_records(failed))
+        for at in replaced:
+            self._inflight[at] = self._send_or_replace(self._inflight[at])
+        if not retry:
+            return False
+        log.warning(
+            "event deliveries failed, producing them again",
+            extra=fields(
+                records=len(retry),
+                error=retry[0][1].str(),
+                retry_in_s=delay_s,
+                action="check that the output topics exist and the broker is up",
+            ),
+        )
+        if give_up():
+            raise DeliveryAbandonedError(f"{len(retry)} records failed to deliver")
+        time.sleep(delay_s)
+        for rec, _err in retry:
+            self._send(rec)  # still in _inflight: a retry does not add it again
+        return True
 
     def close(self, timeout_s: float) -> int:
         """Flush what is left; returns the number of records still undelivered.

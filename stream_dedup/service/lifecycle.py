@@ -82,7 +82,8 @@ class BatchLife:
         self._on_lost = config.index.on_lost
         self._time_of = RecordTime(config.input.time_field)
         self._time_warnings = TimeWarnings(config.input.time_field, metrics)
-        self._batches = Batcher(config.batch, index.intent(), stop, self._time_of, consumer)
+        intent = strategy.stored_intent()  # waits out a shared index's outage
+        self._batches = Batcher(config.batch, intent, stop, self._time_of, consumer)
         strategy_name = config.kafka.get("partition.assignment.strategy", "")
         self._cooperative = (
             "cooperative" in strategy_name or config.kafka.get("group.protocol") == "consumer"
@@ -147,7 +148,7 @@ class BatchLife:
         ``index.on_lost`` decides (:mod:`.lost_index`).
         """
         self._metrics.rebalances.labels("assign").inc()
-        stored = self._index.offsets()
+        stored = self._strategy.stored_offsets()  # waits out a shared index's outage
         intent = self._batches.intent or {}
         for tp in partitions:
             key = (tp.topic, tp.partition)

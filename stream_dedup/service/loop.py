@@ -124,8 +124,9 @@ class Service:
         self._last_beat = time.monotonic()
         self._filter_logged = 0
         self._index_open = True
-        #: The batches' owner, from the start of :meth:`run` on.
+        #: The batches' owner and its commit strategy, from the start of :meth:`run` on.
         self._life: BatchLife | None = None
+        self._strategy: CommitStrategy | None = None
 
     # -- control -------------------------------------------------------------------------
 
@@ -161,9 +162,15 @@ class Service:
         return age < self.config.http.health_max_age_s, {"last_loop_s": round(age, 3)}
 
     def ready(self) -> tuple[bool, dict[str, object]]:
+        """Partitions assigned, the index open, and (shared index) Redis reachable."""
         assigned = self._life.assigned if self._life is not None and self._index_open else 0
-        ok = assigned > 0 and self._index_open
-        return ok, {"partitions": assigned, "index_open": self._index_open}
+        strategy = self._strategy
+        reachable = strategy is None or strategy.index_down_since is None
+        ok = assigned > 0 and self._index_open and reachable
+        details: dict[str, object] = {"partitions": assigned, "index_open": self._index_open}
+        if not reachable:
+            details["index_reachable"] = False
+        return ok, details
 
     # -- the loop ------------------------------------------------------------------------
 
@@ -186,6 +193,7 @@ class Service:
         strategy = open_strategy(
             self.config, consumer, self._decider, self.metrics, self._keep_waiting
         )
+        self._strategy = strategy
         life = BatchLife(
             self.config,
             self.index,

@@ -17,7 +17,9 @@ name                                            type       meaning
 stream_dedup_messages_consumed_total            counter    input messages taken from Kafka
 stream_dedup_verdicts_total{verdict}            counter    events emitted, unique/duplicate
 stream_dedup_dead_letters_total{reason}         counter    messages sent to the DLQ
+stream_dedup_refused_records_total{kind}        counter    records refused for good, replaced
 stream_dedup_replayed_documents_total           counter    ids decided before (stored verdict)
+stream_dedup_revisions_total                    counter    ids decided again on a new text
 stream_dedup_truncated_lookups_total            counter    lookups cut at max_candidates
 stream_dedup_time_field_missing_total           counter    input.time_field missing/unreadable
 stream_dedup_untimed_documents_total            counter    documents decided with no time
@@ -31,6 +33,8 @@ stream_dedup_last_commit_timestamp_seconds      gauge      Unix time of the last
 stream_dedup_commit_duration_seconds            histogram  one checkpoint (flush, index, kafka)
 stream_dedup_index_lease_wait_seconds           histogram  waits for the shared index's lease
 stream_dedup_index_lease_held_seconds           histogram  one batch decided and stored in it
+stream_dedup_index_up                           gauge      shared index: 0 in a Redis outage
+stream_dedup_index_retries_total                counter    index steps retried in an outage
 stream_dedup_kafka_commit_failures_total        counter    offset commits Kafka refused
 stream_dedup_sketch_worker_failures_total       counter    batches sketched in process instead
 stream_dedup_rebalances_total{kind}             counter    partition assign / revoke
@@ -74,7 +78,7 @@ from prometheus_client import (
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from stream_dedup.errors import DecodeError
+from stream_dedup.errors import DecodeError, IndexUnreachableError
 from stream_dedup.index.store import IndexStats
 from stream_dedup.models import VerdictKind
 from stream_dedup.service.bulk_histogram import BulkHistogram
@@ -128,8 +132,12 @@ class _ScrapeCollector(Collector):
             f"{PREFIX}_index_epochs", "Live epochs of the index (slices of the retention)."
         )
         source = self._m.index_source
-        if source is not None:
-            stats, n_filter = source()
+        try:
+            read = source() if source is not None else None
+        except IndexUnreachableError:  # left out while Redis is away (stream_dedup_index_up)
+            read = None
+        if read is not None:
+            stats, n_filter = read
             docs.add_metric([], stats.documents)
             size.add_metric([], stats.size_bytes)
             filters.add_metric([], n_filter)
@@ -192,10 +200,24 @@ class Metrics:
         self.dead_letters = Counter(
             f"{p}_dead_letters", "Messages sent to the dead-letter topic.", ["reason"], registry=r
         )
-        for reason in DecodeError.REASONS:
+        for reason in (*DecodeError.REASONS, "refused"):
             self.dead_letters.labels(reason)
+        self.refused = Counter(
+            f"{p}_refused_records",
+            "Output records the broker refused for good, by kind: an event (replaced by its "
+            "message's dead letter) or a dead letter (sent again without its value).",
+            ["kind"],
+            registry=r,
+        )
+        for refused in ("event", "dead_letter"):
+            self.refused.labels(refused)
         self.replayed = Counter(
             f"{p}_replayed_documents", "Documents whose id was already decided.", registry=r
+        )
+        self.revisions = Counter(
+            f"{p}_revisions",
+            "Documents decided as a new revision: an id seen before with another text.",
+            registry=r,
         )
         self.truncated = Counter(
             f"{p}_truncated_lookups", "Lookups cut at max_candidates.", registry=r
@@ -214,8 +236,22 @@ class Metrics:
         )
 
     def _register_lease(self, r: CollectorRegistry) -> None:
-        """The shared index's lease (Redis backend): waiting for it, and holding it."""
+        """The shared index's lease (Redis backend): waiting for it, and holding it; and
+        Redis outages ridden out (``service/index_outage.py``)."""
         p = PREFIX
+        self.index_up = Gauge(
+            f"{p}_index_up",
+            "0 while the shared index's Redis is unreachable and the service retries; 1 "
+            "otherwise (always 1 for an index of one instance).",
+            registry=r,
+        )
+        self.index_up.set(1)
+        self.index_retries = Counter(
+            f"{p}_index_retries",
+            "Steps on the shared index (deciding and storing a batch, storing offsets) run "
+            "again because Redis was unreachable.",
+            registry=r,
+        )
         self.lease_wait = Histogram(
             f"{p}_index_lease_wait_seconds",
             "Waits for the shared index's lease (Redis backend) before deciding a batch.",
@@ -356,6 +392,7 @@ class Metrics:
         self.observe_work(stats.candidates, stats.verifications)
         self.observe_decided_times(times_ms, now_s)
         self.replayed.inc(stats.replayed)
+        self.revisions.inc(stats.revisions)
         self.truncated.inc(stats.truncated_lookups)
 
     def observe_work(self, candidates: Sequence[int], verifications: Sequence[int]) -> None:

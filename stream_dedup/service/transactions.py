@@ -30,6 +30,7 @@ from stream_dedup.service.batches import Ranges
 from stream_dedup.service.broker_watch import BrokerWatch
 from stream_dedup.service.events import OutRecord
 from stream_dedup.service.kafka import DeliveryAbandonedError, EventProducer
+from stream_dedup.service.refusals import Refused
 
 log = logging.getLogger("stream_dedup.service.transactions")
 
@@ -78,7 +79,8 @@ class TransactionalProducer(EventProducer):
                     ),
                 )
 
-    def begin(self) -> None:
+    def begin(self, refused: Refused | None = None) -> None:
+        super().begin(refused)
         try:
             self._producer.begin_transaction()
         except KafkaException as exc:
@@ -134,6 +136,8 @@ class TransactionalProducer(EventProducer):
                     self._open = False
                     raise TransactionError(f"transaction failed: {exc}") from exc
                 if err.txn_requires_abort():
+                    # Records refused for good are replaced in the batch sent again.
+                    self._replace_refused(self._failed_records(self._failed))
                     self._abort(err, delay)
                     if give_up():
                         raise DeliveryAbandonedError("stopped retrying a transaction") from exc
@@ -183,8 +187,7 @@ class TransactionalProducer(EventProducer):
     def _reproduce(self) -> None:
         """The aborted transaction's records again, in a new transaction."""
         self.begin()
-        for rec in self._inflight:
-            self._send(rec)
+        self._inflight = [self._send_or_replace(rec) for rec in self._inflight]
 
     def close(self, timeout_s: float) -> int:
         """Abort a transaction left open (a stop before its commit), then close.

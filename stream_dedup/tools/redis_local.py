@@ -2,7 +2,8 @@
 on loopback.
 
 Started from the Debian package ``redis-server`` (``.ci/run`` installs it when missing),
-in a directory of the caller's, on free ports, without persistence.
+in a directory of the caller's, on free ports, without persistence (except
+:class:`PersistentNode`, which outlives a restart).
 """
 
 from __future__ import annotations
@@ -90,6 +91,41 @@ def single_node(directory: Path) -> Iterator[str]:
         yield f"redis://127.0.0.1:{port}/0"
     finally:
         _stop([proc])
+
+
+class PersistentNode:
+    """A Redis server that keeps its data in its directory (an AOF written at every
+    command) and can be stopped and started again on the same port: an outage, for tests
+    of what rides one out."""
+
+    def __init__(self, directory: Path) -> None:
+        self.directory = directory
+        self.port = free_port()
+        self.url = f"redis://127.0.0.1:{self.port}/0"
+        self._proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        """Start the server (loading what it stored) and wait until it answers."""
+        extra = ("--appendonly", "yes", "--appendfsync", "always")
+        self._proc = _start(self.directory, self.port, *extra)
+        _wait_ping(_local(self.port), time.monotonic() + 20)
+
+    def stop(self) -> None:
+        """Stop the server (SIGTERM: it finishes its AOF); refused connections follow."""
+        if self._proc is not None:
+            _stop([self._proc])
+            self._proc = None
+
+
+@contextmanager
+def persistent_node(directory: Path) -> Iterator[PersistentNode]:
+    """A :class:`PersistentNode`, started; stopped at the end."""
+    node = PersistentNode(directory)
+    node.start()
+    try:
+        yield node
+    finally:
+        node.stop()
 
 
 def _certificates(directory: Path) -> tuple[Path, Path, Path]:

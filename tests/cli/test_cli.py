@@ -116,7 +116,7 @@ def test_dedup_index_persists_and_a_second_run_continues(tmp_path: Path, capsys:
         tmp_path / "two.jsonl",
         jsonl(
             [
-                {"id": "a", "text": "edited content under a known id"},  # replayed
+                {"id": "a", "text": "edited content under a known id"},  # a new revision
                 {"id": "c", "text": near(OTHER, 2)},  # decided against run one's b
                 {"id": "d", "text": THIRD},
             ]
@@ -125,18 +125,25 @@ def test_dedup_index_persists_and_a_second_run_continues(tmp_path: Path, capsys:
     code, _ = run("dedup", str(second), "-o", str(tmp_path / "v2"), "--index", str(index))
     assert code == 0
     v2 = read_verdicts(tmp_path / "v2")
-    assert v2[0] == {**v1[0], "replayed": True}  # the recorded verdict, marked as such
-    assert "replayed" not in v1[0] and "replayed" not in v2[1]
+    assert (v2[0]["verdict"], v2[0]["revision"]) == ("unique", 2)  # decided again
+    assert len(v2[0]["previous"]) == 16 and "revision" not in v1[0]
+    assert "replayed" not in v1[0] and "replayed" not in v2[0] and "replayed" not in v2[1]
     assert (v2[1]["verdict"], v2[1]["duplicate_of"], v2[1]["cluster_id"]) == ("duplicate", "b", "b")
     assert v2[2]["verdict"] == "unique"
     err = capsys.readouterr().err
-    assert "replayed    1" in err
-    assert "mismatched  1" in err  # a's text is not the first run's
+    assert "replayed    0" in err
+    assert "revisions   1" in err  # a's text is not the first run's
     assert "documents   3" in err
+
+    # the first run again: a's first text replays revision 1, b replays as before
+    code, _ = run("dedup", str(first), "-o", str(tmp_path / "v3"), "--index", str(index))
+    assert code == 0
+    assert read_verdicts(tmp_path / "v3") == [{**v, "replayed": True} for v in v1]
+    assert "replayed    2" in capsys.readouterr().err
 
     code, out = run("stats", "--index", str(index))
     assert code == 0
-    assert "documents           4\n" in out  # two + two new; the replay adds nothing
+    assert "documents           5\n" in out  # two + three new; replays add nothing
     assert "duplicates          1\n" in out
 
 

@@ -119,21 +119,38 @@ def test_a_corrupt_gzip_input_exits_2_naming_it(tmp_path: Path, capsys: Capsys) 
     assert "Traceback" not in err
 
 
-def test_replayed_ids_are_marked_and_other_texts_counted(tmp_path: Path, capsys: Capsys) -> None:
+@pytest.mark.parametrize("mode", ["decide", "replay"])
+def test_replayed_ids_are_marked_and_other_texts_revised(
+    tmp_path: Path, capsys: Capsys, mode: str
+) -> None:
     records = [
         *RECORDS,
         {"id": "a", "title": "Budget approved", "text": RECORDS[0]["text"]},  # same text
         {"id": "b", "text": "something else entirely"},  # other text
+        {"id": "z", "text": "something else entirely"},  # a copy of b's new text
     ]
     src = write(tmp_path / "in.jsonl", jsonl(records))
-    assert run("dedup", str(src), "-o", str(tmp_path / "out"))[0] == 0
+    flags = [] if mode == "decide" else ["--revisions", "replay"]
+    assert run("dedup", str(src), "-o", str(tmp_path / "out"), *flags)[0] == 0
     lines = read_verdicts(tmp_path / "out")
-    assert [v.get("replayed", False) for v in lines] == [False] * 6 + [True, True]
     assert lines[6] == {**lines[0], "replayed": True}
-    assert lines[7] == {**lines[1], "replayed": True}
     err = capsys.readouterr().err
-    assert "replayed    2" in err
-    assert "mismatched  1" in err
+    if mode == "replay":  # the old behaviour: b's first verdict, its new text never indexed
+        assert lines[7] == {**lines[1], "replayed": True}
+        assert (lines[8]["verdict"], "revision" in lines[7]) == ("unique", False)
+        assert "replayed    2" in err and "mismatched  1" in err and "revisions   0" in err
+        return
+    assert (lines[7]["revision"], lines[7]["verdict"], "replayed" in lines[7]) == (
+        2,
+        "unique",
+        False,
+    )
+    assert (lines[8]["verdict"], lines[8]["duplicate_of"], lines[8]["similarity"]) == (
+        "duplicate",
+        "b",
+        1.0,
+    )
+    assert "replayed    1" in err and "revisions   1" in err and "mismatched  0" in err
 
 
 # -- Ctrl-C ----------------------------------------------------------------------------

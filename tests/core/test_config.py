@@ -28,6 +28,7 @@ OTHER = {
     "shingle_size": 2,
     "verify": "signature",
     "index_policy": "uniques",
+    "revisions": "replay",
     "max_bucket_size": 17,
     "max_candidates": 7,
 }
@@ -89,6 +90,12 @@ def test_the_service_section_is_the_parameters_themselves() -> None:
         load_config(None, environ={}, overrides={"dedup": {"verify": 3}})
     with pytest.raises(ConfigError, match="verify"):
         load_config(None, environ={}, overrides={"dedup": {"verify": "nearly"}})
+    replaying = load_config(None, environ={}, overrides={"dedup": {"revisions": "replay"}})
+    assert isinstance(replaying, ServiceConfig)
+    assert replaying.dedup.revisions == "replay"
+    assert config.dedup.revisions == "decide"  # the default
+    with pytest.raises(ConfigError, match="revisions"):
+        load_config(None, environ={}, overrides={"dedup": {"revisions": "sometimes"}})
 
 
 def _args(**given: object) -> argparse.Namespace:
@@ -113,6 +120,7 @@ def test_flags_go_on_top_of_an_index_configuration() -> None:
         ({"shingle_size": -1}, "shingle_size"),
         ({"shingle_size": 99}, "shingle_size"),
         ({"threshold": 1.5}, "threshold"),
+        ({"revisions": "ignore"}, "revisions"),
     ],
 )
 def test_bad_values_name_the_parameter(values: dict[str, object], key: str) -> None:

@@ -41,13 +41,14 @@ def model(docs: list[Document], config: DedupConfig) -> list[Row]:
     texts: dict[bytes, int] = {}
     payload: dict[int, np.ndarray] = {}
     who: dict[int, tuple[str, str]] = {}
-    decided: dict[str, Row] = {}
+    decided: dict[tuple[str, bytes], Row] = {}  # (id, text): each revision's row
     rows: list[Row] = []
     for i, doc in enumerate(docs):
-        if doc.id in decided:
-            rows.append((*decided[doc.id][:6], True, 0, 0))
-            continue
         p = live_pos.get(i)
+        revision = (doc.id, b"" if p is None else sk.exact_keys[p])
+        if revision in decided:  # the same id with the same text: a replay
+            rows.append((*decided[revision][:6], True, 0, 0))
+            continue
         if p is None:
             row: Row = (doc.id, "unique", None, None, doc.id, True, False, 0, 0)
         else:
@@ -82,7 +83,7 @@ def model(docs: list[Document], config: DedupConfig) -> list[Row]:
                 texts.setdefault(text, num)
                 for key in bands:
                     buckets[key] = [*buckets.get(key, []), num][-config.max_bucket_size :]
-        decided[doc.id] = row
+        decided[revision] = row  # another text under a known id: decided as a revision
         rows.append(row)
     return rows
 

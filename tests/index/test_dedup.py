@@ -189,14 +189,18 @@ def test_lone_surrogates_do_not_break_a_batch(make_dedup: DedupFactory) -> None:
     assert not result.verdicts[2].empty
 
 
+@pytest.mark.parametrize("mode", ["decide", "replay"])
 def test_resubmitted_id_returns_stored_verdict_and_changes_nothing(
-    make_dedup: DedupFactory,
+    make_dedup: DedupFactory, mode: str
 ) -> None:
-    dedup = make_dedup()
+    dedup = make_dedup(revisions=mode)
     original = dedup.process(docs(("a", A), ("a1", A1))).verdicts
     counters = {c: dedup.index.counter(c) for c in ("documents", "indexed", "duplicates")}
-    # Same ids, even with other content: the recorded verdict is returned unchanged.
-    replay = dedup.process(docs(("a1", B), ("a", "different now")))
+    # Same ids with the same normalised text (under "replay" even with other content):
+    # the recorded verdict is returned unchanged (other texts are revisions:
+    # test_revisions.py).
+    again = (("a1", A1.upper()), ("a", " " + A)) if mode == "decide" else (("a1", B), ("a", "new"))
+    replay = dedup.process(docs(*again))
     assert [v.replayed for v in replay.verdicts] == [True, True]
     for old, new in zip(original[::-1], replay.verdicts, strict=True):
         assert not old.replayed
@@ -216,7 +220,9 @@ def test_resubmitted_id_returns_stored_verdict_and_changes_nothing(
 
 
 def test_same_id_twice_in_one_batch_is_decided_once(make_dedup: DedupFactory) -> None:
-    dedup = make_dedup()
+    """Under ``revisions = "replay"`` (with the default, "a" with B is revision 2:
+    test_revisions.py)."""
+    dedup = make_dedup(revisions="replay")
     result = dedup.process(docs(("a", A), ("a", B), ("b", B)))
     first, second, b = result.verdicts
     assert (first.verdict, first.replayed) == (UNIQUE, False)
@@ -468,7 +474,7 @@ def test_rocks_index_continues_after_reopen(tmp_path: Path) -> None:
     dedup.index.close()
     dedup = Deduplicator(open_index(path, IndexParams.of(config)), config)
     try:
-        result = dedup.process(docs(("a1", "x"), ("a2", A2), ("ok", "ok")))
+        result = dedup.process(docs(("a1", A1.upper()), ("a2", A2), ("ok", "ok")))
         assert summary(result.verdicts) == [
             ("a1", "duplicate", "a", "a"),
             ("a2", "duplicate", "a1", "a"),

@@ -1,4 +1,5 @@
-"""Repeated ids: the first verdict comes back, and a repeat with other text is counted."""
+"""Repeated ids: the stored verdict comes back, and under ``revisions = "replay"`` a repeat
+with other text is counted (``test_revisions.py`` has the default, deciding it again)."""
 
 from __future__ import annotations
 
@@ -89,7 +90,7 @@ def test_a_record_written_before_tags_decodes_and_is_never_mismatched() -> None:
 
 
 def test_repeats_across_batches_count_only_other_texts(make_dedup: DedupFactory) -> None:
-    dedup = make_dedup()
+    dedup = make_dedup(revisions="replay")
     first = dedup.process([Document("a", A), Document("b", B), Document("e", "  ")])
     assert first.stats.mismatched_repeats == 0
     again = dedup.process(
@@ -109,7 +110,7 @@ def test_repeats_across_batches_count_only_other_texts(make_dedup: DedupFactory)
 
 
 def test_repeats_within_one_batch_are_compared_too(make_dedup: DedupFactory) -> None:
-    dedup = make_dedup()
+    dedup = make_dedup(revisions="replay")
     result = dedup.process(
         [
             Document("a", A),

@@ -14,11 +14,12 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import pytest
+from confluent_kafka import KafkaError
 from prometheus_client import CollectorRegistry
 
 from stream_dedup.core.sketch import Sketch
 from stream_dedup.dedup import BatchResult, Deduplicator
-from stream_dedup.errors import DecodeError, IndexIOError
+from stream_dedup.errors import DecodeError, IndexIOError, RecordRefusedError
 from stream_dedup.index import DedupIndex, RocksBackend
 from stream_dedup.index.params import IndexParams
 from stream_dedup.models import Document
@@ -28,6 +29,7 @@ from stream_dedup.service.decide import Decider
 from stream_dedup.service.events import DLQ_REASON, Source
 from stream_dedup.service.inputs import Decoded
 from stream_dedup.service.metrics import Metrics
+from stream_dedup.service.refusals import HEADER_VALUE_DROPPED
 
 BOOM = "boom"
 
@@ -186,3 +188,36 @@ def test_dead_letters_are_logged_once_per_reason_a_while_and_counted_each(
     assert said(later)["suppressed"] == 49
     assert len(caplog.records) == 3
     assert dead_letters(registry) == 52  # the metric counts every one
+
+
+def test_a_refused_record_is_replaced_step_by_step_down_to_an_error(
+    config: ServiceConfig, index: DedupIndex, kijiji_ads: list[tuple[str, str]]
+) -> None:
+    """Event -> its message's dead letter -> that dead letter without its value -> a
+    RecordRefusedError: nothing is dropped without the service stopping."""
+    docs = [Document(i, c) for i, c in kijiji_ads[:3]]
+    registry = CollectorRegistry()
+    decider = Decider(config, Deduplicator(index, config.dedup), Metrics(registry))
+    out = decider.build(decoded(docs))
+    too_large = KafkaError(KafkaError.MSG_SIZE_TOO_LARGE, "Broker: Message size too large")
+
+    dead = out.refused(out.records[1], too_large)
+    assert (dead.topic, dead.key, dead.value) == (
+        config.dlq_topic,
+        docs[1].id.encode(),
+        json.dumps(docs[1].content).encode(),
+    )
+    assert dict(dead.headers)[DLQ_REASON] == b"refused"
+    bare = out.refused(dead, too_large)
+    assert bare.value is None and bare.key == docs[1].id.encode()
+    assert dict(bare.headers)[HEADER_VALUE_DROPPED] == (
+        f"{len(dead.value or b'')} bytes dropped: Broker: Message size too large"
+    )
+    with pytest.raises(RecordRefusedError, match=config.dlq_topic):
+        out.refused(bare, too_large)
+    refused = {
+        k: registry.get_sample_value("stream_dedup_refused_records_total", {"kind": k})
+        for k in ("event", "dead_letter")
+    }
+    assert refused == {"event": 1, "dead_letter": 2}
+    assert registry.get_sample_value("stream_dedup_dead_letters_total", {"reason": "refused"}) == 1

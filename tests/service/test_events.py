@@ -103,3 +103,28 @@ def test_record_errors(value: bytes | None, text: bool, reason: str) -> None:
         document_from_record(value, None, ("t", 0, 0), DocumentFormat(), text=text, max_bytes=10)
     assert info.value.reason == reason
     assert info.value.raw == value
+
+
+def test_a_revision_event_carries_its_number_and_the_previous_text() -> None:
+    first = Verdict("a", VerdictKind.UNIQUE, None, None, "a")
+    second = Verdict(
+        "a", VerdictKind.DUPLICATE, "b", 0.9, "b", revision=2, previous="00ff00ff00ff00ff"
+    )
+    plain = event(first, SOURCE, None, "news.unique")
+    rec = event(second, SOURCE, None, "news.duplicates")
+    body = json.loads(rec.value or b"")
+    jsonschema.validate(body, SCHEMA)
+    assert (body["revision"], body["previous"]) == (2, "00ff00ff00ff00ff")
+    assert dict(rec.headers)["stream-dedup.revision"] == b"2"
+    # revision 1 carries neither field nor header: its bytes are those of a stream
+    # without revisions
+    assert plain.value == (
+        b'{"id":"a","verdict":"unique","duplicate_of":null,"similarity":null,'
+        b'"cluster_id":"a","empty":false,"topic":"news","partition":3,"offset":42,'
+        b'"timestamp":1700000000000}'
+    )
+    assert "stream-dedup.revision" not in dict(plain.headers)
+    # a revision field without its partner, or a revision number of 1, is not an event
+    for broken in ({"revision": 2}, {"previous": "ab"}, {"revision": 1, "previous": "ab"}):
+        with pytest.raises(jsonschema.ValidationError):
+            jsonschema.validate({**json.loads(plain.value or b""), **broken}, SCHEMA)

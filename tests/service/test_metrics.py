@@ -10,6 +10,7 @@ import pytest
 from confluent_kafka import KafkaError, TopicPartition
 from prometheus_client import CollectorRegistry, Histogram, generate_latest
 
+from stream_dedup.dedup import BatchStats
 from stream_dedup.service.checkpoint import kafka_commit_reporter
 from stream_dedup.service.metrics import BulkHistogram, Metrics
 
@@ -82,3 +83,12 @@ def test_decision_lag_and_reorder_waiting_gauges() -> None:
     assert registry.get_sample_value("stream_dedup_decision_lag_seconds", {"edge": "newest"}) == 6
     metrics.reorder_waiting.set(42)
     assert registry.get_sample_value("stream_dedup_reorder_waiting_messages") == 42
+
+
+def test_revisions_are_counted_per_batch() -> None:
+    registry = CollectorRegistry()
+    metrics = Metrics(registry)
+    assert registry.get_sample_value("stream_dedup_revisions_total") == 0
+    for revisions in (3, 0, 2):
+        metrics.observe_batch(0.01, [0.01], (1, 1), BatchStats(revisions=revisions), [], 0.0)
+    assert registry.get_sample_value("stream_dedup_revisions_total") == 5
