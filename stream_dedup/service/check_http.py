@@ -112,8 +112,8 @@ class CheckEndpoint:
             outcome = got.outcome
         else:
             reply, outcome = (200, got), "ok"
-        self._metrics.check_requests.labels(outcome).inc()
-        self._metrics.check_duration.observe(time.perf_counter() - started)
+        self._metrics.checks.requests.labels(outcome).inc()
+        self._metrics.checks.duration.observe(time.perf_counter() - started)
         return reply
 
     def _answer(

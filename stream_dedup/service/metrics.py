@@ -82,6 +82,7 @@ from stream_dedup.errors import DecodeError, IndexUnreachableError
 from stream_dedup.index.store import IndexStats
 from stream_dedup.models import VerdictKind
 from stream_dedup.service.bulk_histogram import BulkHistogram
+from stream_dedup.service.check_metrics import CheckMetrics
 
 if TYPE_CHECKING:
     from stream_dedup.dedup import BatchStats
@@ -91,12 +92,8 @@ PREFIX = "stream_dedup"
 _LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 _COUNT_BUCKETS = (0, 1, 2, 5, 10, 20, 50, 100, 200, 500, 1000)
 _BATCH_BUCKETS = (1, 10, 50, 100, 500, 1000, 2000, 5000, 10000)
-#: A check answers in milliseconds; 20 ms is the latency it is held to at p99.
-_CHECK_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 1.0)
-#: What became of a check request (``stream_dedup.service.check_http``).
-CHECK_OUTCOMES = ("ok", "bad_request", "too_large", "unavailable", "failed")
 
-__all__ = ["CHECK_OUTCOMES", "PREFIX", "BulkHistogram", "Metrics"]
+__all__ = ["PREFIX", "BulkHistogram", "Metrics"]
 
 
 class _ScrapeCollector(Collector):
@@ -179,7 +176,7 @@ class Metrics:
         self._register_checkpoints(registry)
         self._register_partitions(registry)
         self._register_transactions(registry)
-        self._register_checks(registry)
+        self.checks = CheckMetrics(registry)
         registry.register(_ScrapeCollector(self))
         # The service process's CPU, memory and open files (process_*; Linux only, as
         # they read /proc) and the Python version (python_info), as the client library's
@@ -355,24 +352,6 @@ class Metrics:
         )
         for outcome in ("committed", "aborted"):
             self.transactions.labels(outcome)
-
-    def _register_checks(self, r: CollectorRegistry) -> None:
-        """The check endpoints: requests by outcome, and how long each took."""
-        p = PREFIX
-        self.check_requests = Counter(
-            f"{p}_check_requests",
-            "Check requests (POST /check, /check/batch) answered, by outcome.",
-            ["outcome"],
-            registry=r,
-        )
-        for outcome in CHECK_OUTCOMES:
-            self.check_requests.labels(outcome)
-        self.check_duration = Histogram(
-            f"{p}_check_duration_seconds",
-            "One check request, from its body read to its answer (index reads and scoring).",
-            buckets=_CHECK_BUCKETS,
-            registry=r,
-        )
 
     def observe_batch(
         self,
