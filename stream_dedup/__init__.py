@@ -43,18 +43,20 @@ if TYPE_CHECKING:
         StreamDedupError,
         TransactionError,
     )
-    from stream_dedup.models import Document, Verdict, VerdictKind
+    from stream_dedup.models import CheckMatch, Document, Relation, Verdict, VerdictKind
 
 __version__ = "0.1.0"
 
 #: Public name -> the module that defines it.
 _EXPORTS = {
+    "CheckMatch": "stream_dedup.models",
     "DedupConfig": "stream_dedup.core.config",
     "Detector": "stream_dedup.api",
     "DetectorStats": "stream_dedup.api",
     "Document": "stream_dedup.models",
     "DocumentFormat": "stream_dedup.decode",
     "QueryResult": "stream_dedup.api",
+    "Relation": "stream_dedup.models",
     "Verdict": "stream_dedup.models",
     "VerdictKind": "stream_dedup.models",
     "ConfigError": "stream_dedup.errors",
@@ -76,6 +78,7 @@ _EXPORTS = {
 }
 
 __all__ = [
+    "CheckMatch",
     "ConfigError",
     "DecodeError",
     "DedupConfig",
@@ -95,6 +98,7 @@ __all__ = [
     "InputError",
     "QueryResult",
     "RecordRefusedError",
+    "Relation",
     "RetentionWarning",
     "StreamDedupError",
     "TransactionError",

@@ -3,8 +3,10 @@
 :class:`Detector` is the library face of the same detector the ``stream-dedup`` command and
 the Kafka service run: :meth:`~Detector.add` decides a document against everything added
 before it and indexes it, :meth:`~Detector.query` asks the same question without indexing
-anything. With a directory the index is a RocksDB database that persists: opening the
-directory again continues from it, with the parameters it was built with.
+anything, and :meth:`~Detector.check` lists the indexed documents most similar to a text,
+with their scores, also without indexing it. With a directory the index is a RocksDB
+database that persists: opening the directory again continues from it, with the
+parameters it was built with.
 
 >>> from stream_dedup import Detector
 >>> ad = ("Bright two-room flat near Termini station, furnished, balcony, "
@@ -25,6 +27,11 @@ directory again continues from it, with the parameters it was built with.
 (True, 'ad-1', 1.0)
 >>> detector.query("Garage to let in Ostia").is_duplicate
 False
+>>> [(m.id, m.similarity, m.containment, m.relation.value)
+...  for m in detector.check(ad, k=3)]  # ad-3 and ad-4 share no band with it
+[('ad-1', 1.0, 1.0, 'near-duplicate'), ('ad-2', 0.919355, 0.957983, 'near-duplicate')]
+>>> detector.check("Garage to let in Ostia")
+[]
 >>> detector.stats
 DetectorStats(documents=4, indexed=4, duplicates=2, empty=0)
 >>> detector.close()
@@ -45,26 +52,29 @@ from __future__ import annotations
 import dataclasses
 import os
 import warnings
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from dataclasses import dataclass
-from itertools import islice
 from pathlib import Path
 from types import TracebackType
 from typing import Any, Self
 
+from stream_dedup.api_inputs import batches, document, kind, refuse_one_text, text_of
 from stream_dedup.core.config import DedupConfig
 from stream_dedup.dedup import Deduplicator
+from stream_dedup.dedup.check import check_k, check_texts
 from stream_dedup.dedup.queries import query_verdicts
 from stream_dedup.errors import ConfigError, DecodeError, IndexStoreError, RetentionWarning
 from stream_dedup.index.opener import open_or_create
 from stream_dedup.index.retention import NO_CLOCK, RetentionChange, format_duration
 from stream_dedup.index.store import DedupIndex
-from stream_dedup.models import Document, Verdict
+from stream_dedup.models import CheckMatch, Document, Verdict
 
 #: Documents decided and committed together by :meth:`Detector.add_many`, as the offline
 #: command does: large enough that the per-batch index reads and write are cheap per
 #: document, small enough that a batch's working memory stays a few megabytes.
 DEFAULT_BATCH_SIZE = 1000
+#: Matches a check lists unless asked for another number.
+DEFAULT_CHECK_K = 5
 
 
 @dataclass(frozen=True, slots=True)
@@ -221,9 +231,9 @@ class Detector:
         """:meth:`add_many`, called by it and by :meth:`add` (so that a warning names the
         caller's line: two frames up)."""
         self._open_index()
-        _refuse_one_text(documents, "add_many", "(id, text) pairs", "add(id, text)")
+        refuse_one_text(documents, "add_many", "(id, text) pairs", "add(id, text)")
         verdicts: list[Verdict] = []
-        for batch in _batches(map(_document, documents), self._batch_size):
+        for batch in batches(map(document, documents), self._batch_size):
             result = self._dedup.process(batch)
             verdicts.extend(result.verdicts)
             if result.stats.window_without_time and not self._warned_no_time:
@@ -244,16 +254,47 @@ class Detector:
     def query_many(self, texts: Iterable[str]) -> list[QueryResult]:
         """:meth:`query` for each text, each against the index only (not each other)."""
         self._open_index()
-        _refuse_one_text(texts, "query_many", "texts", "query(text)")
+        refuse_one_text(texts, "query_many", "texts", "query(text)")
         batch = list(texts)
         for text in batch:
             if not isinstance(text, str):
-                raise DecodeError("invalid_content", f"a text must be a str, got {_kind(text)}")
+                raise DecodeError("invalid_content", f"a text must be a str, got {kind(text)}")
         results: list[QueryResult] = []
         for start in range(0, len(batch), self._batch_size):
             chunk = batch[start : start + self._batch_size]
             results.extend(map(_result, query_verdicts(self._dedup, chunk)))
         return results
+
+    def check(self, text: str | Document, k: int = DEFAULT_CHECK_K) -> list[CheckMatch]:
+        """The ``k`` indexed documents most similar to ``text``, most similar first; nothing
+        is written.
+
+        Unlike :meth:`query`, which gives the one verdict, a check lists every candidate
+        the band buckets give (up to ``max(k, max_candidates)`` are verified), each with
+        its exact Jaccard ``similarity``, the ``containment`` of ``text`` in it (the share
+        of the text's shingles it holds) and the reverse, and a ``relation``:
+        ``near-duplicate`` at or above the threshold, else ``similar`` (see
+        :class:`~stream_dedup.models.CheckMatch`). The first near-duplicate is the document
+        :meth:`query` names, with the same similarity. ``text`` may be a
+        :class:`~stream_dedup.models.Document` (its content is checked). An empty list:
+        nothing indexed shares a band with it.
+        """
+        return self.check_many([text], k)[0]
+
+    def check_many(
+        self, texts: Iterable[str | Document], k: int = DEFAULT_CHECK_K
+    ) -> list[list[CheckMatch]]:
+        """:meth:`check` for each text, each against the index only (not each other)."""
+        self._open_index()
+        refuse_one_text(texts, "check_many", "texts", "check(text)")
+        check_k(k)
+        batch = [text_of(t) for t in texts]
+        plan = self._dedup.plan
+        answers: list[list[CheckMatch]] = []
+        for start in range(0, len(batch), self._batch_size):
+            chunk = batch[start : start + self._batch_size]
+            answers.extend(check_texts(self._index, self._config, plan, chunk, k))
+        return answers
 
     # -- closing ----------------------------------------------------------------------
 
@@ -332,52 +373,6 @@ def _open(
         return open_or_create(where, choose, retention=retention, sync=sync)
     except OSError as exc:  # e.g. the path is a file, or not writable
         raise IndexStoreError(f"cannot open an index at {where}: {exc}") from exc
-
-
-def _document(item: Document | tuple[str, str]) -> Document:
-    """A document from what :meth:`Detector.add_many` accepts, checked like decoded input."""
-    if isinstance(item, Document):
-        doc_id, text = item.id, item.content
-    elif isinstance(item, str | bytes):  # a two-letter string would unpack as a pair
-        raise DecodeError(
-            "invalid_id", f"expected a Document or an (id, text) pair, got {_kind(item)}"
-        )
-    else:
-        try:
-            doc_id, text = item
-        except (TypeError, ValueError):
-            raise DecodeError(
-                "invalid_id", f"expected a Document or an (id, text) pair, got {_kind(item)}"
-            ) from None
-    if not isinstance(doc_id, str):
-        raise DecodeError("invalid_id", f"a document id must be a str, got {_kind(doc_id)}")
-    if not doc_id:
-        raise DecodeError("invalid_id", "a document id must not be empty")
-    if not isinstance(text, str):
-        raise DecodeError(
-            "invalid_content", f"the text of {doc_id!r} must be a str, got {_kind(text)}"
-        )
-    return item if isinstance(item, Document) else Document(doc_id, text)
-
-
-def _refuse_one_text(given: object, method: str, items: str, single: str) -> None:
-    """A str (or bytes) where a collection belongs is a TypeError: iterating it would
-    give one item per character."""
-    if isinstance(given, str | bytes | bytearray):
-        raise TypeError(
-            f"{method}() takes a list (or any iterable) of {items}, got a single "
-            f"{_kind(given)}: pass a list, e.g. {method}([...]), or call {single} for one"
-        )
-
-
-def _kind(value: object) -> str:
-    return type(value).__name__
-
-
-def _batches(docs: Iterable[Document], size: int) -> Iterator[list[Document]]:
-    it = iter(docs)
-    while batch := list(islice(it, size)):
-        yield batch
 
 
 def _result(verdict: Verdict) -> QueryResult:

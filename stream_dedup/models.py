@@ -121,5 +121,50 @@ class Verdict:
         return body
 
 
+class Relation(StrEnum):
+    """How an earlier document found by a check relates to the text checked.
+
+    ``near-duplicate``: similar at or above the detector's threshold (what a verdict
+    would call a duplicate); ``similar``: a candidate below it, with its scores. Kept
+    open for the relations a containment rule will add (an excerpt, a document the text
+    contains), so a reader should pass over a value it does not know.
+    """
+
+    NEAR_DUPLICATE = "near-duplicate"
+    SIMILAR = "similar"
+
+
+@dataclass(frozen=True, slots=True)
+class CheckMatch:
+    """An earlier document a check found, with exact scores against the checked text.
+
+    ``similarity`` is the Jaccard similarity of the two shingle sets (the number a verdict
+    reports); ``containment`` the share of the *checked text's* shingles found in this
+    document (near 1.0: the text is an excerpt of it, or a copy), and
+    ``reverse_containment`` the share of this document's shingles found in the text (near
+    1.0: the text contains it). Both are ``None`` when the index verifies by signature
+    (``verify = "signature"``): it stores no shingles to count, and ``similarity`` is then
+    the signatures' estimate. ``cluster_id`` is the document's cluster.
+    """
+
+    id: str
+    similarity: float
+    containment: float | None
+    reverse_containment: float | None
+    cluster_id: str
+    relation: Relation
+
+    def to_json(self) -> dict[str, Any]:
+        """The match as the command line and the HTTP port write it."""
+        return {
+            "id": self.id,
+            "similarity": self.similarity,
+            "containment": self.containment,
+            "reverse_containment": self.reverse_containment,
+            "cluster_id": self.cluster_id,
+            "relation": self.relation,
+        }
+
+
 #: Each field's slot setter, in field order (see Verdict.__init__).
 _FIELD_SETTERS: tuple[Any, ...] = tuple(Verdict.__dict__[f.name].__set__ for f in fields(Verdict))

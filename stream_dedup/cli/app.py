@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import IO, TYPE_CHECKING
 
 import stream_dedup
+from stream_dedup.cli import check as cli_check
 from stream_dedup.cli import kafka as cli_kafka
 from stream_dedup.cli import ops as cli_ops
 from stream_dedup.cli import stats as cli_stats
@@ -181,6 +182,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_dedup(sub)
     _add_tune(sub)
     cli_stats.register(sub)
+    cli_check.register(sub)
     _add_generate(sub)
     cli_ops.register(sub)
     cli_kafka.register(sub)

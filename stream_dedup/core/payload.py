@@ -25,6 +25,7 @@ themselves, so no entry can go stale whatever writes the index.
 from __future__ import annotations
 
 import itertools
+import threading
 from collections import OrderedDict
 from collections.abc import Sequence
 
@@ -46,13 +47,23 @@ ZSTD = 1
 #: at 3 for 1,155 characters), and level 1 compresses fastest (~11 against ~15 µs).
 _LEVEL = 1
 _CODEC = bytes([ZSTD])
-_compressor = zstandard.ZstdCompressor(level=_LEVEL, write_checksum=False)
-_decompressor = zstandard.ZstdDecompressor()
+
+
+class _Codecs(threading.local):
+    """A zstd compressor and decompressor per thread: one object is not safe to use from
+    two threads at once, and checks run beside the deciding loop (``Detector.check``)."""
+
+    def __init__(self) -> None:
+        self.compressor = zstandard.ZstdCompressor(level=_LEVEL, write_checksum=False)
+        self.decompressor = zstandard.ZstdDecompressor()
+
+
+_codecs = _Codecs()
 
 
 def encode_texts(utf8: bytes, starts: Sequence[int], lengths: Sequence[int]) -> list[bytes]:
     """The payload of each normalised text ``utf8[starts[i] : starts[i] + lengths[i]]``."""
-    compress = _compressor.compress
+    compress = _codecs.compressor.compress
     return [_CODEC + compress(utf8[s : s + n]) for s, n in zip(starts, lengths, strict=True)]
 
 
@@ -62,7 +73,7 @@ def decode_text(payload: bytes) -> str:
         codec = payload[0] if payload else None
         raise IndexCorruptError(f"unknown verification payload codec {codec!r}")
     try:
-        raw = _decompressor.decompress(payload[1:])
+        raw = _codecs.decompressor.decompress(payload[1:])
     except zstandard.ZstdError as exc:
         raise IndexCorruptError(f"verification payload does not decompress: {exc}") from exc
     return raw.decode("utf-8", "surrogatepass")

@@ -53,3 +53,17 @@ def exact_jaccard(a: HashSet, b: HashSet) -> float:
         return 0.0
     inter = int(np.intersect1d(a, b, assume_unique=True).size)
     return inter / (a.size + b.size - inter)
+
+
+def overlap(query: HashSet, other: HashSet) -> tuple[float, float, float]:
+    """Exact Jaccard similarity of two verification sets, and each one's containment in
+    the other: ``(|Q & D| / |Q | D|, |Q & D| / |Q|, |Q & D| / |D|)``, 0.0 for an empty set.
+
+    The similarity is the same float :func:`exact_jaccard` (and the matching pass) gives.
+    Containment tells the copies Jaccard cannot: an excerpt of a longer document holds few
+    of its shingles (a low similarity) while nearly all of its own are in it.
+    """
+    if query.size == 0 or other.size == 0:
+        return 0.0, 0.0, 0.0
+    inter = int(np.intersect1d(query, other, assume_unique=True).size)
+    return inter / (query.size + other.size - inter), inter / query.size, inter / other.size

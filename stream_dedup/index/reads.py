@@ -11,7 +11,9 @@ record encodings stay in this package.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import contextlib
+import threading
+from collections.abc import Callable, Iterator, Sequence
 
 import numpy as np
 
@@ -39,6 +41,26 @@ class IndexReads:
     _timeline: Timeline
     _counters: dict[str, int]
     _filters: EpochFilters
+    _state_lock: threading.Lock
+
+    @contextlib.contextmanager
+    def consistent(self) -> Iterator[None]:
+        """Read from another thread than the writer's: the reads in here never see a
+        commit half applied.
+
+        A commit (:meth:`~stream_dedup.index.store.DedupIndex.apply`) writes the backend
+        in one atomic write (a read sees all of it or none of it), then swaps the key
+        filters, counters and epochs held in memory and drops the epochs retention let
+        go. That second part waits while a reader is in here, and a reader waits for it:
+        no read runs on a dropped epoch or on filters being changed. A reader may see a
+        commit's write before its swap: the newest batch's buckets and records with the
+        counters, cutoff and filters of the batch before (a view one batch older in
+        part, never a wrong one). The writer's own reads need no lock (it is the only one
+        to change the state). Hold it for the reads only, not for work on what they
+        return: the writer's swap waits.
+        """
+        with self._state_lock:
+            yield
 
     def read(self, keys_: Sequence[bytes]) -> list[bytes | None]:
         """One batched read of the index's own keys (and epoch 0's records)."""

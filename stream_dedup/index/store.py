@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import threading
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, replace
 
@@ -101,7 +102,8 @@ class IndexStats:
 
 
 class DedupIndex(IndexReads):
-    """One open index. Not thread-safe; one process writes an index (RocksDB's lock).
+    """One open index. One process writes an index (RocksDB's lock), from one thread;
+    other threads may read it inside :meth:`~.reads.IndexReads.consistent`.
 
     Its typed reads are those of :class:`~stream_dedup.index.reads.IndexReads`; its writes
     are a batch's commit (:meth:`prepare`, :meth:`apply`), the batch intent and offsets.
@@ -150,6 +152,7 @@ class DedupIndex(IndexReads):
         self._writes = 0  # batch writes so far: a prepared commit is valid for one value
         self._filters = EpochFilters(backend)  # loaded on first use: see load_filter
         self._tidied = False  # epochs the table does not list are dropped at the first commit
+        self._state_lock = threading.Lock()  # see IndexReads.consistent
 
     def _load_state(self, since: int | None = None) -> None:
         """Counters, epochs and retention as committed (by anyone, for a shared index).
@@ -196,7 +199,8 @@ class DedupIndex(IndexReads):
         committed since). For a single-writer index it only marks the section."""
         with self._backend.exclusive():
             if self._shared:
-                self._load_state(since=self._counters["indexed"])
+                with self._state_lock:
+                    self._load_state(since=self._counters["indexed"])
                 self._writes += 1  # a commit prepared before this section is stale
             yield
 
@@ -305,11 +309,16 @@ class DedupIndex(IndexReads):
         )
 
     def apply(self, pending: PendingCommit) -> None:
-        """Apply a prepared commit: the atomic write, the new counters and epochs in
-        memory, then the epochs it let go dropped."""
+        """Apply a prepared commit: the atomic write, then, while readers in
+        ``consistent()`` wait, the new counters and epochs in memory and the epochs it
+        let go dropped (a reader meanwhile sees the write whole or not at all)."""
         if pending.after_writes != self._writes:
             raise RuntimeError("the index was written after this commit was prepared")
         self._backend.apply(pending.write)
+        with self._state_lock:
+            self._swap(pending)
+
+    def _swap(self, pending: PendingCommit) -> None:
         if self._filters.loaded:  # not loaded yet: its scan will see these keys
             self._filters.add(pending.epoch, pending.fingerprints, self._new_filter_size())
         self._counters = pending.counters
@@ -398,6 +407,7 @@ class DedupIndex(IndexReads):
 
     def close(self) -> None:
         """Close the index; a writer saves its key filters first (see :meth:`load_filter`)."""
-        if self._filters.loaded:
-            self._filters.save()
-        self._backend.close()
+        with self._state_lock:
+            if self._filters.loaded:
+                self._filters.save()
+            self._backend.close()

@@ -200,12 +200,18 @@ class ServiceSection:
 
 @dataclass(frozen=True, slots=True)
 class HttpConfig:
-    """The one HTTP port: /metrics, /healthz, /readyz. ``port = 0`` picks a free one."""
+    """The one HTTP port: /metrics, /healthz, /readyz, and the checks (``POST /check``,
+    ``POST /check/batch``: :mod:`stream_dedup.service.check_http`) with their limits: a
+    request body of at most ``check_max_bytes``, ``k`` at most ``check_max_k`` and a batch
+    of at most ``check_max_documents``. ``port = 0`` picks a free one."""
 
     enabled: bool = True
     host: str = "0.0.0.0"
     port: int = 9400
     health_max_age_s: float = 60.0
+    check_max_bytes: int = 1_048_576
+    check_max_k: int = 100
+    check_max_documents: int = 100
 
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:
@@ -214,6 +220,9 @@ class HttpConfig:
             raise ConfigError("http.host", "name an address to listen on, e.g. 0.0.0.0")
         if self.health_max_age_s <= 0:
             raise ConfigError("http.health_max_age_s", "must be a positive number of seconds")
+        for name in ("check_max_bytes", "check_max_k", "check_max_documents"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"http.{name}", f"must be at least 1, got {getattr(self, name)}")
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,4 +1,5 @@
-"""The service's one HTTP port: ``/metrics``, ``/healthz``, ``/readyz``.
+"""The service's one HTTP port: ``/metrics``, ``/healthz``, ``/readyz``, and the checks
+(``POST /check``, ``POST /check/batch``: :mod:`stream_dedup.service.check_http`).
 
 ``/healthz`` answers 200 while the loop is alive (its last iteration is recent) and 503
 when it is stuck, so an orchestrator restarts it. ``/readyz`` answers 200 when partitions
@@ -17,10 +18,14 @@ import logging
 import threading
 from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import TYPE_CHECKING
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
 from stream_dedup.errors import ConfigError
+
+if TYPE_CHECKING:
+    from stream_dedup.service.check_http import CheckEndpoint
 
 log = logging.getLogger("stream_dedup.http")
 
@@ -28,15 +33,37 @@ log = logging.getLogger("stream_dedup.http")
 Probe = Callable[[], tuple[bool, dict[str, object]]]
 
 
+#: The paths of the checks (``check_http.CHECK_PATHS``, spelled here so that the port
+#: loads the checks' modules only once the service hands it an endpoint).
+_CHECKS = ("/check", "/check/batch")
+
+
 class HttpEndpoints:
-    """A small threaded HTTP server on a daemon thread."""
+    """A small threaded HTTP server on a daemon thread.
+
+    :attr:`checks` answers the check paths once the service sets it (after its index is
+    open); until then they answer 503.
+    """
 
     def __init__(
         self, host: str, port: int, registry: CollectorRegistry, health: Probe, ready: Probe
     ) -> None:
         routes: dict[str, Probe] = {"/healthz": health, "/readyz": ready}
+        self.checks: CheckEndpoint | None = None
+        endpoints = self
 
         class Handler(BaseHTTPRequestHandler):
+            # Keep-alive: a client that sends many checks reuses its connection, and the
+            # port takes no connection and starts no thread per request (each a wait for
+            # the interpreter lock while the loop decides a batch). Every reply has a
+            # Content-Length. The headers and the body are two writes: without TCP_NODELAY
+            # the body of a kept-alive reply waits for the client's delayed ACK (~40 ms).
+            protocol_version = "HTTP/1.1"
+            disable_nagle_algorithm = True
+            # A connection idle (or a body unsent) this long is closed: a kept-alive client
+            # that went away does not hold a thread for ever.
+            timeout = 60
+
             def do_GET(self) -> None:
                 path = self.path.split("?", 1)[0]
                 if path == "/metrics":
@@ -51,12 +78,37 @@ class HttpEndpoints:
                         self._send(500, "text/plain", text.encode())
                         return
                     self._send(200, CONTENT_TYPE_LATEST, body)
+                elif path in _CHECKS:
+                    self._json(405, {"error": "method_not_allowed", "detail": "use POST"})
                 elif path in routes:
                     ok, details = routes[path]()
                     payload = {"status": "ok" if ok else "unavailable", **details}
                     self._send(200 if ok else 503, "application/json", json.dumps(payload).encode())
                 else:
-                    self._send(404, "text/plain", b"not found: try /metrics, /healthz, /readyz\n")
+                    self._send(
+                        404, "text/plain", b"not found: try /metrics, /healthz, /readyz, /check\n"
+                    )
+
+            def do_POST(self) -> None:
+                path, _, query = self.path.partition("?")
+                checks = endpoints.checks
+                if path not in _CHECKS:
+                    self.close_connection = True  # its body is not read
+                    self._json(404, {"error": "not_found", "detail": "POST /check, /check/batch"})
+                    return
+                if checks is None:
+                    self.close_connection = True
+                    self._json(503, {"error": "unavailable", "detail": "the index is not open"})
+                    return
+                given = self.headers.get("Content-Length")
+                length = int(given) if given is not None and given.isdigit() else None
+                code, body = checks.handle(path, query, length, self.rfile.read)
+                if code in (411, 413):
+                    self.close_connection = True  # the body was not read
+                self._json(code, body)
+
+            def _json(self, code: int, body: dict[str, object]) -> None:
+                self._send(code, "application/json", json.dumps(body, ensure_ascii=False).encode())
 
             def _send(self, code: int, ctype: str, body: bytes) -> None:
                 self.send_response(code)

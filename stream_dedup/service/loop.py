@@ -30,6 +30,7 @@ from stream_dedup.index.params import IndexParams
 from stream_dedup.logs import fields
 from stream_dedup.service import gc_tuning
 from stream_dedup.service.broker_watch import BrokerWatch
+from stream_dedup.service.check_http import CheckEndpoint
 from stream_dedup.service.checkpoint import CommitStrategy, kafka_commit_reporter, open_strategy
 from stream_dedup.service.config import IndexConfig, ServiceConfig
 from stream_dedup.service.decide import Decider
@@ -109,6 +110,17 @@ class Service:
             config.input.message_format(), RecordTime(config.input.time_field)
         )
         self._decider = Decider(config, self.dedup, self.metrics)
+        #: Checks may read the index: from the end of the warm-up until it closes.
+        self._checks_open = False
+        if self.http is not None:
+            self.http.checks = CheckEndpoint(
+                self.index,
+                (self.dedup.config, self.dedup.plan),
+                config.input.document_format(),
+                config.http,
+                self.metrics,
+                lambda: self._checks_open,
+            )
         self._last_beat = time.monotonic()
         self._filter_logged = 0
         self._index_open = True
@@ -257,6 +269,7 @@ class Service:
         requested meanwhile ends the start here."""
         self.index.load_filter(self._filter_progress)
         self.dedup.warm_up(log.info)  # says so first when the kernels must be compiled
+        self._checks_open = True  # the key filter is built: checks only read it now
         if self._stop.is_set():
             raise StartInterruptedError
 
@@ -315,7 +328,8 @@ class Service:
         if ahead is not None:
             ahead.close()
         self._index_open = False
-        self.index.close()
+        self._checks_open = False
+        self.index.close()  # waits for a check reading it (see check_http)
         if self.http is not None:
             self.http.stop()
         log.info("stopped", extra=fields(documents=self.index.counter("documents")))

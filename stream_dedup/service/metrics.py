@@ -51,6 +51,8 @@ stream_dedup_consumer_lag_messages{topic,part.}  gauge      lag from librdkafka 
 stream_dedup_decision_lag_seconds{edge}         gauge      now - time of last batch's oldest/newest
 stream_dedup_reorder_waiting_messages           gauge      consumed, held by the time-ordered merge
 stream_dedup_transactions_total{outcome}        counter    exactly-once: committed / aborted
+stream_dedup_check_requests_total{outcome}      counter    POST /check, /check/batch answered
+stream_dedup_check_duration_seconds             histogram  one check request, read to answer
 ==============================================  =========  =================================
 
 With them the client library's own ``process_*`` (the service process's CPU seconds,
@@ -80,6 +82,7 @@ from stream_dedup.errors import DecodeError, IndexUnreachableError
 from stream_dedup.index.store import IndexStats
 from stream_dedup.models import VerdictKind
 from stream_dedup.service.bulk_histogram import BulkHistogram
+from stream_dedup.service.check_metrics import CheckMetrics
 
 if TYPE_CHECKING:
     from stream_dedup.dedup import BatchStats
@@ -173,6 +176,7 @@ class Metrics:
         self._register_checkpoints(registry)
         self._register_partitions(registry)
         self._register_transactions(registry)
+        self.checks = CheckMetrics(registry)
         registry.register(_ScrapeCollector(self))
         # The service process's CPU, memory and open files (process_*; Linux only, as
         # they read /proc) and the Python version (python_info), as the client library's

@@ -115,14 +115,18 @@ def test_a_write_cut_short_is_finished_by_the_next_lease(
     with first.index.exclusive():
         result = first.decide([Document(f"c{i}", article(i) + " copy") for i in range(10)])
         pending = first.prepare(result)
-        # A kill after the redo record, before any record: the record stays, nothing else.
+        # A kill after the redo record, before the rest: the document records (written
+        # first, as ``apply`` does) and the redo record stay, nothing else.
+        backend._put(pending.write.epoch, pending.write.docs)
         backend._client.set(backend._redo, pending.write.redo)
         assert backend.get_many([keys.verdict_key("c0")]) == [None]
     second = shared()  # opening takes the lease, which applies the redo record
     assert second.index.counter("documents") == 20
-    # c3's verdict is there: another text under it replays it (revisions = "replay")
-    replaying = Deduplicator(second.index, DedupConfig(revisions="replay"))
-    assert decide_and_store(replaying, [Document("c3", "replayed id")]) == {"c3": "o3"}
+    # c3's verdict is there: its text again replays it ...
+    assert decide_and_store(second, [Document("c3", article(3) + " copy")]) == {"c3": "o3"}
+    # ... and the write's document records are read like any: a near copy of c5 finds it
+    near = Document("d5", article(5) + " copy, with a line added")
+    assert decide_and_store(second, [near]) == {"d5": "c5"}
 
 
 def test_a_lease_lost_to_another_instance_stores_nothing(

@@ -79,3 +79,25 @@ def test_metrics_include_the_process_and_platform_series() -> None:
     assert "process_resident_memory_bytes " in body and "process_open_fds " in body
     assert "python_info{" in body
     assert registry.get_sample_value("process_start_time_seconds", {}) is not None
+
+
+def test_a_connection_is_kept_alive_for_many_requests(registry: CollectorRegistry) -> None:
+    """A client sending many requests (checks, scrapes) reuses one connection: HTTP/1.1,
+    every reply with its length, and no 40 ms wait for a delayed ACK."""
+    import http.client
+    import time
+
+    endpoints = serve(registry)
+    try:
+        conn = http.client.HTTPConnection("127.0.0.1", endpoints.port, timeout=5)
+        started = time.perf_counter()
+        for _ in range(20):
+            conn.request("GET", "/healthz")
+            resp = conn.getresponse()
+            assert resp.status == 200 and resp.version == 11
+            assert json.loads(resp.read())["status"] == "ok"
+        assert conn.sock is not None  # still the first connection
+        assert time.perf_counter() - started < 0.5  # 20 x 40 ms if Nagle held the bodies
+        conn.close()
+    finally:
+        endpoints.stop()

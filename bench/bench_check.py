@@ -1,0 +1,271 @@
+"""``POST /check`` latency while the service ingests: p50/p99 at a fixed request rate.
+
+Everything runs on this machine: the broker (an embedded Tansu, or the one at
+``KAFKA_BOOTSTRAP_SERVERS``), the service (``stream-dedup run`` as a subprocess, RocksDB
+index on disk, :class:`bench_service.Run`), this script's producer and its HTTP clients.
+
+1. **preload**: ``--preload`` news-like documents (:mod:`stream_dedup.tools.generate`) are
+   produced and the service decides them, so checks run against an index with content.
+2. **idle**: checks at ``--rate`` requests/s for ``--seconds``, nothing ingested.
+3. **ingesting**: the same checks while a producer offers ``--ingest-rate`` docs/s.
+
+Checks are sent open-loop: request ``i`` is due at ``start + i / rate`` and its latency
+is measured from that moment to its answer, so a stalled server is charged for every
+request that waited behind it (no coordinated omission). Each request is one document,
+from a stream of the same kind (re-runs of stories the index holds, and new stories), on
+one of 16 kept-alive connections, with ``?k=5``. The ingest rate reached is
+the index's documents added over the phase. Beside the latency seen by the client, the
+service's own ``stream_dedup_check_duration_seconds`` (body read to answer) gives the
+bucket bounds of its p50/p99: the difference is time spent before the request's handler
+ran (the accept queue, the handler thread's start, waits for the interpreter lock).
+Phases 2 and 3 alternate ``--repeats`` times on the one service; medians are reported.
+Target: p99 <= 20 ms at 200 requests/s while the service ingests 5,000 docs/s.
+
+    .venv/bin/python bench/bench_check.py
+    .venv/bin/python bench/bench_check.py --rate 200 --ingest-rate 5000 --seconds 15
+"""
+
+from __future__ import annotations
+
+import argparse
+import http.client
+import json
+import os
+import statistics
+import sys
+import tempfile
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from bench_service import Run, documents, produce_all, quantile, scrape
+from confluent_kafka import Producer
+
+from stream_dedup.tools.broker import TANSU_CONSUMER_SETTINGS, EmbeddedBroker
+
+
+def wait_indexed(run: Run, n: float, timeout_s: float = 300) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if scrape(run.port).get("stream_dedup_index_documents", 0) >= n:
+            return
+        time.sleep(0.1)
+    raise RuntimeError(f"the index did not reach {n} documents")
+
+
+def server_buckets(port: int) -> dict[float, float]:
+    """The service's own check-latency histogram: cumulative count per upper bound."""
+    import urllib.request
+
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as resp:
+        text = resp.read().decode()
+    out = {}
+    for line in text.splitlines():
+        if line.startswith("stream_dedup_check_duration_seconds_bucket{"):
+            bound = line.split('le="', 1)[1].split('"', 1)[0]
+            out[float(bound)] = float(line.rsplit(" ", 1)[1])
+    return out
+
+
+def bucket_quantile(before: dict[float, float], after: dict[float, float], q: float) -> float:
+    """The upper bound of the bucket holding quantile ``q`` of the requests in between."""
+    counts = sorted((b, after[b] - before.get(b, 0.0)) for b in after)
+    total = counts[-1][1]
+    for bound, count in counts:
+        if count >= q * total:
+            return bound
+    return float("inf")
+
+
+_local = threading.local()
+
+
+def check_once(port: int, body: bytes) -> int:
+    """One check on this thread's connection (kept alive, as a client sending many
+    checks would: the port speaks HTTP/1.1)."""
+    conn = getattr(_local, "conn", None)
+    if conn is None:
+        conn = _local.conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+    try:
+        conn.request("POST", "/check?k=5", body, {"Content-Type": "application/json"})
+        resp = conn.getresponse()
+        resp.read()
+        return resp.status
+    except (OSError, http.client.HTTPException):
+        conn.close()
+        _local.conn = None
+        raise
+
+
+def checks(port: int, bodies: list[bytes], rate: float, seconds: float) -> list[float]:
+    """Open-loop checks at ``rate``/s for ``seconds``: each one's latency from its due
+    time (seconds). A non-200 answer is an error."""
+    total = int(rate * seconds)
+    latencies: list[float] = [0.0] * total
+    failures: list[int] = []
+
+    def one(i: int, due: float) -> None:
+        status = check_once(port, bodies[i % len(bodies)])
+        latencies[i] = time.monotonic() - due
+        if status != 200:
+            failures.append(status)
+
+    with ThreadPoolExecutor(max_workers=16) as pool:
+        start = time.monotonic()
+        for i in range(total):
+            due = start + i / rate
+            pause = due - time.monotonic()
+            if pause > 0:
+                time.sleep(pause)
+            pool.submit(one, i, due)
+    if failures:
+        raise RuntimeError(f"{len(failures)} checks failed: {sorted(set(failures))}")
+    return latencies
+
+
+def ingest(
+    run: Run, docs: list[dict[str, Any]], rate: float, stop: threading.Event, sent: list[int]
+) -> None:
+    """Offer ``docs`` at ``rate``/s (in 10 ms ticks) until all are sent or ``stop``; the
+    number sent is appended to ``sent``."""
+    producer = Producer({"bootstrap.servers": run.bootstrap, "linger.ms": 5, "acks": "all"})
+    per_tick = max(1, round(rate * 0.01))
+    start = time.monotonic()
+    count = 0
+    for n, i in enumerate(range(0, len(docs), per_tick)):
+        if stop.is_set():
+            break
+        pause = start + n * 0.01 - time.monotonic()
+        if pause > 0:
+            time.sleep(pause)
+        for d in docs[i : i + per_tick]:
+            while True:
+                try:
+                    producer.produce(run.topic, json.dumps(d).encode())
+                    break
+                except BufferError:
+                    producer.poll(0.01)
+            count += 1
+        producer.poll(0)
+    producer.flush(60)
+    sent.append(count)
+
+
+def phase(
+    run: Run, bodies: list[bytes], args: argparse.Namespace, feed: list[dict[str, Any]] | None
+) -> dict[str, float]:
+    """One phase of checks, with ``feed`` offered meanwhile (``None``: idle); its
+    latencies, the ingest rate reached, and the documents offered (``sent``)."""
+    before = scrape(run.port).get("stream_dedup_index_documents", 0)
+    served = server_buckets(run.port)
+    stop = threading.Event()
+    producer = None
+    sent: list[int] = []
+    if feed is not None:
+        producer = threading.Thread(target=ingest, args=(run, feed, args.ingest_rate, stop, sent))
+        producer.start()
+        time.sleep(1.0)  # the service is deciding the offered load before checks start
+    began = time.monotonic()
+    lat = checks(run.port, bodies, args.rate, args.seconds)
+    spent = time.monotonic() - began
+    after = scrape(run.port).get("stream_dedup_index_documents", 0)
+    served_after = server_buckets(run.port)
+    stop.set()
+    if producer is not None:
+        producer.join()
+    return {
+        "p50_ms": quantile(lat, 0.50) * 1000,
+        "p99_ms": quantile(lat, 0.99) * 1000,
+        "max_ms": max(lat) * 1000,
+        "ingested_docs_per_s": (after - before) / spent,
+        "sent": float(sum(sent)),
+        "server_p50_le_ms": bucket_quantile(served, served_after, 0.50) * 1000,
+        "server_p99_le_ms": bucket_quantile(served, served_after, 0.99) * 1000,
+    }
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--preload", type=int, default=20_000, help="documents indexed first")
+    p.add_argument("--rate", type=float, default=200.0, help="checks per second (200)")
+    p.add_argument("--ingest-rate", type=float, default=5000.0, help="docs/s offered (5000)")
+    p.add_argument("--seconds", type=float, default=15.0, help="length of each phase (15)")
+    p.add_argument("--repeats", type=int, default=3, help="idle/ingesting pairs (3)")
+    p.add_argument("--max-messages", type=int, default=2000, help="batch.max_messages")
+    p.add_argument("--max-wait-ms", type=int, default=20, help="batch.max_wait_ms")
+    p.add_argument("--json", metavar="FILE", help="also write the results as JSON")
+    args = p.parse_args()
+    args.partitions, args.delivery = 1, "at-least-once"  # as bench_service.Run reads them
+
+    broker: EmbeddedBroker | None = None
+    bootstrap = os.environ.get("KAFKA_BOOTSTRAP_SERVERS")
+    if not bootstrap:
+        broker = EmbeddedBroker()
+        broker.start()
+        bootstrap = broker.bootstrap
+    kafka = dict(TANSU_CONSUMER_SETTINGS) if broker is not None else {}
+    per_phase = int(args.ingest_rate * (args.seconds + 3))
+    stream = documents(args.preload + args.repeats * per_phase, seed=5)
+    preload, rest = stream[: args.preload], stream[args.preload :]
+    asked = documents(2000, seed=6)  # re-runs of the same kind of stories, and new ones
+    bodies = [json.dumps({**d, "id": f"check-{i}"}).encode() for i, d in enumerate(asked)]
+    results: dict[str, Any] = {
+        "date": datetime.now(UTC).isoformat(timespec="seconds"),
+        "cpus": os.cpu_count(),
+        "args": {k: v for k, v in vars(args).items() if k != "json"},
+        "idle": [],
+        "ingesting": [],
+    }
+    try:
+        with tempfile.TemporaryDirectory(prefix="bench-check-") as tmp:
+            run = Run(bootstrap, Path(tmp), args, kafka)
+            run.start()
+            try:
+                run.wait_ready()
+                offered = float(len(preload))
+                produce_all(bootstrap, run.topic, preload)
+                wait_indexed(run, len(preload))
+                checks(run.port, bodies, 50, 2)  # warm the path (connections, caches)
+                for r in range(args.repeats):
+                    idle = phase(run, bodies, args, None)
+                    feed = rest[r * per_phase : (r + 1) * per_phase]
+                    busy = phase(run, bodies, args, feed)
+                    results["idle"].append(idle)
+                    results["ingesting"].append(busy)
+                    print(
+                        f"  round {r + 1}: idle p50 {idle['p50_ms']:.1f} ms p99 "
+                        f"{idle['p99_ms']:.1f} ms | ingesting p50 {busy['p50_ms']:.1f} ms "
+                        f"p99 {busy['p99_ms']:.1f} ms max {busy['max_ms']:.0f} ms, "
+                        f"{busy['ingested_docs_per_s']:,.0f} docs/s ingested; in the "
+                        f"service (histogram bucket bounds): idle p99 <= "
+                        f"{idle['server_p99_le_ms']:g} ms, ingesting p50 <= "
+                        f"{busy['server_p50_le_ms']:g} ms, p99 <= {busy['server_p99_le_ms']:g} ms"
+                    )
+                    offered += busy["sent"]
+                    wait_indexed(run, offered)
+            finally:
+                run.stop()
+    finally:
+        if broker is not None:
+            broker.stop()
+
+    def med(kind: str, key: str) -> float:
+        return statistics.median(x[key] for x in results[kind])
+
+    print(
+        f"/check at {args.rate:.0f} req/s: idle median p50 {med('idle', 'p50_ms'):.1f} ms, "
+        f"p99 {med('idle', 'p99_ms'):.1f} ms; while ingesting (offered "
+        f"{args.ingest_rate:,.0f} docs/s, reached {med('ingesting', 'ingested_docs_per_s'):,.0f}"
+        f") median p50 {med('ingesting', 'p50_ms'):.1f} ms, p99 "
+        f"{med('ingesting', 'p99_ms'):.1f} ms  target p99 <= 20 ms"
+    )
+    if args.json:
+        Path(args.json).write_text(json.dumps(results, indent=2), encoding="utf-8")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,158 @@
+"""Checking texts against the index without adding them: for each, the earlier documents
+most similar to it, with exact scores.
+
+A check reads what deciding reads and writes nothing. The text's band buckets (in every
+live epoch) and its exact-text key give the candidates, ranked as the matching pass ranks
+them (most shared bands first, ties to the earliest) and cut at ``max_candidates`` (or at
+``k``, if larger), so the best of them at or above the threshold is the document a
+verdict would name. Each candidate is verified exactly against its stored verification
+payload, read through the one accessor the deciding path uses
+(:func:`~stream_dedup.dedup.reads.payloads`), and scored by similarity and containment
+both ways (:func:`~stream_dedup.core.verify.overlap`); the ``k`` most similar are the
+answer. The texts of one call are each checked against the index alone, never against
+each other, and documents expired by retention are no candidates.
+
+The reads run inside :meth:`~stream_dedup.index.reads.IndexReads.consistent`, so a check
+may run on another thread than the index's writer (the service's HTTP port does), and see
+one committed state; the scoring runs after the lock is let go.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from stream_dedup.core.bands import BandPlan
+from stream_dedup.core.config import DedupConfig
+from stream_dedup.core.hashing import U32
+from stream_dedup.core.match import I64
+from stream_dedup.core.payload import SetCache
+from stream_dedup.core.sketch import Sketch, sketch
+from stream_dedup.core.verify import overlap
+from stream_dedup.dedup.reads import payloads
+from stream_dedup.errors import ConfigError
+from stream_dedup.index.store import DedupIndex, DocRecord
+from stream_dedup.models import CheckMatch, Relation
+
+__all__ = ["answer", "check_k", "check_texts"]
+
+
+#: Bytes of rebuilt verification sets one check keeps (its texts' candidates).
+_CACHE_BYTES = 8 << 20
+
+
+def check_k(k: object, most: int | None = None) -> int:
+    """``k`` as a check takes it: a whole number from 1 (to ``most``, when given);
+    otherwise a :class:`~stream_dedup.errors.ConfigError` naming it."""
+    if isinstance(k, bool) or not isinstance(k, int) or k < 1:
+        raise ConfigError("k", f"must be a whole number of matches from 1, got {k!r}")
+    if most is not None and k > most:
+        raise ConfigError("k", f"must be at most {most}, got {k}")
+    return k
+
+
+def check_texts(
+    index: DedupIndex, config: DedupConfig, plan: BandPlan, texts: Sequence[str], k: int
+) -> list[list[CheckMatch]]:
+    """For each of ``texts``, the ``k`` indexed documents most similar to it (most similar
+    first, ties to the earliest), each at least sharing a band or the exact text; nothing
+    is written. ``config`` and ``plan`` are the index's detector and band plan."""
+    check_k(k)
+    sk = sketch(list(texts), config, plan)
+    cache = SetCache(_CACHE_BYTES, config)  # a candidate of several texts is rebuilt once
+    with index.consistent():
+        held = _read(index, sk, max(k, config.max_candidates))
+    answers: list[list[CheckMatch]] = [[] for _ in texts]
+    for p, doc_index in enumerate(sk.live):
+        query = _query(sk, config, p)
+        answers[doc_index] = _best(
+            held, p, query, config.verify == "exact", config.threshold, k, cache
+        )
+    return answers
+
+
+@dataclass(slots=True)
+class _Held:
+    """What the index holds for a check: per live text its ranked candidate docnums, and
+    the candidates' records."""
+
+    candidates: list[list[int]]
+    records: dict[int, DocRecord]
+
+
+def _read(index: DedupIndex, sk: Sketch, cap: int) -> _Held:
+    """The candidates of each live text and their records, read in a few batched reads."""
+    n_live = len(sk.live)
+    if not n_live:
+        return _Held([], {})
+    cutoff = index.cutoff()
+    _, text_docnums = index.read_decided([], sk.exact_keys)
+    committed, older = index.read_bucket_members(
+        sk.bucket_keys, sk.bucket_fingerprints, index.batch_epoch()
+    )
+    bands = len(sk.bucket_keys) // n_live
+    parts: list[list[I64]] = [[] for _ in range(n_live)]
+    for at, length, members in (committed,) if older is None else (committed, older):
+        for key in np.flatnonzero(length).tolist():
+            parts[key // bands].append(members[at[key] : at[key] + length[key]].astype(np.int64))
+    candidates = [
+        _ranked(doc_parts, text_docnums[p], cutoff, cap) for p, doc_parts in enumerate(parts)
+    ]
+    wanted = sorted({d for ranked in candidates for d in ranked})
+    return _Held(candidates, index.read_records(wanted))
+
+
+def _ranked(parts: list[I64], same_text: int | None, cutoff: int, cap: int) -> list[int]:
+    """One text's candidates as the matching pass ranks them: the document with the same
+    text first, then bucket members by shared bands, ties to the earliest; the expired
+    (below ``cutoff``) left out, at most ``cap`` of them."""
+    first = [] if same_text is None or same_text < cutoff else [same_text]
+    if not parts:
+        return first
+    members = np.concatenate(parts)
+    unique, counts = np.unique(members[members >= cutoff], return_counts=True)
+    ranked = unique[np.argsort(-counts, kind="stable")].tolist()
+    return first + [d for d in ranked if d not in first][: cap - len(first)]
+
+
+def _query(sk: Sketch, config: DedupConfig, p: int) -> U32:
+    """What live text ``p`` is verified with: its verification set, or its signature."""
+    if config.verify == "exact":
+        at = int(sk.set_at[p])
+        return sk.set_flat[at : at + int(sk.set_len[p])]
+    signatures: U32 = sk.sigs.reshape(len(sk.live), -1)[p]
+    return signatures
+
+
+def _best(
+    held: _Held, p: int, query: U32, exact: bool, threshold: float, k: int, cache: SetCache
+) -> list[CheckMatch]:
+    """Live text ``p``'s candidates verified (``exact``: sets, else signatures) and
+    scored, the ``k`` most similar first; ``cache`` rebuilds the sets of candidates that
+    store compressed text (index format 4)."""
+    ranked = sorted(held.candidates[p])  # the payloads' reader takes docnums ascending
+    docnums, flat, at, length = payloads({d: held.records[d] for d in ranked}, cache)
+    scored: list[tuple[float, int, float | None, float | None]] = []
+    for i, d in enumerate(docnums.tolist()):
+        other = flat[at[i] : at[i] + length[i]]
+        if exact:
+            jaccard, share, reverse_share = overlap(query, other)
+            scored.append((jaccard, d, round(share, 6), round(reverse_share, 6)))
+        else:
+            scored.append((float(np.count_nonzero(query == other)) / query.size, d, None, None))
+    scored.sort(key=lambda s: (-s[0], s[1]))
+    out = []
+    for sim, d, contained, reverse in scored[:k]:
+        rec = held.records[d]
+        relation = Relation.NEAR_DUPLICATE if sim >= threshold else Relation.SIMILAR
+        out.append(
+            CheckMatch(rec.doc_id, round(sim, 6), contained, reverse, rec.cluster_id, relation)
+        )
+    return out
+
+
+def answer(doc_id: str, matches: Sequence[CheckMatch]) -> dict[str, object]:
+    """One check's answer as the command line and the HTTP port write it (JSON)."""
+    return {"id": doc_id, "matches": [m.to_json() for m in matches]}

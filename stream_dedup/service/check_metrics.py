@@ -1,0 +1,36 @@
+"""The check endpoints' metrics (:mod:`stream_dedup.service.check_http`): requests by
+outcome and their latency, registered by :class:`~stream_dedup.service.metrics.Metrics`
+on its registry, named and listed with the service's other metrics there."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Histogram
+
+__all__ = ["CHECK_OUTCOMES", "CheckMetrics"]
+
+#: What became of a check request: answered, refused with a 400 or 411, with a 413,
+#: with a 503 (the index not open), or failed reading the index (500).
+CHECK_OUTCOMES = ("ok", "bad_request", "too_large", "unavailable", "failed")
+#: A check answers in milliseconds; 20 ms is the latency it is held to at p99.
+_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 1.0)
+
+
+class CheckMetrics:
+    """``stream_dedup_check_requests_total{outcome}`` (every outcome at zero from the
+    start) and ``stream_dedup_check_duration_seconds``."""
+
+    def __init__(self, r: CollectorRegistry) -> None:
+        self.requests = Counter(
+            "stream_dedup_check_requests",
+            "Check requests (POST /check, /check/batch) answered, by outcome.",
+            ["outcome"],
+            registry=r,
+        )
+        for outcome in CHECK_OUTCOMES:
+            self.requests.labels(outcome)
+        self.duration = Histogram(
+            "stream_dedup_check_duration_seconds",
+            "One check request, from its body read to its answer (index reads and scoring).",
+            buckets=_BUCKETS,
+            registry=r,
+        )

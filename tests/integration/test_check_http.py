@@ -1,0 +1,158 @@
+"""``POST /check`` and ``/check/batch`` through a real running service (broker, RocksDB):
+the offline detector's answers, 4xx with the reason, and checks while it ingests."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from stream_dedup import Detector
+
+from .support import ServiceThread, Topics, kijiji_documents, make_config, produce_json
+
+pytestmark = pytest.mark.broker
+
+DOCS = kijiji_documents()
+
+
+def post(port: int, path: str, body: bytes | Any, timeout: float = 10) -> tuple[int, Any]:
+    """Status and JSON body of a POST (``body``: bytes as they are, else JSON-encoded)."""
+    data = body if isinstance(body, bytes) else json.dumps(body).encode()
+    request = urllib.request.Request(f"http://127.0.0.1:{port}{path}", data=data, method="POST")
+    try:
+        with urllib.request.urlopen(request, timeout=timeout) as resp:
+            return resp.status, json.loads(resp.read())
+    except urllib.error.HTTPError as exc:
+        return exc.code, json.loads(exc.read())
+
+
+def offline_answers(docs: list[dict[str, str]], asked: list[str], k: int) -> list[Any]:
+    """What the Python API answers over an index of ``docs`` decided in order."""
+    with Detector() as detector:
+        detector.add_many([(d["id"], d["title"]) for d in docs])
+        return [[m.to_json() for m in a] for a in detector.check_many(asked, k)]
+
+
+@pytest.fixture
+def service(bootstrap: str, topics: Topics, tmp_path: Path) -> Any:
+    config = make_config(bootstrap, topics, tmp_path / "index", http={"check_max_bytes": 100_000})
+    svc = ServiceThread(config).start()
+    yield svc
+    svc.stop()
+
+
+def test_checks_answer_as_the_python_api_and_add_nothing(
+    bootstrap: str, topics: Topics, service: ServiceThread
+) -> None:
+    first = DOCS[:1500]
+    produce_json(bootstrap, topics.input, first)
+    service.wait_for("stream_dedup_messages_consumed_total", len(first))
+    service.wait_for("stream_dedup_commits_total", 1)
+    port = service.service.http.port  # type: ignore[union-attr]
+    index = service.service.index
+    deadline = time.monotonic() + 60
+    while index.counter("documents") < len(first) and time.monotonic() < deadline:
+        time.sleep(0.05)  # consumed is counted before the batch is committed
+    asked = [{"id": f"q{i}", "title": d["title"].upper()} for i, d in enumerate(first[:60])]
+    expected = offline_answers(first, [a["title"] for a in asked], k=3)
+    code, body = post(port, "/check/batch?k=3", asked)
+    assert code == 200
+    assert [a["id"] for a in body["answers"]] == [a["id"] for a in asked]
+    assert [a["matches"] for a in body["answers"]] == expected
+    assert sum(len(m) > 1 for m in expected) > 3  # some have near-duplicates besides
+    code, one = post(port, "/check?k=3", asked[7])
+    assert code == 200 and one == body["answers"][7]
+    assert one["matches"][0]["similarity"] == 1.0  # the ad itself (upper case: normalised)
+    code, new = post(port, "/check", {"id": "new", "title": "zebra crossing tuba 42"})
+    assert (code, new) == (200, {"id": "new", "matches": []})
+    assert index.counter("documents") == len(first)  # checks added nothing
+    assert service.metric("stream_dedup_check_requests_total", {"outcome": "ok"}) == 3
+    assert service.metric("stream_dedup_check_duration_seconds_count") == 3
+
+
+#: Bad requests, the status and the error each gets.
+BAD = [
+    ("/check", b"{not json", 400, "invalid_json"),
+    ("/check", {"title": "no id here"}, 400, "missing_id"),
+    ("/check", {"id": "x"}, 400, "missing_content"),
+    ("/check", [{"id": "x", "title": "a list"}], 400, "not_an_object"),
+    ("/check?k=0", {"id": "x", "title": "t"}, 400, "bad_k"),
+    ("/check?k=101", {"id": "x", "title": "t"}, 400, "bad_k"),
+    ("/check?k=two", {"id": "x", "title": "t"}, 400, "bad_k"),
+    ("/check/batch", {"id": "x", "title": "t"}, 400, "not_a_list"),
+    ("/check/batch", [{"id": str(i), "title": "t"} for i in range(101)], 400,
+     "too_many_documents"),
+    ("/check/batch", [{"id": "1", "title": "t"}, {"id": ["2"], "title": "t"}], 400, "invalid_id"),
+    ("/check", {"id": "x", "title": "t" * 150_000}, 413, "body_too_large"),
+    ("/nowhere", {"id": "x", "title": "t"}, 404, "not_found"),
+]  # fmt: skip
+
+
+def test_bad_requests_get_a_4xx_with_the_reason(service: ServiceThread) -> None:
+    port = service.service.http.port  # type: ignore[union-attr]
+    for path, body, code, error in BAD:
+        got, answer = post(port, path, body)
+        assert (got, answer["error"]) == (code, error), (path, answer)
+        assert answer["detail"]
+    counted = {
+        outcome: service.metric("stream_dedup_check_requests_total", {"outcome": outcome})
+        for outcome in ("bad_request", "too_large", "ok")
+    }
+    assert counted == {"bad_request": 10, "too_large": 1, "ok": 0}
+    _, answer = post(port, "/check?k=0", {"id": "x", "title": "t"})
+    assert "from 1 to 100 (http.check_max_k)" in answer["detail"]
+
+
+def test_a_get_on_check_says_to_post(service: ServiceThread) -> None:
+    from .support import http_get
+
+    code, body = http_get(service.service.http.port, "/check")  # type: ignore[union-attr]
+    assert code == 405 and json.loads(body)["detail"] == "use POST"
+
+
+def test_checks_while_the_service_ingests(
+    bootstrap: str, topics: Topics, service: ServiceThread
+) -> None:
+    """Checks answered from the committed index while batches are decided and committed:
+    every one a 200, each a committed state (a document it finds is one the index holds)."""
+    port = service.service.http.port  # type: ignore[union-attr]
+    produce_json(bootstrap, topics.input, DOCS[:200])
+    service.wait_for("stream_dedup_messages_consumed_total", 200)
+    target = DOCS[-1]
+    replies: list[tuple[int, Any]] = []
+    done = threading.Event()
+
+    def ask() -> None:
+        while not done.is_set():
+            replies.append(post(port, "/check/batch?k=2", [target, DOCS[5]]))
+
+    askers = [threading.Thread(target=ask) for _ in range(2)]
+    for t in askers:
+        t.start()
+    try:
+        produce_json(bootstrap, topics.input, DOCS[200:])
+        service.wait_for("stream_dedup_messages_consumed_total", len(DOCS))
+        commits = service.metric("stream_dedup_commits_total")
+        service.wait_for("stream_dedup_commits_total", commits + 1)
+    finally:
+        done.set()
+        for t in askers:
+            t.join(30)
+    assert len(replies) > 10 and all(code == 200 for code, _ in replies)
+    seen = [bool(body["answers"][0]["matches"]) for _, body in replies]
+    assert seen == sorted(seen)  # once committed, found by every later check
+    assert all(b["answers"][1]["matches"][0] == {**b["answers"][1]["matches"][0], "id": "6",
+               "similarity": 1.0} for _, b in replies)  # fmt: skip
+    code, last = post(port, "/check?k=1", target)
+    assert code == 200 and last["matches"][0]["similarity"] == 1.0
+    assert (
+        service.metric("stream_dedup_check_requests_total", {"outcome": "ok"}) == len(replies) + 1
+    )
+    assert service.metric("stream_dedup_check_requests_total", {"outcome": "failed"}) == 0
