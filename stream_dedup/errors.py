@@ -19,8 +19,8 @@ module is named::
     │   ├── IndexCorruptError         stored bytes do not parse
     │   ├── IndexLostError            the index is empty but the consumer group has
     │   │   │                         committed offsets (``index.on_lost = "fail"``)
-    │   │   └── IndexOffsetsGoneError the index's offsets are outside what the broker
-    │   │                             retains (expired, or a recreated topic)
+    │   │   └── IndexOffsetsGoneError the index's offsets are below what the broker
+    │   │                             retains (expired before they were decided)
     │   └── IndexIOError              the index could not be read or written (disk,
     │       │                         permissions, a closed database): the service
     │       │                         stops without dead-lettering; fix and restart
@@ -156,10 +156,9 @@ class IndexLostError(IndexStoreError):
 
 
 class IndexOffsetsGoneError(IndexLostError):
-    """The index's offsets for some partitions are outside what the broker retains: below
-    the earliest retained offset (the service was down longer than the topic's retention,
-    and the messages between were never decided) or past the end (the topic was recreated
-    or the broker lost data: the index belongs to another incarnation of the topic)."""
+    """The index's offsets for some partitions are below the earliest offset the broker
+    retains: the service was down longer than the topic's retention, and the messages
+    between were never decided."""
 
     def __init__(self, location: str, gone: dict[str, tuple[int, int, int]]) -> None:
         shown = ", ".join(
@@ -169,10 +168,9 @@ class IndexOffsetsGoneError(IndexLostError):
         IndexStoreError.__init__(
             self,
             f"the index at {location} resumes at offsets the broker no longer has "
-            f"({shown}{', ...' if len(gone) > 5 else ''}): messages expired before they "
-            "were decided, or the topic was recreated. Check the topic and the index; set "
-            'index.on_lost = "rebuild" to decide again from the earliest retained messages, '
-            'or "continue" to go on from the nearest offsets the broker has.',
+            f"({shown}{', ...' if len(gone) > 5 else ''}): those messages expired before "
+            "they were decided. Check the topic's retention; set index.on_lost = "
+            '"continue" (or "rebuild") to go on from the earliest retained messages.',
         )
         self.location = location
         self.committed = {tp: o for tp, (o, _lo, _hi) in gone.items()}

@@ -7,14 +7,18 @@ Two ways an index can stop matching its input, both silent without this check:
   offsets would call every copy of what it forgot unique.
 * **Index offsets the broker no longer has**: below the partition's earliest retained
   offset (the service was down longer than the topic's retention: the messages in between
-  were never decided) or past its end (the topic was recreated, or the broker lost data:
-  the index belongs to another incarnation of the topic). Seeking there would hand the
-  position to ``auto.offset.reset``, which may skip to the end without a word.
+  were never decided). Seeking there would hand the position to ``auto.offset.reset``,
+  which may skip to the end without a word.
+
+An index offset *past* a partition's end (a recreated topic) is not checked: the high
+watermark is not reliable on every Kafka-protocol broker (Tansu answers the base offset of
+the last record batch plus one, far below the end after a batched produce), and a check
+that misfires would stop healthy services.
 
 ``index.on_lost`` decides what follows: ``fail`` (the default) raises an
 :class:`~stream_dedup.errors.IndexLostError`, so an operator looks before anything is
 decided; ``rebuild`` decides again from the earliest retained messages; ``continue`` goes on
-from the group's committed offsets (an empty index) or the nearest offset the broker has,
+from the group's committed offsets (an empty index) or the earliest retained offset,
 loudly.
 """
 
@@ -24,7 +28,6 @@ import logging
 
 from confluent_kafka import (
     OFFSET_BEGINNING,
-    OFFSET_STORED,
     Consumer,
     KafkaException,
     TopicPartition,
@@ -81,13 +84,12 @@ def check_empty_index(
 def check_offsets_retained(
     consumer: Consumer, partitions: list[TopicPartition], location: str, on_lost: str
 ) -> None:
-    """Each partition's position from the index (``tp.offset >= 0``) must lie within what
-    the broker retains. ``fail`` raises :class:`~stream_dedup.errors.IndexOffsetsGoneError`;
-    ``rebuild`` seeks such a partition to its earliest retained message; ``continue`` to
-    its earliest retained message when the index is behind (nothing nearer is left), to
-    the group's committed offset when it is past the end."""
+    """Each partition's position from the index (``tp.offset >= 0``) must not lie below
+    what the broker retains. ``fail`` raises
+    :class:`~stream_dedup.errors.IndexOffsetsGoneError`; ``rebuild`` and ``continue`` seek
+    such a partition to its earliest retained message (nothing nearer is left)."""
     gone: dict[str, tuple[int, int, int]] = {}
-    moved: list[tuple[TopicPartition, int]] = []
+    moved: list[TopicPartition] = []
     for tp in partitions:
         if tp.offset < 0:
             continue  # not from the index: the group's offset or auto.offset.reset
@@ -105,28 +107,25 @@ def check_offsets_retained(
                 ),
             )
             continue
-        if low < 0 or high < 0 or low <= tp.offset <= high:
+        if low < 0 or tp.offset >= low:
             continue  # (a broker that does not report watermarks gives logical offsets)
         gone[f"{tp.topic}:{tp.partition}"] = (tp.offset, low, high)
-        behind = tp.offset < low
-        moved.append((tp, OFFSET_BEGINNING if behind or on_lost == "rebuild" else OFFSET_STORED))
+        moved.append(tp)
     if not gone:
         return
     if on_lost == "fail":
         raise IndexOffsetsGoneError(location, gone)
     log.warning(
-        "the index's offsets are outside what the broker retains",
+        "the index's offsets are below what the broker retains",
         extra=fields(
             index=location,
             partitions={
                 k: {"index": o, "earliest": lo, "end": hi} for k, (o, lo, hi) in gone.items()
             },
             on_lost=on_lost,
-            action="deciding again from the earliest retained messages"
-            if on_lost == "rebuild"
-            else "going on from the earliest retained message (index behind) or the "
-            "group's offset (index past the end)",
+            action="going on from the earliest retained messages: the messages before them "
+            "were never decided",
         ),
     )
-    for tp, offset in moved:
-        tp.offset = offset
+    for tp in moved:
+        tp.offset = OFFSET_BEGINNING

@@ -1,8 +1,8 @@
 """A lost index is loud: an empty index while the group has committed offsets stops the
 service (``index.on_lost = "fail"``), or is rebuilt from the earliest retained messages
-(``"rebuild"``), or is carried on with (``"continue"``) with a warning; so does an index
-whose offsets the broker no longer has. Real broker, a real RocksDB directory deleted or
-moved to offsets past the partition's end, a real Redis whose keys were dropped."""
+(``"rebuild"``), or is carried on with (``"continue"``) with a warning. Real broker, a real
+RocksDB directory deleted, a real Redis whose keys were dropped. (Index offsets below what
+the broker retains: ``tests/service/test_lost_index.py``.)"""
 
 from __future__ import annotations
 
@@ -16,8 +16,7 @@ from typing import Any
 import pytest
 import redis
 
-from stream_dedup.errors import IndexLostError, IndexOffsetsGoneError
-from stream_dedup.index.opener import open_index
+from stream_dedup.errors import IndexLostError
 from stream_dedup.service.config import RedisConfig, ServiceConfig
 
 from .support import ServiceThread, Topics, kijiji_documents, make_config, produce_json
@@ -111,49 +110,3 @@ def test_on_lost_continue_resumes_from_the_group_offsets(
     assert svc.stop() == 0
     assert svc.metric("stream_dedup_messages_consumed_total") == 1  # only what came after
     assert any("consumer group has committed offsets" in r.getMessage() for r in package_logs)
-
-
-def _move_offsets_past_the_end(config: ServiceConfig, topic: str, offset: int) -> None:
-    """The index resumes at ``offset`` on partition 0: what an index of an earlier
-    incarnation of a recreated topic holds."""
-    index = open_index(config.index.path, None)
-    try:
-        index.write_offsets({(topic, 0): offset})
-    finally:
-        index.close()
-
-
-def test_index_offsets_past_the_partitions_end_stop_the_service(
-    bootstrap: str, topics: Topics, tmp_path: Path
-) -> None:
-    produce_json(bootstrap, topics.input, kijiji_documents(DOCUMENTS))
-    config = _config(bootstrap, topics, tmp_path)
-    _decide_all(config)
-    _move_offsets_past_the_end(config, topics.input, 5 * DOCUMENTS)
-
-    svc = ServiceThread(config).start()
-    svc.join(60)
-    assert isinstance(svc.error, IndexOffsetsGoneError), svc.error
-    assert list(svc.error.gone) == [f"{topics.input}:0"]  # the other partitions are in range
-    offset, earliest, end = svc.error.gone[f"{topics.input}:0"]
-    assert (offset, earliest) == (5 * DOCUMENTS, 0) and 0 < end <= DOCUMENTS
-    assert f"the broker holds 0 to {end}" in str(svc.error)
-    assert svc.metric("stream_dedup_messages_consumed_total") == 0
-
-
-def test_index_offsets_past_the_end_rebuild_decides_the_retained_messages_again(
-    bootstrap: str, topics: Topics, tmp_path: Path, package_logs: list[logging.LogRecord]
-) -> None:
-    produce_json(bootstrap, topics.input, kijiji_documents(DOCUMENTS))
-    config = _config(bootstrap, topics, tmp_path)
-    _decide_all(config)
-    _move_offsets_past_the_end(config, topics.input, 5 * DOCUMENTS)
-
-    rebuilt = _config(bootstrap, topics, tmp_path, on_lost="rebuild")
-    svc = ServiceThread(rebuilt).start()
-    svc.wait_for("stream_dedup_messages_consumed_total", DOCUMENTS)
-    svc.wait_for("stream_dedup_replayed_documents_total", DOCUMENTS)
-    assert svc.stop() == 0
-    assert svc.metric("stream_dedup_index_documents") == DOCUMENTS  # replays: nothing new
-    warned = [r for r in package_logs if "outside what the broker retains" in r.getMessage()]
-    assert warned and warned[0].levelno == logging.WARNING
