@@ -73,12 +73,16 @@ def small_options() -> Options:
     log(n) times instead, and the cost per document stays flat as the index grows
     (``bench/bench_growth.py``; docs/benchmarks.md). A read checks one bloom filter per
     run, and reads here are few: the key filter of :mod:`stream_dedup.index.filter`
-    answers most misses. Blocks are compressed with zstd: once document records hold
-    compressed text (format 4), these records are half of an index's bytes, and zstd takes
-    ~25% off them (bucket members are docnums whose high bytes are zero, verdicts are JSON
-    with repeated keys): 1,241 against 917 bytes per document on disk in all, LZ4 1,000
-    (``bench/bench_bytes.py``, docs/benchmarks.md), for CPU in RocksDB's background
-    threads at each flush and compaction.
+    answers most misses. The bottommost sorted run is compressed with zstd: once document
+    records hold compressed text (format 4), these records are half of an index's bytes,
+    and zstd takes ~25% off them (bucket members are docnums whose high bytes are zero,
+    verdicts are JSON with repeated keys): 1,241 against 917 bytes per document on disk in
+    all, LZ4 1,000 (``bench/bench_bytes.py``, docs/benchmarks.md). Flushes and the
+    smaller, younger runs are not compressed: they are written again soon, and zstd at
+    every flush and compaction cost RocksDB's background threads ~1.3x the CPU per document
+    of uncompressed blocks on a grown index, where the bottommost run alone costs about
+    what no compression did; the bottommost run holds most of the records, so the bytes
+    on disk stay within ~10% of zstd everywhere (``bench/bench_growth.py``).
 
     Write-ahead log files are recycled (:data:`_RECYCLED_LOGS`): a batch writes ~8 MB to
     the log, mostly document records, and a recycled file's pages are already allocated,
@@ -89,7 +93,8 @@ def small_options() -> Options:
     """
     opts = Options(raw_mode=True)
     opts.create_if_missing(True)
-    opts.set_compression_type(DBCompressionType.zstd())
+    opts.set_compression_type(DBCompressionType.none())
+    opts.set_bottommost_compression_type(DBCompressionType.zstd())
     opts.set_compaction_style(DBCompactionStyle.universal())
     opts.set_level_zero_file_num_compaction_trigger(_SORTED_RUNS)
     opts.increase_parallelism(2)

@@ -1,0 +1,90 @@
+"""Band buckets' members on Redis in 4 bytes each (index format 5).
+
+Everywhere else a bucket's value is its members' docnums as uint64 little-endian
+(:mod:`.bucket_records`). On Redis a hash field's value is an SDS string of its own: a
+one-member bucket's 8 bytes take a 16-byte allocation, and a news document writes ~15
+buckets, most of them one member. Docnums below 2^32 (four billion documents) fit in 4
+bytes, and a value of ``tag | 4 bytes`` takes an 8-byte allocation: ~120 bytes per
+document of Redis memory (docs/benchmarks.md).
+
+So :class:`~stream_dedup.index.redis_backend.RedisBackend` writes a bucket as
+``0x04 | uint32 LE per member`` when every member fits, and hands every reader the usual
+uint64 bytes. The two are told apart by length alone: a compact value has odd length
+(1 + 4n), a wide one a multiple of 8, so buckets written by format 4 (and a bucket with a
+docnum of 2^32 or more, kept wide) read as they are.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from stream_dedup.index.keys import BUCKET, PACKED_BUCKET_KEY
+
+__all__ = ["compact_buckets", "widen_buckets"]
+
+#: First byte of a compact bucket value.
+TAG = 4
+_TAG_BYTE = bytes([TAG])
+_BUCKET = BUCKET[0]
+_KEY_SIZE = PACKED_BUCKET_KEY.itemsize
+_LIMIT = 1 << 32
+
+
+def compact_buckets(keys: Sequence[bytes], values: Sequence[bytes]) -> list[bytes]:
+    """``values`` with every bucket's (``keys[i]`` a bucket key) members in 4 bytes where
+    all of them fit; other values as they are."""
+    out = list(values)
+    picked = [i for i, (k, v) in enumerate(zip(keys, values, strict=True)) if v and _is_bucket(k)]
+    if not picked:
+        return out
+    raws = [values[i] for i in picked]
+    lengths = np.fromiter(map(len, raws), dtype=np.int64, count=len(raws))
+    if (lengths & 7).any():  # already compact, or not a bucket value: one at a time
+        for i in picked:
+            out[i] = _compact_one(values[i])
+        return out
+    wide = np.frombuffer(b"".join(raws), dtype="<u8")
+    if int(wide.max()) >= _LIMIT:
+        for i in picked:
+            out[i] = _compact_one(values[i])
+        return out
+    narrow = wide.astype("<u4").tobytes()
+    ends = (np.cumsum(lengths) >> 1).tolist()
+    starts = ((np.cumsum(lengths) - lengths) >> 1).tolist()
+    for i, a, b in zip(picked, starts, ends, strict=True):
+        out[i] = _TAG_BYTE + narrow[a:b]
+    return out
+
+
+def _is_bucket(key: bytes) -> bool:
+    return len(key) == _KEY_SIZE and key[0] == _BUCKET
+
+
+def _compact_one(value: bytes) -> bytes:
+    if len(value) & 7:
+        return value
+    wide = np.frombuffer(value, dtype="<u8")
+    if int(wide.max()) >= _LIMIT:
+        return value
+    return _TAG_BYTE + wide.astype("<u4").tobytes()
+
+
+def widen_buckets(keys: Sequence[bytes], values: list[bytes | None]) -> None:
+    """Turn every compact bucket value in ``values`` (``keys[i]`` a bucket key, the value
+    of odd length) back into uint64 bytes, in place; the others stay as they are."""
+    at = [
+        i
+        for i, (k, v) in enumerate(zip(keys, values, strict=True))
+        if v is not None and len(v) & 1 and _is_bucket(k)
+    ]
+    if not at:
+        return
+    raws: list[bytes] = [values[i][1:] for i in at]  # type: ignore[index]
+    narrow = np.frombuffer(b"".join(raws), dtype="<u4")
+    wide = narrow.astype("<u8").tobytes()
+    lengths = np.fromiter(map(len, raws), dtype=np.int64, count=len(raws)) << 1
+    ends = np.cumsum(lengths)
+    for i, a, b in zip(at, (ends - lengths).tolist(), ends.tolist(), strict=True):
+        values[i] = wide[a:b]
