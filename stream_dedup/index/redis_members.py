@@ -5,7 +5,8 @@ Everywhere else a bucket's value is its members' docnums as uint64 little-endian
 one-member bucket's 8 bytes take a 16-byte allocation, and a news document writes ~15
 buckets, most of them one member. Docnums below 2^32 (four billion documents) fit in 4
 bytes, and a value of ``tag | 4 bytes`` takes an 8-byte allocation: ~120 bytes per
-document of Redis memory (docs/benchmarks.md).
+document of Redis memory (docs/benchmarks.md). An exact text's docnum (``x`` records,
+one per distinct text) is kept in 4 bytes likewise: ~8 more.
 
 So :class:`~stream_dedup.index.redis_backend.RedisBackend` writes a bucket as
 ``0x04 | uint32 LE per member`` when every member fits, and hands every reader the usual
@@ -20,7 +21,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from stream_dedup.index.keys import BUCKET, PACKED_BUCKET_KEY
+from stream_dedup.index.keys import BUCKET, EXACT, PACKED_BUCKET_KEY
 
 __all__ = ["compact_buckets", "widen_buckets"]
 
@@ -29,13 +30,21 @@ TAG = 4
 _TAG_BYTE = bytes([TAG])
 _BUCKET = BUCKET[0]
 _KEY_SIZE = PACKED_BUCKET_KEY.itemsize
+_EXACT = EXACT[0]
+#: An exact text's key: ``x`` and a 16-byte digest.
+_EXACT_KEY_SIZE = 17
+_HIGH_ZEROS = bytes(4)
 _LIMIT = 1 << 32
 
 
 def compact_buckets(keys: Sequence[bytes], values: Sequence[bytes]) -> list[bytes]:
     """``values`` with every bucket's (``keys[i]`` a bucket key) members in 4 bytes where
-    all of them fit; other values as they are."""
+    all of them fit, and every exact text's docnum in 4 bytes where it fits; other values
+    as they are."""
     out = list(values)
+    for i, (k, v) in enumerate(zip(keys, values, strict=True)):
+        if len(v) == 8 and v[4:] == _HIGH_ZEROS and _is_exact(k):
+            out[i] = v[:4]
     picked = [i for i, (k, v) in enumerate(zip(keys, values, strict=True)) if v and _is_bucket(k)]
     if not picked:
         return out
@@ -62,6 +71,10 @@ def _is_bucket(key: bytes) -> bool:
     return len(key) == _KEY_SIZE and key[0] == _BUCKET
 
 
+def _is_exact(key: bytes) -> bool:
+    return len(key) == _EXACT_KEY_SIZE and key[0] == _EXACT
+
+
 def _compact_one(value: bytes) -> bytes:
     if len(value) & 7:
         return value
@@ -73,12 +86,16 @@ def _compact_one(value: bytes) -> bytes:
 
 def widen_buckets(keys: Sequence[bytes], values: list[bytes | None]) -> None:
     """Turn every compact bucket value in ``values`` (``keys[i]`` a bucket key, the value
-    of odd length) back into uint64 bytes, in place; the others stay as they are."""
-    at = [
-        i
-        for i, (k, v) in enumerate(zip(keys, values, strict=True))
-        if v is not None and len(v) & 1 and _is_bucket(k)
-    ]
+    of odd length) and exact text's docnum (4 bytes) back into uint64 bytes, in place; the
+    others stay as they are."""
+    at: list[int] = []
+    for i, (k, v) in enumerate(zip(keys, values, strict=True)):
+        if v is None:
+            continue
+        if len(v) & 1 and _is_bucket(k):
+            at.append(i)
+        elif len(v) == 4 and _is_exact(k):
+            values[i] = v + _HIGH_ZEROS
     if not at:
         return
     raws: list[bytes] = [values[i][1:] for i in at]  # type: ignore[index]

@@ -78,11 +78,11 @@ def small_options() -> Options:
     and zstd takes ~25% off them (bucket members are docnums whose high bytes are zero,
     verdicts are JSON with repeated keys): 1,241 against 917 bytes per document on disk in
     all, LZ4 1,000 (``bench/bench_bytes.py``, docs/benchmarks.md). Flushes and the
-    smaller, younger runs are not compressed: they are written again soon, and zstd at
-    every flush and compaction cost RocksDB's background threads ~1.3x the CPU per document
-    of uncompressed blocks on a grown index, where the bottommost run alone costs about
-    what no compression did; the bottommost run holds most of the records, so the bytes
-    on disk stay within ~10% of zstd everywhere (``bench/bench_growth.py``).
+    younger runs, written again soon, take LZ4: zstd at every flush and compaction cost
+    RocksDB's background threads ~1.5x the CPU per document at 50,000-100,000 documents
+    (``bench/bench_growth.py``), LZ4 there and zstd at the bottom about what format 2's
+    uncompressed sets cost, no compression above the bottom a little more (more bytes to
+    write) and ~1,030 bytes per document as left against ~960 with LZ4.
 
     Write-ahead log files are recycled (:data:`_RECYCLED_LOGS`): a batch writes ~8 MB to
     the log, mostly document records, and a recycled file's pages are already allocated,
@@ -93,7 +93,7 @@ def small_options() -> Options:
     """
     opts = Options(raw_mode=True)
     opts.create_if_missing(True)
-    opts.set_compression_type(DBCompressionType.none())
+    opts.set_compression_type(DBCompressionType.lz4())
     opts.set_bottommost_compression_type(DBCompressionType.zstd())
     opts.set_compaction_style(DBCompactionStyle.universal())
     opts.set_level_zero_file_num_compaction_trigger(_SORTED_RUNS)

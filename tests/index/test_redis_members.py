@@ -25,12 +25,17 @@ def _keys(n: int, first: int = 1) -> list[bytes]:
 
 
 def test_compact_and_widen_round_trip_and_leave_others_alone() -> None:
-    keys = [*_keys(4), b"vsome-id", b"d" + bytes(8)]
-    wide = [_members(7), _members(1, 2, 3), _members(2**32 - 1), _members(5, 2**32), b"x", b"abc"]
+    keys = [*_keys(4), b"vsome-id", b"d" + bytes(8), b"x" + bytes(16), b"x" + bytes(16)]
+    wide = [
+        *[_members(7), _members(1, 2, 3), _members(2**32 - 1), _members(5, 2**32)],
+        *[b"x", b"abc", _members(9), _members(2**33)],
+    ]
     compact = compact_buckets(keys, wide)
     assert compact[0] == bytes([TAG]) + (7).to_bytes(4, "little")
-    assert [len(v) for v in compact] == [5, 13, 5, 16, 1, 3]  # 2^32 does not fit: kept wide
-    assert compact[3:] == wide[3:]
+    # 2^32 and more do not fit: kept wide
+    assert [len(v) for v in compact] == [5, 13, 5, 16, 1, 3, 4, 8]
+    assert compact[3:6] == wide[3:6]
+    assert compact[6] == (9).to_bytes(4, "little") and compact[7] == wide[7]
     back: list[bytes | None] = [*compact, None]
     widen_buckets([*keys, _keys(1)[0]], back)
     assert back == [*wide, None]
