@@ -10,7 +10,10 @@ log on, batches of ``--batch``) and prints, for every ``--every`` documents:
   the atomic write), the service main thread's index work;
 * ``background``: CPU of every other thread of the process per document: RocksDB's flushes
   and compactions;
-* candidates and verifications per document, and the index's size on disk.
+* candidates and verifications per document, and the index's size on disk;
+* ``hit``/``rebuilt``: the share of candidates' verification sets found in the set cache
+  (:class:`~stream_dedup.core.payload.SetCache`, sized with ``--set-cache-mb``) and the
+  sets rebuilt from compressed text per document.
 
 Sketching is done here too but not counted (the service does it in its worker process).
 CPU is read per thread from ``/proc`` (Linux), so other load on the machine inflates the
