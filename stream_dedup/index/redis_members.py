@@ -41,6 +41,9 @@ def compact_buckets(keys: Sequence[bytes], values: Sequence[bytes]) -> list[byte
     """``values`` with every bucket's (``keys[i]`` a bucket key) members in 4 bytes where
     all of them fit, and every exact text's docnum in 4 bytes where it fits; other values
     as they are."""
+    fast = _compact_ordered(keys, values)
+    if fast is not None:
+        return fast
     out = list(values)
     for i, (k, v) in enumerate(zip(keys, values, strict=True)):
         if len(v) == 8 and v[4:] == _HIGH_ZEROS and _is_exact(k):
@@ -65,6 +68,41 @@ def compact_buckets(keys: Sequence[bytes], values: Sequence[bytes]) -> list[byte
     for i, a, b in zip(picked, starts, ends, strict=True):
         out[i] = _TAG_BYTE + narrow[a:b]
     return out
+
+
+def _compact_ordered(keys: Sequence[bytes], values: Sequence[bytes]) -> list[bytes] | None:
+    """:func:`compact_buckets` without a Python step per one-member bucket, when every key
+    is a band bucket's and every value fits (a batch's ~30,000 bucket writes); ``None``
+    otherwise."""
+    n = len(keys)
+    if n < 64:
+        return None
+    joined = b"".join(keys)
+    if len(joined) != _KEY_SIZE * n:
+        return None
+    if not (np.frombuffer(joined, dtype=np.uint8)[::_KEY_SIZE] == _BUCKET).all():
+        return None
+    lengths = np.fromiter(map(len, values), dtype=np.int64, count=n)
+    if (lengths & 7).any() or not lengths.all():
+        return None
+    wide = np.frombuffer(b"".join(values), dtype="<u8")
+    if int(wide.max()) >= _LIMIT:
+        return None
+    narrow = wide.astype("<u4")
+    counts = lengths >> 3
+    starts = np.cumsum(counts) - counts
+    out = np.empty(n, dtype=object)
+    single = np.flatnonzero(counts == 1)
+    rows = np.empty((single.size, 5), dtype=np.uint8)
+    rows[:, 0] = TAG
+    rows[:, 1:] = narrow[starts[single]].view(np.uint8).reshape(-1, 4)
+    out[single] = rows.view("V5").ravel().tolist()
+    raw = narrow.tobytes()
+    for i in np.flatnonzero(counts > 1).tolist():
+        a = 4 * int(starts[i])
+        out[i] = _TAG_BYTE + raw[a : a + 4 * int(counts[i])]
+    result: list[bytes] = out.tolist()
+    return result
 
 
 def _is_bucket(key: bytes) -> bool:

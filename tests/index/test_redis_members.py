@@ -44,9 +44,12 @@ def test_compact_and_widen_round_trip_and_leave_others_alone() -> None:
 def test_compact_of_many_one_member_buckets_in_one_pass() -> None:
     keys = _keys(500)
     docnums = np.random.default_rng(3).integers(0, 2**32, 500)
-    wide = [_members(int(d)) for d in docnums]
+    wide = [_members(int(d)) if i % 7 else _members(1, int(d)) for i, d in enumerate(docnums)]
     compact = compact_buckets(keys, wide)
-    assert all(len(v) == 5 and v[0] == TAG for v in compact)
+    assert all(
+        v[0] == TAG and len(v) == 1 + len(w) // 2 for v, w in zip(compact, wide, strict=True)
+    )
+    assert compact[3] == bytes([TAG]) + int(docnums[3]).to_bytes(4, "little")
     values: list[bytes | None] = list(compact)
     widen_buckets(keys, values)
     assert values == wide
