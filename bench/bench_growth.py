@@ -10,7 +10,10 @@ log on, batches of ``--batch``) and prints, for every ``--every`` documents:
   the atomic write), the service main thread's index work;
 * ``background``: CPU of every other thread of the process per document: RocksDB's flushes
   and compactions;
-* candidates and verifications per document, and the index's size on disk.
+* candidates and verifications per document, and the index's size on disk;
+* ``hit``/``rebuilt``: the share of candidates' verification sets found in the set cache
+  (:class:`~stream_dedup.core.payload.SetCache`, sized with ``--set-cache-mb``) and the
+  sets rebuilt from compressed text per document.
 
 Sketching is done here too but not counted (the service does it in its worker process).
 CPU is read per thread from ``/proc`` (Linux), so other load on the machine inflates the
@@ -87,6 +90,9 @@ def main() -> int:
     p.add_argument("--json", metavar="FILE", help="also write the intervals as JSON")
     p.add_argument("--max-documents", type=int, default=0, help="hold the newest N (0: all)")
     p.add_argument("--retention", default="none", help="hold this long on the records' time")
+    p.add_argument(
+        "--set-cache-mb", type=int, default=0, help="verification set cache size (0: default)"
+    )
     args = p.parse_args()
     if not sys.platform.startswith("linux"):
         p.error("per-thread CPU is read from /proc: Linux only")
@@ -102,15 +108,20 @@ def main() -> int:
         retention = Retention(parse_duration(args.retention), args.max_documents)
         index = open_index(path, IndexParams.of(config), retention=retention)
         dedup = Deduplicator(index, config)
+        if args.set_cache_mb:
+            dedup.set_cache.max_bytes = args.set_cache_mb << 20
         dedup.warm_up()
+        cache = dedup.set_cache
         print(
             f"{'documents':>10} {'main us/doc':>12} {'background':>11} {'candidates':>11} "
-            f"{'verified':>9} {'index MB':>9} {'held':>9} {'epochs':>6} {'rss MB':>7}"
+            f"{'verified':>9} {'index MB':>9} {'held':>9} {'epochs':>6} {'rss MB':>7} "
+            f"{'hit':>6} {'rebuilt':>8}"
         )
         done = 0
         main_cpu = candidates = verified = 0.0
         started = time.time()
         last_other, last_main = other_threads_cpu(), 0.0
+        last_asked = last_rebuilt = 0
         gc_tuning.enter()
         try:
             while batch := list(itertools.islice(stream, args.batch)):
@@ -141,14 +152,21 @@ def main() -> int:
                         "epochs": len(index.timeline.epochs),
                         "rss_mb": round(rss_bytes() / 1e6),
                         "elapsed_s": round(time.time() - started, 1),
+                        "set_cache_hit": round(
+                            1 - (cache.rebuilt - last_rebuilt) / max(1, cache.asked - last_asked),
+                            3,
+                        ),
+                        "rebuilt_per_doc": round((cache.rebuilt - last_rebuilt) / n, 2),
                     }
+                    last_asked, last_rebuilt = cache.asked, cache.rebuilt
                     rows.append(row)
                     last_other, last_main, candidates, verified = other, main_cpu, 0.0, 0.0
                     print(
                         f"{row['documents']:>10,} {row['main_us_per_doc']:>12} "
                         f"{row['background_us_per_doc']:>11} {row['candidates_per_doc']:>11} "
                         f"{row['verifications_per_doc']:>9} {row['index_mb']:>9} "
-                        f"{row['held']:>9,} {row['epochs']:>6} {row['rss_mb']:>7}",
+                        f"{row['held']:>9,} {row['epochs']:>6} {row['rss_mb']:>7} "
+                        f"{row['set_cache_hit']:>6} {row['rebuilt_per_doc']:>8}",
                         flush=True,
                     )
         finally:

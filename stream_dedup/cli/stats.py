@@ -17,7 +17,12 @@ PASSWORD_VARIABLE = "STREAM_DEDUP_INDEX__REDIS__PASSWORD"
 
 
 #: What exact verification stores per document, by index format (see index/records.py).
-_PAYLOADS = {2: "verification sets", 3: "verification sets", 4: "compressed text"}
+_PAYLOADS = {
+    2: "verification sets",
+    3: "verification sets",
+    4: "compressed text",
+    5: "compressed text",
+}
 
 
 def cmd_stats(args: argparse.Namespace, out: IO[str], err: IO[str]) -> int:

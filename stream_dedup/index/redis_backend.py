@@ -52,6 +52,7 @@ from stream_dedup.index.redis_layout import (
     glob_escaped,
     redacted,
 )
+from stream_dedup.index.redis_members import compact_buckets, widen_buckets
 
 __all__ = ["DEFAULT_NAMESPACE", "RedisBackend", "redacted"]
 
@@ -177,6 +178,7 @@ class RedisBackend:
             for where, found in zip(places, pipe.execute(), strict=True):
                 for i, value in zip(where, found, strict=True):
                     out[i] = value
+        widen_buckets(keys, out)
         return out
 
     def scan_prefix(self, prefix: bytes, epoch: int = 0) -> Iterator[tuple[bytes, bytes]]:
@@ -231,10 +233,9 @@ class RedisBackend:
     ) -> _Write:
         docs = {k: v for k, v in puts.items() if k[0] == _DOC}
         rest = [k for k in puts if k[0] != _DOC]
-        groups = self._keys.grouped(rest, [puts[k] for k in rest], epoch)
-        for name, (fields, values) in self._keys.grouped(
-            ordered.keys, ordered.values, epoch
-        ).items():
+        groups = self._keys.grouped(rest, compact_buckets(rest, [puts[k] for k in rest]), epoch)
+        compact = compact_buckets(ordered.keys, ordered.values)
+        for name, (fields, values) in self._keys.grouped(ordered.keys, compact, epoch).items():
             entry = groups.setdefault(name, ([], []))
             entry[0].extend(fields)
             entry[1].extend(values)

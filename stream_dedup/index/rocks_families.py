@@ -73,12 +73,16 @@ def small_options() -> Options:
     log(n) times instead, and the cost per document stays flat as the index grows
     (``bench/bench_growth.py``; docs/benchmarks.md). A read checks one bloom filter per
     run, and reads here are few: the key filter of :mod:`stream_dedup.index.filter`
-    answers most misses. Blocks are compressed with zstd: once document records hold
-    compressed text (format 4), these records are half of an index's bytes, and zstd takes
-    ~25% off them (bucket members are docnums whose high bytes are zero, verdicts are JSON
-    with repeated keys): 1,241 against 917 bytes per document on disk in all, LZ4 1,000
-    (``bench/bench_bytes.py``, docs/benchmarks.md), for CPU in RocksDB's background
-    threads at each flush and compaction.
+    answers most misses. The bottommost sorted run is compressed with zstd: once document
+    records hold compressed text (format 4), these records are half of an index's bytes,
+    and zstd takes ~25% off them (bucket members are docnums whose high bytes are zero,
+    verdicts are JSON with repeated keys): 1,241 against 917 bytes per document on disk in
+    all, LZ4 1,000 (``bench/bench_bytes.py``, docs/benchmarks.md). Flushes and the
+    younger runs, written again soon, take LZ4: zstd at every flush and compaction cost
+    RocksDB's background threads ~1.5x the CPU per document at 50,000-100,000 documents
+    (``bench/bench_growth.py``), LZ4 there and zstd at the bottom about what format 2's
+    uncompressed sets cost, no compression above the bottom a little more (more bytes to
+    write) and ~1,030 bytes per document as left against ~960 with LZ4.
 
     Write-ahead log files are recycled (:data:`_RECYCLED_LOGS`): a batch writes ~8 MB to
     the log, mostly document records, and a recycled file's pages are already allocated,
@@ -89,7 +93,8 @@ def small_options() -> Options:
     """
     opts = Options(raw_mode=True)
     opts.create_if_missing(True)
-    opts.set_compression_type(DBCompressionType.zstd())
+    opts.set_compression_type(DBCompressionType.lz4())
+    opts.set_bottommost_compression_type(DBCompressionType.zstd())
     opts.set_compaction_style(DBCompactionStyle.universal())
     opts.set_level_zero_file_num_compaction_trigger(_SORTED_RUNS)
     opts.increase_parallelism(2)

@@ -4,9 +4,17 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+import zstandard
 
 from stream_dedup.core.config import DedupConfig
-from stream_dedup.core.payload import ZSTD, SetCache, decode_text, rebuild_sets
+from stream_dedup.core.payload import (
+    ZSTD,
+    ZSTD_MAGICLESS,
+    SetCache,
+    decode_text,
+    encode_texts,
+    rebuild_sets,
+)
 from stream_dedup.core.sketch import sketch
 from stream_dedup.errors import IndexCorruptError
 from stream_dedup.tools.generate import StreamSpec, generate
@@ -26,7 +34,7 @@ def test_rebuilt_sets_are_the_sketch_sets(config: DedupConfig) -> None:
     texts = EDGE_CASES + random_texts(300, 1) + news(200)
     sk = sketch(texts, config, config.band_plan())
     assert len(sk.payloads) == len(sk.live) > 200
-    assert all(p[0] == ZSTD for p in sk.payloads)
+    assert all(p[0] == ZSTD_MAGICLESS for p in sk.payloads)
     rebuilt = rebuild_sets([decode_text(p) for p in sk.payloads], config)
     for mine, theirs in zip(rebuilt, sk.sets, strict=True):
         assert mine.dtype == theirs.dtype
@@ -79,3 +87,20 @@ def test_a_broken_payload_is_a_corrupt_index() -> None:
         decode_text(b"\x07abc")
     with pytest.raises(IndexCorruptError, match="decompress"):
         decode_text(bytes([ZSTD]) + b"not a zstd frame")
+    with pytest.raises(IndexCorruptError, match="decompress"):
+        decode_text(bytes([ZSTD_MAGICLESS]) + b"\xff" * 12)
+
+
+def test_format_4_payloads_with_zstd_magic_still_decode() -> None:
+    """Format 5 writes frames without zstd's magic number; format 4's, with it, still read."""
+    text = "a story of a ship, a storm and a port \ud800 again " * 9
+    (payload,) = encode_texts(
+        text.encode("utf-8", "surrogatepass"), [0], [len(text.encode("utf-8", "surrogatepass"))]
+    )
+    old = bytes([ZSTD]) + zstandard.ZstdCompressor(level=1, write_checksum=False).compress(
+        text.encode("utf-8", "surrogatepass")
+    )
+    assert payload[0] == ZSTD_MAGICLESS
+    assert len(payload) == len(old) - 4
+    assert old[1:5] == b"\x28\xb5\x2f\xfd" and payload[1:5] == old[5:9]
+    assert decode_text(payload) == decode_text(old) == text

@@ -283,7 +283,8 @@ def test_rocks_opens_an_index_compacted_level_by_level_and_compacts_it_on(
     try:
         default = _family_options(path, "default")
         assert default["compaction_style"] == "kCompactionStyleUniversal"
-        assert default["compression"] == "kZSTD"
+        assert default["compression"] == "kLZ4Compression"  # flushes and younger runs
+        assert default["bottommost_compression"] == "kZSTD"  # the run holding the most
         assert default["level0_file_num_compaction_trigger"] == "12"
         assert backend.get_many(list(written)) == list(written.values())
         before = _sst_files(path)

@@ -1,0 +1,83 @@
+"""Band buckets on Redis hold 4-byte members (index format 5), read back as 8-byte ones,
+beside buckets that format 4 wrote with 8-byte members, on a real redis-server."""
+
+from __future__ import annotations
+
+import numpy as np
+import redis
+
+from stream_dedup.index.backend import OrderedPuts
+from stream_dedup.index.keys import bucket_keys
+from stream_dedup.index.redis_backend import RedisBackend
+from stream_dedup.index.redis_members import TAG, compact_buckets, widen_buckets
+
+from ..conftest import fresh_namespace
+
+
+def _members(*docnums: int) -> bytes:
+    return np.array(docnums, dtype="<u8").tobytes()
+
+
+def _keys(n: int, first: int = 1) -> list[bytes]:
+    hashes = np.arange(first, first + n, dtype=np.uint64).reshape(-1, 1)
+    hashes *= np.uint64(0x9E3779B97F4A7C15)
+    return sorted(bucket_keys(hashes))
+
+
+def test_compact_and_widen_round_trip_and_leave_others_alone() -> None:
+    keys = [*_keys(4), b"vsome-id", b"d" + bytes(8), b"x" + bytes(16), b"x" + bytes(16)]
+    wide = [
+        *[_members(7), _members(1, 2, 3), _members(2**32 - 1), _members(5, 2**32)],
+        *[b"x", b"abc", _members(9), _members(2**33)],
+    ]
+    compact = compact_buckets(keys, wide)
+    assert compact[0] == bytes([TAG]) + (7).to_bytes(4, "little")
+    # 2^32 and more do not fit: kept wide
+    assert [len(v) for v in compact] == [5, 13, 5, 16, 1, 3, 4, 8]
+    assert compact[3:6] == wide[3:6]
+    assert compact[6] == (9).to_bytes(4, "little") and compact[7] == wide[7]
+    back: list[bytes | None] = [*compact, None]
+    widen_buckets([*keys, _keys(1)[0]], back)
+    assert back == [*wide, None]
+
+
+def test_compact_of_many_one_member_buckets_in_one_pass() -> None:
+    keys = _keys(500)
+    docnums = np.random.default_rng(3).integers(0, 2**32, 500)
+    wide = [_members(int(d)) if i % 7 else _members(1, int(d)) for i, d in enumerate(docnums)]
+    compact = compact_buckets(keys, wide)
+    assert all(
+        v[0] == TAG and len(v) == 1 + len(w) // 2 for v, w in zip(compact, wide, strict=True)
+    )
+    assert compact[3] == bytes([TAG]) + int(docnums[3]).to_bytes(4, "little")
+    values: list[bytes | None] = list(compact)
+    widen_buckets(keys, values)
+    assert values == wide
+
+
+def test_redis_stores_4_byte_members_and_reads_8_byte_ones(redis_url: str) -> None:
+    namespace = fresh_namespace()
+    backend = RedisBackend(redis_url, namespace=namespace)
+    try:
+        keys = _keys(300)
+        values = [_members(i, i + 1) if i % 3 else _members(i) for i in range(300)]
+        backend.apply(backend.prepare({}, OrderedPuts(keys, values), epoch=0))
+        # A bucket as format 4 wrote it: 8-byte members, through a plain write.
+        old_key, absent = _keys(2, first=1000)
+        client = redis.Redis.from_url(redis_url)
+        name = backend._keys.hash(0, old_key[-1])
+        client.hset(name, old_key, _members(11, 12, 13))
+        raw = client.hget(backend._keys.hash(0, keys[0][-1]), keys[0])
+        assert raw is not None and len(raw) == 5 and raw[0] == TAG
+        assert backend.get_many([*keys, old_key, absent]) == [
+            *values,
+            _members(11, 12, 13),
+            None,
+        ]
+        # Members past 2^32 stay 8 bytes.
+        backend.apply(backend.prepare({}, OrderedPuts([keys[1]], [_members(2**40)]), epoch=0))
+        raw = client.hget(backend._keys.hash(0, keys[1][-1]), keys[1])
+        assert raw == _members(2**40)
+        assert backend.get_many([keys[1]]) == [_members(2**40)]
+    finally:
+        backend.close()
