@@ -9,12 +9,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 from contextlib import ExitStack
 from pathlib import Path
 from typing import IO, TYPE_CHECKING
 
-from stream_dedup.cli.stats import DEFAULT_NAMESPACE, PASSWORD_VARIABLE
+from stream_dedup.cli.stats import DEFAULT_NAMESPACE, PASSWORD_VARIABLE, open_for_reading
 
 if TYPE_CHECKING:
     from stream_dedup.decode import DocumentFormat
@@ -29,7 +28,6 @@ _BATCH = 500
 def cmd_check(args: argparse.Namespace, out: IO[str], err: IO[str]) -> int:
     from stream_dedup.decode import DocumentFormat
     from stream_dedup.dedup.check import check_k
-    from stream_dedup.index.opener import RedisSettings, open_index
     from stream_dedup.input_files import open_input, output_over_input
 
     check_k(args.k)
@@ -37,17 +35,7 @@ def cmd_check(args: argparse.Namespace, out: IO[str], err: IO[str]) -> int:
         print(f"error: {clash}", file=err)
         return 2
     fmt = DocumentFormat(args.id_field, tuple(args.content_fields.split(",")))
-    where = (
-        RedisSettings(
-            args.redis,
-            args.namespace,
-            password=os.environ.get(PASSWORD_VARIABLE) or None,
-            tls_ca_file=args.tls_ca_file,
-        )
-        if args.redis is not None
-        else args.index
-    )
-    index = open_index(where, None, read_only=True)
+    index = open_for_reading(args)
     try:
         with ExitStack() as stack:
             source = open_input(args.input, stack)

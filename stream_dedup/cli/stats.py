@@ -5,7 +5,10 @@ from __future__ import annotations
 import argparse
 import os
 from datetime import UTC, datetime
-from typing import IO
+from typing import IO, TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from stream_dedup.index.store import DedupIndex
 
 #: ``stats --namespace``'s default: :data:`stream_dedup.index.redis_layout.DEFAULT_NAMESPACE`
 #: (the tests hold one to the other), spelled here so that ``--help`` does not load the index.
@@ -25,12 +28,16 @@ _PAYLOADS = {
 }
 
 
-def cmd_stats(args: argparse.Namespace, out: IO[str], err: IO[str]) -> int:
+def open_for_reading(args: argparse.Namespace) -> DedupIndex:
+    """The index ``--index`` or ``--redis``/``--namespace``/``--tls-ca-file`` name, opened
+    to read (``stats``, ``check``).
+
+    An absent index is an IndexStoreError (exit code 3) that says how to create one. A
+    RocksDB index is read as a frozen view without its lock: the service may be writing
+    it, and the directory may be read-only.
+    """
     from stream_dedup.index.opener import RedisSettings, open_index
 
-    # An absent index is an IndexStoreError (exit code 3) that says how to create one. A
-    # RocksDB index is read as a frozen view without its lock: the service may be writing
-    # it, and the directory may be read-only.
     where = (
         RedisSettings(
             args.redis,
@@ -42,6 +49,11 @@ def cmd_stats(args: argparse.Namespace, out: IO[str], err: IO[str]) -> int:
         else args.index
     )
     index = open_index(where, None, read_only=True)
+    return index
+
+
+def cmd_stats(args: argparse.Namespace, out: IO[str], err: IO[str]) -> int:
+    index = open_for_reading(args)
     try:
         s = index.stats()
     finally:
