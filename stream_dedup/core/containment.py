@@ -1,0 +1,221 @@
+"""Containment: which verification values a document is indexed under for excerpts.
+
+An excerpt D of an earlier document E (most of D's shingles are in E, but E is much
+longer) has a low Jaccard with E, so the band buckets, tuned for Jaccard at the
+threshold, seldom bring E up. Containment needs candidates of its own. The index uses
+*consistent hash sampling*: a verification value v (a shingle hash's high 32 bits, see
+:mod:`.verify`) is *sampled* when ``splitmix64(v ^ salt)`` has its low ``log2 rate`` bits
+zero. The choice depends on v alone, so every shingle of D that E holds and that is
+sampled for D is sampled for E too: D shares about ``C * |D| / rate`` sampled values with
+a document that contains a share C of it, and about ``C' * |D| / rate`` with a stranger
+that shares C' of its shingles. Counting shared sampled values ranks the containing
+document first; the exact containment, computed from the stored text, decides.
+
+A sampled value is stored as a bucket key of the reserved band :data:`SAMPLE_BAND` (the
+layout of :mod:`.lookup_keys`, ``b <band u16> <hash u64>``), so every backend, the key
+filter, retention and Redis hold it with no machinery of its own. ``docs/containment.md``
+has the design and the measurements.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import numpy.typing as npt
+
+from stream_dedup.core import jit
+from stream_dedup.core.hashing import U32, U64
+from stream_dedup.core.jit import kernel
+
+I64 = npt.NDArray[np.int64]
+
+#: The band number of sampled-value keys: above any band a signature can have (K <= 4096).
+SAMPLE_BAND = 0xFFFF
+#: Mixed into each value before sampling, so the sample is independent of the signature
+#: bins (which the high bits of the same hashes choose).
+_SALT = np.uint64(0x5EED_C0DE_0000_0001)
+
+
+def _mix(values: U64) -> U64:
+    """splitmix64's finaliser over an array (wrapping 64-bit arithmetic)."""
+    with np.errstate(over="ignore"):
+        h = values ^ (values >> np.uint64(30))
+        h = h * np.uint64(0xBF58476D1CE4E5B9)
+        h = h ^ (h >> np.uint64(27))
+        h = h * np.uint64(0x94D049BB133111EB)
+        out: U64 = h ^ (h >> np.uint64(31))
+        return out
+
+
+def sampled(values: U32, rate: int, seed: int) -> U64:
+    """The values of one verification set that are sampled at 1/``rate`` (a power of
+    two), as the 64-bit band hashes of their keys, in the set's (ascending) order."""
+    wide = values.astype(np.uint64)
+    mixed = _mix(wide ^ (_SALT + np.uint64(seed)))
+    keep = (mixed & np.uint64(rate - 1)) == 0
+    picked: U64 = wide[keep]
+    return picked
+
+
+#: Sampling rate (1 value in :data:`SAMPLE_RATE`) and the members a sampled bucket holds
+#: before its value counts as common: stored in the index with the containment setting
+#: (they decide which keys it holds). Measured in ``docs/containment.md``.
+SAMPLE_RATE = 16
+SAMPLE_CAP = 64
+#: Shared sampled values that make an earlier document a candidate.
+MIN_VOTES = 2
+
+
+def sample_keys(
+    flat: U32, at: npt.NDArray[np.int64], length: npt.NDArray[np.int64], rate: int, seed: int
+) -> tuple[npt.NDArray[np.int64], U64]:
+    """The sampled values of a batch's verification sets (set ``p`` at ``flat[at[p]:][:
+    length[p]]``), as ``(position, value)`` arrays in set order."""
+    wide = flat.astype(np.uint64)
+    mixed = _mix(wide ^ (_SALT + np.uint64(seed)))
+    keep = np.flatnonzero((mixed & np.uint64(rate - 1)) == 0)
+    owner = np.repeat(np.arange(length.size, dtype=np.int64), length)
+    return owner[keep], wide[keep]
+
+
+def spans(starts: npt.NDArray[np.int64], lengths: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
+    """``concatenate([arange(s, s + n) for s, n in zip(starts, lengths)])``, vectorised."""
+    total = int(lengths.sum())
+    if not total:
+        return np.empty(0, dtype=np.int64)
+    ends = np.cumsum(lengths)
+    steps = np.ones(total, dtype=np.int64)
+    nonzero = lengths > 0
+    first = (ends - lengths)[nonzero]
+    steps[0] = starts[nonzero][0]
+    prev_end = (starts + lengths - 1)[nonzero][:-1]
+    steps[first[1:]] = starts[nonzero][1:] - prev_end
+    return np.cumsum(steps)
+
+
+@dataclass(frozen=True, slots=True)
+class SampledBuckets:
+    """What the index holds under a batch's distinct sampled keys (one entry per key).
+
+    ``held_at``/``held_len``/``held`` are each key's live members (every live epoch,
+    expired ones left out), ``mine_len`` how many of them the bucket of the epoch the
+    batch writes to holds: that bucket grows to :data:`SAMPLE_CAP` members, then stops.
+    """
+
+    held_at: npt.NDArray[np.int64]
+    held_len: npt.NDArray[np.int64]
+    held: npt.NDArray[np.int64]
+    mine_len: npt.NDArray[np.int64]
+
+
+@dataclass(frozen=True, slots=True)
+class Votes:
+    """Candidates per document and the sampled buckets' growth.
+
+    ``pos``/``docnum``/``votes``: each (document position, earlier docnum) pair with at
+    least :data:`MIN_VOTES` shared sampled values, at most ``limit`` per position, most
+    votes first (ties: the earliest docnum). ``appended``: per occurrence (in ``key``
+    order of the input), whether its document joins that key's bucket.
+    """
+
+    pos: npt.NDArray[np.int64]
+    docnum: npt.NDArray[np.int64]
+    votes: npt.NDArray[np.int64]
+    appended: npt.NDArray[np.bool_]
+
+
+def vote(
+    occ_pos: npt.NDArray[np.int64],
+    occ_key: npt.NDArray[np.int64],
+    buckets: SampledBuckets,
+    docnum: npt.NDArray[np.int64],
+    voting: npt.NDArray[np.bool_],
+    cap: int,
+    limit: int,
+) -> Votes:
+    """Count, for each voting document, the earlier documents sharing its sampled values.
+
+    ``occ_pos``/``occ_key``: each sampled value of the batch as (live position, distinct
+    key number); ``docnum`` each position's docnum (-1: not indexed), ``voting`` whether
+    it looks for a container. Documents are taken in batch order, as if one by one: a
+    bucket holding ``cap`` members (held, or added earlier in the batch) is common and
+    does not vote, and its epoch's bucket takes no more members.
+    """
+    order = np.lexsort((occ_pos, occ_key))
+    pos, key = occ_pos[order], occ_key[order]
+    indexed = docnum[pos] >= 0
+    group_start = np.ones(key.size, dtype=bool)
+    group_start[1:] = key[1:] != key[:-1]
+    run = np.cumsum(indexed)
+    before: I64 = run - indexed  # indexed occurrences before each one, from the batch's start
+    base = np.maximum.accumulate(np.where(group_start, before, 0))
+    rank = before - base  # ... before it within its key
+    appended = indexed & (buckets.mine_len[key] + rank < cap)
+    votes_ok = voting[pos] & (buckets.held_len[key] + rank < cap)
+    # Held members of each voting occurrence.
+    v = np.flatnonzero(votes_ok)
+    lens = buckets.held_len[key[v]]
+    held_idx = spans(buckets.held_at[key[v]], lens)
+    p_held = np.repeat(pos[v], lens)
+    d_held = buckets.held[held_idx]
+    # Earlier batch members: the first ``rank`` indexed occurrences of the key.
+    ind_occ = np.flatnonzero(indexed)
+    first_indexed = np.searchsorted(ind_occ, np.flatnonzero(group_start))
+    group_no = np.cumsum(group_start) - 1
+    r = rank[v]
+    batch_idx = ind_occ[spans(first_indexed[group_no[v]].astype(np.int64), r)]
+    p_batch = np.repeat(pos[v], r)
+    d_batch = docnum[pos[batch_idx]]
+    p_all = np.concatenate([p_held, p_batch])
+    d_all = np.concatenate([d_held, d_batch])
+    back = np.empty(order.size, dtype=bool)
+    back[order] = appended
+    if not p_all.size:
+        empty = np.empty(0, dtype=np.int64)
+        return Votes(empty, empty, empty, back)
+    code = (p_all << 40) | d_all
+    pairs, counts = np.unique(code, return_counts=True)
+    keep = counts >= MIN_VOTES
+    pairs, counts = pairs[keep], counts[keep]
+    p_c, d_c = pairs >> 40, pairs & ((1 << 40) - 1)
+    best = np.lexsort((d_c, -counts, p_c))
+    p_c, d_c, counts = p_c[best], d_c[best], counts[best]
+    starts = np.ones(p_c.size, dtype=bool)
+    starts[1:] = p_c[1:] != p_c[:-1]
+    at = np.arange(p_c.size) - np.maximum.accumulate(np.where(starts, np.arange(p_c.size), 0))
+    top = at < limit
+    return Votes(p_c[top], d_c[top], counts[top].astype(np.int64), back)
+
+
+@kernel
+def intersections(
+    a_flat: U32, a_at: I64, a_len: I64, b_flat: U32, b_at: I64, b_len: I64, out: I64
+) -> None:
+    """``out[i] = |A_i ∩ B_i|`` for pairs of sorted sets of distinct values (a merge)."""
+    for i in range(out.size):
+        x, x_end = a_at[i], a_at[i] + a_len[i]
+        y, y_end = b_at[i], b_at[i] + b_len[i]
+        n = 0
+        while x < x_end and y < y_end:
+            u, w = a_flat[x], b_flat[y]
+            if u == w:
+                n += 1
+                x += 1
+                y += 1
+            elif u < w:
+                x += 1
+            else:
+                y += 1
+        out[i] = n
+
+
+def pair_intersections(
+    a_flat: U32, a_at: I64, a_len: I64, b_flat: U32, b_at: I64, b_len: I64
+) -> I64:
+    """:func:`intersections`, compiled when the work repays loading numba."""
+    out = np.zeros(a_at.size, dtype=np.int64)
+    if out.size:
+        run = jit.choose(intersections, items=int(a_len.sum() + b_len.sum()))
+        run(a_flat, a_at, a_len, b_flat, b_at, b_len, out)
+    return out
