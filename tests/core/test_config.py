@@ -70,7 +70,7 @@ def test_stored_parameters_come_back_from_the_index(verify: str) -> None:
 
 @pytest.mark.parametrize("value", [-0.1, 1.5])
 def test_containment_outside_its_range_is_refused(value: float) -> None:
-    with pytest.raises(ConfigError, match="containment.*must be 0 \\(off\\) or in \\(0, 1\\]"):
+    with pytest.raises(ConfigError, match=r"containment.*must be 0 \(off\) or in \(0, 1\]"):
         DedupConfig(containment=value)
 
 
