@@ -81,7 +81,7 @@ def find_excerpts(
     uniq, occ_key = np.unique(values, return_inverse=True)
     keys, fps = band_bucket_keys(SAMPLE_BAND, uniq)
     mine, older = index.read_bucket_members(keys, fps, epoch)
-    buckets = _buckets(mine, older, index.cutoff())
+    buckets = held_buckets(mine, older, index.cutoff())
     voting = fresh & (found.match < 0) & (found.docnum >= 0)
     votes = vote(
         occ_pos, occ_key.astype(np.int64), buckets, found.docnum, voting,
@@ -106,7 +106,7 @@ def find_excerpts(
     return out
 
 
-def _buckets(mine: Members, older: Members | None, cutoff: int) -> SampledBuckets:
+def held_buckets(mine: Members, older: Members | None, cutoff: int) -> SampledBuckets:
     """Each key's live members, every live epoch joined (see :class:`SampledBuckets`)."""
     m_at, m_len, m_members = mine
     n = m_len.size

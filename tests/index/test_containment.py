@@ -10,15 +10,19 @@ least 95 % of the flagged excerpts, and near-duplicates found as without contain
 
 from __future__ import annotations
 
+import json
 import random
 import string
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 import numpy.typing as npt
 import pytest
 
+from stream_dedup.api import Detector
+from stream_dedup.cli.app import main
 from stream_dedup.core.config import DedupConfig
 from stream_dedup.dedup import Deduplicator
 from stream_dedup.errors import IndexMismatchError
@@ -180,3 +184,33 @@ def test_containment_settings_are_stored(backend_factory: Callable[[], Backend])
     DedupIndex(backend, IndexParams.of(DedupConfig()))
     with pytest.raises(IndexMismatchError, match="containment"):
         DedupIndex(backend, IndexParams.of(DedupConfig(containment=C)))
+
+
+def test_check_and_the_command_line_report_excerpts(tmp_path: Path) -> None:
+    story = "\n\n".join(words(60 + i, 40) for i in range(6))
+    excerpt = "Harbour Post\n\n" + story[: len(story) // 2]
+    with Detector(containment=C) as det:
+        det.add("s", story)
+        det.add("other", words(7, 200))
+        first = det.check(excerpt, k=2)[0]
+        assert (first.id, first.relation) == ("s", "excerpt")
+        assert first.containment is not None and first.containment >= C
+        assert det.stats.documents == 2  # a check adds nothing
+    source = tmp_path / "in.jsonl"
+    source.write_text(
+        json.dumps({"id": "s", "text": story})
+        + "\n"
+        + json.dumps({"id": "x", "text": excerpt})
+        + "\n",
+        encoding="utf-8",
+    )
+    target = tmp_path / "out.jsonl"
+    argv = ["dedup", str(source), "--output", str(target), "-q", "--containment", "0.8"]
+    assert main([*argv, "--index", str(tmp_path / "idx")]) == 0
+    lines = [json.loads(line) for line in target.read_text(encoding="utf-8").splitlines()]
+    assert lines[1]["relation"] == "excerpt" and lines[1]["duplicate_of"] == "s"
+    assert list(lines[1])[:6] == [
+        "id", "verdict", "duplicate_of", "similarity", "relation", "containment"
+    ]  # fmt: skip
+    # The index remembers it was built with containment: another setting is refused.
+    assert main([*argv[:-2], "--containment", "0.9", "--index", str(tmp_path / "idx")]) != 0
