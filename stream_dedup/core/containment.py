@@ -32,29 +32,24 @@ I64 = npt.NDArray[np.int64]
 
 #: The band number of sampled-value keys: above any band a signature can have (K <= 4096).
 SAMPLE_BAND = 0xFFFF
-#: Mixed into each value before sampling, so the sample is independent of the signature
-#: bins (which the high bits of the same hashes choose).
-_SALT = np.uint64(0x5EED_C0DE_0000_0001)
+#: Multiplies each value before sampling (Knuth's multiplicative hash): the sample is
+#: then decided by bits of the product that mix all of the value's bits, not by the high
+#: bits that also choose the value's signature bin.
+_GOLDEN = np.uint32(0x9E3779B1)
 
 
-def _mix(values: U64) -> U64:
-    """splitmix64's finaliser over an array (wrapping 64-bit arithmetic)."""
-    with np.errstate(over="ignore"):
-        h = values ^ (values >> np.uint64(30))
-        h = h * np.uint64(0xBF58476D1CE4E5B9)
-        h = h ^ (h >> np.uint64(27))
-        h = h * np.uint64(0x94D049BB133111EB)
-        out: U64 = h ^ (h >> np.uint64(31))
-        return out
+def _keep(values: U32, rate: int, seed: int) -> npt.NDArray[np.bool_]:
+    """Which values are sampled at 1/``rate`` (a power of two) for ``seed``."""
+    shift = np.uint32(32 - (rate.bit_length() - 1))
+    salted = values ^ np.uint32((seed * 0x85EBCA6B) & 0xFFFFFFFF)
+    keep: npt.NDArray[np.bool_] = ((salted * _GOLDEN) >> shift) == 0
+    return keep
 
 
 def sampled(values: U32, rate: int, seed: int) -> U64:
     """The values of one verification set that are sampled at 1/``rate`` (a power of
     two), as the 64-bit band hashes of their keys, in the set's (ascending) order."""
-    wide = values.astype(np.uint64)
-    mixed = _mix(wide ^ (_SALT + np.uint64(seed)))
-    keep = (mixed & np.uint64(rate - 1)) == 0
-    picked: U64 = wide[keep]
+    picked: U64 = values[_keep(values.astype(np.uint32), rate, seed)].astype(np.uint64)
     return picked
 
 
@@ -71,12 +66,10 @@ def sample_keys(
     flat: U32, at: npt.NDArray[np.int64], length: npt.NDArray[np.int64], rate: int, seed: int
 ) -> tuple[npt.NDArray[np.int64], U64]:
     """The sampled values of a batch's verification sets (set ``p`` at ``flat[at[p]:][:
-    length[p]]``), as ``(position, value)`` arrays in set order."""
-    wide = flat.astype(np.uint64)
-    mixed = _mix(wide ^ (_SALT + np.uint64(seed)))
-    keep = np.flatnonzero((mixed & np.uint64(rate - 1)) == 0)
-    owner = np.repeat(np.arange(length.size, dtype=np.int64), length)
-    return owner[keep], wide[keep]
+    length[p]]``, one after another), as ``(position, value)`` arrays in set order."""
+    keep = np.flatnonzero(_keep(flat.astype(np.uint32, copy=False), rate, seed))
+    owner = np.searchsorted(np.cumsum(length), keep, side="right").astype(np.int64)
+    return owner, flat[keep].astype(np.uint64)
 
 
 def spans(starts: npt.NDArray[np.int64], lengths: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
@@ -190,14 +183,17 @@ def vote(
 
 @kernel
 def intersections(
-    a_flat: U32, a_at: I64, a_len: I64, b_flat: U32, b_at: I64, b_len: I64, out: I64
+    a_flat: U32, a_at: I64, a_len: I64, b_flat: U32, b_at: I64, b_len: I64, need: I64, out: I64
 ) -> None:
-    """``out[i] = |A_i ∩ B_i|`` for pairs of sorted sets of distinct values (a merge)."""
+    """``out[i] = |A_i ∩ B_i|`` for pairs of sorted sets of distinct values (a merge),
+    given up as soon as it cannot reach ``need[i]`` (then some count below it)."""
     for i in range(out.size):
         x, x_end = a_at[i], a_at[i] + a_len[i]
         y, y_end = b_at[i], b_at[i] + b_len[i]
         n = 0
         while x < x_end and y < y_end:
+            if n + min(x_end - x, y_end - y) < need[i]:
+                break
             u, w = a_flat[x], b_flat[y]
             if u == w:
                 n += 1
@@ -211,11 +207,14 @@ def intersections(
 
 
 def pair_intersections(
-    a_flat: U32, a_at: I64, a_len: I64, b_flat: U32, b_at: I64, b_len: I64
+    a_flat: U32, a_at: I64, a_len: I64, b_flat: U32, b_at: I64, b_len: I64, need: I64 | None = None
 ) -> I64:
-    """:func:`intersections`, compiled when the work repays loading numba."""
+    """:func:`intersections`, compiled when the work repays loading numba (``need``:
+    none by default, every count exact)."""
     out = np.zeros(a_at.size, dtype=np.int64)
+    if need is None:
+        need = np.zeros(a_at.size, dtype=np.int64)
     if out.size:
         run = jit.choose(intersections, items=int(a_len.sum() + b_len.sum()))
-        run(a_flat, a_at, a_len, b_flat, b_at, b_len, out)
+        run(a_flat, a_at, a_len, b_flat, b_at, b_len, need, out)
     return out

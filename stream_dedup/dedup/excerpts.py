@@ -90,7 +90,8 @@ def find_excerpts(
     dup = np.flatnonzero(fresh & (found.match >= 0))
     pos = np.concatenate([votes.pos, dup])
     other = np.concatenate([votes.docnum, found.match[dup]])
-    inter, q_len, x_len = _verify(index, sk, found, held, pos, other, cache)
+    level = np.concatenate([np.full(votes.pos.size, config.containment), np.zeros(dup.size)])
+    inter, q_len, x_len = _verify(index, sk, found, held, pos, other, level, cache)
     with np.errstate(divide="ignore", invalid="ignore"):
         contained = np.where(q_len > 0, inter / q_len, 0.0)
         reverse = np.where(x_len > 0, inter / x_len, 0.0)
@@ -132,9 +133,12 @@ def _verify(
     held: Held,
     pos: I64,
     other: I64,
+    level: npt.NDArray[np.float64],
     cache: SetCache,
 ) -> tuple[npt.NDArray[np.float64], npt.NDArray[np.float64], npt.NDArray[np.float64]]:
-    """``|D ∩ X|``, ``|D|`` and ``|X|`` of each (position, docnum) pair, exactly."""
+    """``|D ∩ X|``, ``|D|`` and ``|X|`` of each (position, docnum) pair: exact where
+    either containment reaches the pair's ``level``, some count that shows neither does
+    otherwise (verification gives up on a pair that cannot reach it)."""
     first = index.counter("indexed")
     in_batch = other >= first
     stored = np.unique(other[~in_batch]).tolist()
@@ -154,7 +158,8 @@ def _verify(
         b_len[in_batch] = sk.set_len[p_x]
     b_flat = np.concatenate([x_flat, sk.set_flat]).astype("<u4", copy=False)
     q_len = sk.set_len[pos]
-    inter = pair_intersections(sk.set_flat, sk.set_at[pos], q_len, b_flat, b_at, b_len)
+    need = np.ceil(level * np.minimum(q_len, b_len) - 1e-9).astype(np.int64)
+    inter = pair_intersections(sk.set_flat, sk.set_at[pos], q_len, b_flat, b_at, b_len, need)
     return inter.astype(np.float64), q_len.astype(np.float64), b_len.astype(np.float64)
 
 

@@ -108,3 +108,20 @@ def test_intersections(compiled: bool) -> None:
         got = pair_intersections(flat, at[a], lengths[a], flat, at[b], lengths[b])
     want = [np.intersect1d(sets[i], sets[j]).size for i, j in zip(a, b, strict=True)]
     assert got.tolist() == want
+
+
+def test_intersections_give_up_only_below_what_is_needed() -> None:
+    rng = np.random.default_rng(8)
+    sets = [
+        np.unique(rng.integers(0, 200, rng.integers(1, 150))).astype(np.uint32) for _ in range(10)
+    ]
+    flat = np.concatenate(sets)
+    lengths = np.array([s.size for s in sets], dtype=np.int64)
+    at = np.cumsum(lengths) - lengths
+    a, b = rng.integers(0, 10, 40), rng.integers(0, 10, 40)
+    exact = [np.intersect1d(sets[i], sets[j]).size for i, j in zip(a, b, strict=True)]
+    need = rng.integers(0, 80, 40).astype(np.int64)
+    with jit.forced(False):
+        got = pair_intersections(flat, at[a], lengths[a], flat, at[b], lengths[b], need)
+    for g, e, n in zip(got.tolist(), exact, need.tolist(), strict=True):
+        assert g == e if e >= n else g < n
