@@ -60,6 +60,24 @@ SAMPLE_RATE = 16
 SAMPLE_CAP = 64
 #: Shared sampled values that make an earlier document a candidate.
 MIN_VOTES = 2
+#: Candidates verified per document whatever their votes (most votes first): a document
+#: that the new one contains shares few of the new one's values, yet is most often among
+#: the first few.
+ALWAYS = 3
+#: Standard deviations below its expected votes that a container is still verified: a
+#: document holding a share ``c`` of D's shingles shares about ``Binomial(s, c)`` of
+#: D's ``s`` voting values, so one at the containment setting falls below this many
+#: standard deviations less than 0.2 % of the time (``docs/containment.md``).
+SIGMAS = 3.0
+
+
+def min_votes(voting: I64, level: float) -> I64:
+    """The votes a container at containment ``level`` reaches with near certainty, per
+    document with ``voting`` voting values (at least :data:`MIN_VOTES`)."""
+    mean = level * voting
+    spread = SIGMAS * np.sqrt(voting * level * (1.0 - level))
+    floor: I64 = np.maximum(MIN_VOTES, np.floor(mean - spread)).astype(np.int64)
+    return floor
 
 
 def sample_keys(
@@ -126,6 +144,7 @@ def vote(
     voting: npt.NDArray[np.bool_],
     cap: int,
     limit: int,
+    level: float,
 ) -> Votes:
     """Count, for each voting document, the earlier documents sharing its sampled values.
 
@@ -133,7 +152,9 @@ def vote(
     key number); ``docnum`` each position's docnum (-1: not indexed), ``voting`` whether
     it looks for a container. Documents are taken in batch order, as if one by one: a
     bucket holding ``cap`` members (held, or added earlier in the batch) is common and
-    does not vote, and its epoch's bucket takes no more members.
+    does not vote, and its epoch's bucket takes no more members. A candidate is kept
+    among the first :data:`ALWAYS` by votes, or with at least :func:`min_votes` for
+    containment ``level``; at most ``limit`` per document.
     """
     order = np.lexsort((occ_pos, occ_key))
     pos, key = occ_pos[order], occ_key[order]
@@ -177,7 +198,8 @@ def vote(
     starts = np.ones(p_c.size, dtype=bool)
     starts[1:] = p_c[1:] != p_c[:-1]
     at = np.arange(p_c.size) - np.maximum.accumulate(np.where(starts, np.arange(p_c.size), 0))
-    top = at < limit
+    voters = np.bincount(pos[votes_ok], minlength=voting.size).astype(np.int64)
+    top = (at < limit) & ((at < ALWAYS) | (counts >= min_votes(voters, level)[p_c]))
     return Votes(p_c[top], d_c[top], counts[top].astype(np.int64), back)
 
 

@@ -127,6 +127,7 @@ def _containers(index: DedupIndex, sk: Sketch, cutoff: int) -> list[list[int]]:
         np.ones(n_live, dtype=bool),
         params.containment_cap,
         VERIFIED,
+        params.containment,
     )
     out: list[list[int]] = [[] for _ in range(n_live)]
     for p, d in zip(votes.pos.tolist(), votes.docnum.tolist(), strict=True):

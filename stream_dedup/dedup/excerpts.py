@@ -85,7 +85,7 @@ def find_excerpts(
     voting = fresh & (found.match < 0) & (found.docnum >= 0)
     votes = vote(
         occ_pos, occ_key.astype(np.int64), buckets, found.docnum, voting,
-        params.containment_cap, VERIFIED,
+        params.containment_cap, VERIFIED, config.containment,
     )  # fmt: skip
     dup = np.flatnonzero(fresh & (found.match >= 0))
     pos = np.concatenate([votes.pos, dup])

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import random
 from collections import defaultdict
 
@@ -10,7 +11,9 @@ import pytest
 
 from stream_dedup.core import jit
 from stream_dedup.core.containment import (
+    ALWAYS,
     MIN_VOTES,
+    SIGMAS,
     SampledBuckets,
     pair_intersections,
     sample_keys,
@@ -44,7 +47,7 @@ def test_spans() -> None:
     assert spans(starts[:0], lengths[:0]).tolist() == []
 
 
-def model(occ, held, mine_len, docnum, voting, cap, limit):  # type: ignore[no-untyped-def]
+def model(occ, held, mine_len, docnum, voting, cap, limit, level):  # type: ignore[no-untyped-def]
     """Documents one by one, buckets as lists: what :func:`vote` computes at once."""
     buckets = {k: list(m) for k, m in held.items()}
     grown = {k: mine_len[k] for k in held}
@@ -61,7 +64,14 @@ def model(occ, held, mine_len, docnum, voting, cap, limit):  # type: ignore[no-u
         ranked = sorted(
             (e for e, n in votes.items() if n >= MIN_VOTES), key=lambda e: (-votes[e], e)
         )
-        out += [(p, e, votes[e]) for e in ranked[:limit]]
+        s = sum(1 for k in by_pos[p] if voting[p] and len(buckets[k]) < cap)
+        spread = SIGMAS * math.sqrt(s * level * (1 - level))
+        floor = max(MIN_VOTES, math.floor(level * s - spread))
+        out += [
+            (p, e, votes[e])
+            for r, e in enumerate(ranked[:limit])
+            if r < ALWAYS or votes[e] >= floor
+        ]
         for k in by_pos[p]:
             if docnum[p] >= 0 and grown[k] < cap:
                 buckets[k].append(docnum[p])
@@ -73,7 +83,7 @@ def model(occ, held, mine_len, docnum, voting, cap, limit):  # type: ignore[no-u
 @pytest.mark.parametrize("seed", range(6))
 def test_votes_equal_the_one_by_one_model(seed: int) -> None:
     rng = random.Random(seed)
-    n_keys, n_docs, cap, limit = 12, 30, 5, 3
+    n_keys, n_docs, cap, limit = 12, 30, 5, 6
     held = {k: sorted(rng.sample(range(100), rng.randint(0, 6))) for k in range(n_keys)}
     mine_len = {k: rng.randint(0, len(m)) for k, m in held.items()}
     occ = sorted({(p, rng.randrange(n_keys)) for p in range(n_docs) for _ in range(4)})
@@ -88,8 +98,9 @@ def test_votes_equal_the_one_by_one_model(seed: int) -> None:
     )
     pos = np.array([p for p, _ in occ], dtype=np.int64)
     key = np.array([k for _, k in occ], dtype=np.int64)
-    got = vote(pos, key, buckets, docnum.astype(np.int64), voting, cap, limit)
-    want, appended = model(occ, held, mine_len, docnum.tolist(), voting.tolist(), cap, limit)
+    level = rng.choice([0.3, 0.8])
+    got = vote(pos, key, buckets, docnum.astype(np.int64), voting, cap, limit, level)
+    want, appended = model(occ, held, mine_len, docnum.tolist(), voting.tolist(), cap, limit, level)
     assert list(zip(got.pos.tolist(), got.docnum.tolist(), got.votes.tolist(), strict=True)) == want
     assert {o for o, a in zip(occ, got.appended.tolist(), strict=True) if a} == appended
 
