@@ -31,7 +31,7 @@ from stream_dedup.models import Document
 from stream_dedup.tools.generate import StreamSpec, generate
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_bytes import rocks_breakdown  # noqa: E402
+from bench_bytes import rocks_breakdown
 
 
 def documents(stream: str, n: int) -> list[Document]:

@@ -24,6 +24,7 @@ document of containment >= C is among the candidates it would verify.
 from __future__ import annotations
 
 import argparse
+import itertools
 import time
 from collections import defaultdict
 
@@ -111,12 +112,34 @@ def ensemble(truth: ContainmentTruth, partitions: int = 4) -> dict[str, float]:
     }
 
 
+def s_curve(contents: list[str], ids: list[str], truth: ContainmentTruth) -> None:
+    """Share of documents flagged (duplicate, by either relation) per band of their true
+    best containment, among those whose Jaccard with every earlier one is below T: the
+    containment rule's S-curve as the detector runs it (batches of 1,000, memory index)."""
+    from stream_dedup.api import Detector
+
+    with Detector(containment=CONTAINMENT) as det:
+        verdicts = det.add_many(list(zip(ids, contents, strict=True)))
+    dup = np.array([v.is_duplicate for v in verdicts])
+    below = truth.best_jaccard < 0.8
+    edges = [0.0, 0.5, 0.6, 0.7, 0.75, 0.78, 0.8, 0.82, 0.85, 0.9, 1.01]
+    print("true containment band: documents (Jaccard < 0.8), share flagged")
+    for lo, hi in itertools.pairwise(edges):
+        sel = below & (truth.best >= lo) & (truth.best < hi)
+        if sel.any():
+            print(f"  [{lo:.2f}, {min(hi, 1.0):.2f}): {int(sel.sum()):5d}, {dup[sel].mean():.3f}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--documents", type=int, default=4000)
+    parser.add_argument("--s-curve", action="store_true", help="only the detector's S-curve")
     args = parser.parse_args()
     stream = excerpt_stream(args.documents)
     truth = containment_truth(stream.contents)
+    if args.s_curve:
+        s_curve(stream.contents, [r["id"] for r in stream.records], truth)
+        return
     config = DedupConfig()
     sk = sketch(stream.contents, config, config.band_plan())
     sets = sk.sets

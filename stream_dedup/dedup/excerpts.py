@@ -90,14 +90,18 @@ def find_excerpts(
     dup = np.flatnonzero(fresh & (found.match >= 0))
     pos = np.concatenate([votes.pos, dup])
     other = np.concatenate([votes.docnum, found.match[dup]])
-    level = np.concatenate([np.full(votes.pos.size, config.containment), np.zeros(dup.size)])
+    # A near-duplicate's overlap follows from its exact Jaccard and the two sizes, so its
+    # pair is not merged again (a level above 1 makes verification give up at once).
+    level = np.concatenate([np.full(votes.pos.size, config.containment), np.full(dup.size, 2.0)])
     inter, q_len, x_len = _verify(index, sk, found, held, pos, other, level, cache)
+    j = found.similarity[dup]
+    n_votes = votes.pos.size
+    inter[n_votes:] = np.round(j * (q_len[n_votes:] + x_len[n_votes:]) / (1.0 + j))
     with np.errstate(divide="ignore", invalid="ignore"):
         contained = np.where(q_len > 0, inter / q_len, 0.0)
         reverse = np.where(x_len > 0, inter / x_len, 0.0)
         jaccard = inter / (q_len + x_len - inter)
     names = _names(docs, sk, found, held)
-    n_votes = votes.pos.size
     for p, c in zip(dup.tolist(), contained[n_votes:].tolist(), strict=True):
         out.relation[p] = (Relation.NEAR_DUPLICATE, round(c, 6))
     _choose(out, found, config, votes.pos, votes.docnum, contained, reverse, jaccard, names)
