@@ -156,7 +156,7 @@ def vote(
     among the first :data:`ALWAYS` by votes, or with at least :func:`min_votes` for
     containment ``level``; at most ``limit`` per document.
     """
-    order = np.lexsort((occ_pos, occ_key))
+    order = np.lexsort((occ_pos, occ_key))  # by key, each key's documents in batch order
     pos, key = occ_pos[order], occ_key[order]
     indexed = docnum[pos] >= 0
     group_start = np.ones(key.size, dtype=bool)
