@@ -3,7 +3,8 @@
 Decides the same documents through the offline path (a :class:`Deduplicator` over a fresh
 RocksDB index, timed from opening the index to closing it, as ``stream-dedup dedup
 --index`` runs) with ``containment = 0`` and ``0.8``, alternating the two in each round,
-and reports each one's median docs/s and the ratio of the medians. Bytes are the index's
+and reports each one's median docs/s, the ratio of the medians and the median of the
+rounds' ratios. Bytes are the index's
 key and value bytes after a full compaction (``bench_bytes.rocks_breakdown``, the same
 for each round) and the SST files on disk after it.
 
@@ -83,9 +84,11 @@ def main() -> int:
                         sizes[c] = (kv, b["sst_bytes"])
                     found = max(found, excerpts)
         off, on = statistics.median(rates[0.0]), statistics.median(rates[0.8])
+        paired = statistics.median(a / b for a, b in zip(rates[0.8], rates[0.0], strict=True))
         print(
             f"{stream}: {len(docs)} docs, {args.rounds} rounds, {found} excerpts: "
-            f"off {off:,.0f} docs/s, on {on:,.0f} docs/s, ratio {on / off:.2f} "
+            f"off {off:,.0f} docs/s, on {on:,.0f} docs/s, ratio {on / off:.2f}, "
+            f"paired ratio median {paired:.2f} "
             f"(rounds off {[round(x) for x in rates[0.0]]}, on {[round(x) for x in rates[0.8]]}); "
             f"key+value bytes/doc off {sizes[0.0][0] / len(docs):,.0f}, "
             f"on {sizes[0.8][0] / len(docs):,.0f} ({sizes[0.8][0] / sizes[0.0][0]:.2f}x); "
