@@ -87,16 +87,17 @@ def find_excerpts(
         occ_pos, occ_key.astype(np.int64), buckets, found.docnum, voting,
         params.containment_cap, VERIFIED, config.containment,
     )  # fmt: skip
+    level = np.full(votes.pos.size, config.containment)
+    inter, q_len, x_len = _verify(index, sk, found, held, votes.pos, votes.docnum, level, cache)
+    # A near-duplicate's overlap follows from its exact Jaccard and the two sizes: its
+    # pair is not merged again.
     dup = np.flatnonzero(fresh & (found.match >= 0))
-    pos = np.concatenate([votes.pos, dup])
-    other = np.concatenate([votes.docnum, found.match[dup]])
-    # A near-duplicate's overlap follows from its exact Jaccard and the two sizes, so its
-    # pair is not merged again (a level above 1 makes verification give up at once).
-    level = np.concatenate([np.full(votes.pos.size, config.containment), np.full(dup.size, 2.0)])
-    inter, q_len, x_len = _verify(index, sk, found, held, pos, other, level, cache)
     j = found.similarity[dup]
+    d_q = sk.set_len[dup].astype(np.float64)
+    d_x = _set_sizes(index.counter("indexed"), sk, found, held, found.match[dup], cache)
+    inter = np.concatenate([inter, np.round(j * (d_q + d_x) / (1.0 + j))])
+    q_len, x_len = np.concatenate([q_len, d_q]), np.concatenate([x_len, d_x])
     n_votes = votes.pos.size
-    inter[n_votes:] = np.round(j * (q_len[n_votes:] + x_len[n_votes:]) / (1.0 + j))
     with np.errstate(divide="ignore", invalid="ignore"):
         contained = np.where(q_len > 0, inter / q_len, 0.0)
         reverse = np.where(x_len > 0, inter / x_len, 0.0)
@@ -154,10 +155,7 @@ def _verify(
     b_at = np.where(in_batch, 0, x_at[np.minimum(where, max(x_at.size - 1, 0))] if stored else 0)
     b_len = np.where(in_batch, 0, x_len[np.minimum(where, max(x_len.size - 1, 0))] if stored else 0)
     if in_batch.any():
-        by_docnum = np.full(int(found.docnum.max()) - first + 1, -1, dtype=np.int64)
-        indexed = np.flatnonzero(found.docnum >= 0)
-        by_docnum[found.docnum[indexed] - first] = indexed
-        p_x = by_docnum[other[in_batch] - first]
+        p_x = _batch_positions(found, first, other[in_batch])
         b_at[in_batch] = sk.set_at[p_x] + x_flat.size
         b_len[in_batch] = sk.set_len[p_x]
     b_flat = np.concatenate([x_flat, sk.set_flat]).astype("<u4", copy=False)
@@ -165,6 +163,34 @@ def _verify(
     need = np.ceil(level * np.minimum(q_len, b_len) - 1e-9).astype(np.int64)
     inter = pair_intersections(sk.set_flat, sk.set_at[pos], q_len, b_flat, b_at, b_len, need)
     return inter.astype(np.float64), q_len.astype(np.float64), b_len.astype(np.float64)
+
+
+def _batch_positions(found: Matches, first: int, docnums: I64) -> I64:
+    """The live positions of the batch's documents indexed under ``docnums``."""
+    by_docnum = np.full(int(found.docnum.max()) - first + 1, -1, dtype=np.int64)
+    indexed = np.flatnonzero(found.docnum >= 0)
+    by_docnum[found.docnum[indexed] - first] = indexed
+    positions: I64 = by_docnum[docnums - first]
+    return positions
+
+
+def _set_sizes(
+    first: int, sk: Sketch, found: Matches, held: Held, docnums: I64, cache: SetCache
+) -> npt.NDArray[np.float64]:
+    """The verification set size of each of ``docnums`` (held records, or the batch's
+    own documents from ``first`` on): from the cache, where the matching pass left them."""
+    sizes = np.zeros(docnums.size, dtype=np.float64)
+    in_batch = docnums >= first
+    if in_batch.any():
+        sizes[in_batch] = sk.set_len[_batch_positions(found, first, docnums[in_batch])]
+    stored = np.unique(docnums[~in_batch]).tolist()
+    records = [held.records[n] for n in stored]
+    rebuilt = iter(cache.sets([r.payload for r in records if r.text]))
+    size = [next(rebuilt).size if r.text else len(r.payload) >> 2 for r in records]
+    if stored:
+        where = np.searchsorted(np.asarray(stored, dtype=np.int64), docnums[~in_batch])
+        sizes[~in_batch] = np.asarray(size, dtype=np.float64)[where]
+    return sizes
 
 
 def _names(docs: Sequence[Document], sk: Sketch, found: Matches, held: Held) -> dict[int, str]:
