@@ -44,15 +44,17 @@ def mixed_stream(
     return docs, messages, bad
 
 
-def slow_feeder(bootstrap: str, topic: str, messages: list[bytes]) -> threading.Thread:
-    """A thread producing ~30 messages/s, keyed over the partitions (copies cross
-    instances)."""
+def slow_feeder(
+    bootstrap: str, topic: str, messages: list[bytes], pause_s: float = 0.3
+) -> threading.Thread:
+    """A thread producing 10 messages every ``pause_s``, keyed over the partitions (copies
+    cross instances)."""
 
     def feed() -> None:
         for i in range(0, len(messages), 10):
             chunk = enumerate(messages[i : i + 10], start=i)
             produce(bootstrap, topic, ((str(n).encode(), m, None) for n, m in chunk))
-            time.sleep(0.3)
+            time.sleep(pause_s)
 
     return threading.Thread(target=feed, daemon=True)
 
