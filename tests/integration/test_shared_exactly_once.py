@@ -67,8 +67,9 @@ def test_two_instances_killed_in_turn_commit_each_event_once(
         {"url": url, "namespace": namespace, "lock_ttl_ms": 2000},
         ports,
         tmp_path,
-        # one transactional.id per instance, the same across its restarts (the broker for
-        # tests keeps no static membership, so not derived from group.instance.id here)
+        # one transactional.id per instance, the same across its restarts (given, not
+        # derived from group.instance.id: static membership on the broker for tests left
+        # restarted instances without partitions for long stretches)
         kafka=lambda n: {"transactional.id": f"{topics.group}-{n}"},
         service={"delivery": "exactly-once"},
     )
