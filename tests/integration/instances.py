@@ -118,8 +118,20 @@ def kill_in_turn(
     return kills_done
 
 
-def stop_all(procs: list[subprocess.Popen[bytes]], timeout_s: float = 40) -> list[int]:
-    """SIGTERM every instance, then their exit codes."""
+def stop_all(
+    procs: list[subprocess.Popen[bytes]], ports: list[int], timeout_s: float = 40
+) -> list[int]:
+    """SIGTERM every instance once each has partitions, then their exit codes.
+
+    Waiting for partitions first: an instance restarted by the last kill may still be
+    loading its kernels on a busy machine, and a stop then waits for that to end.
+    """
+    for port in ports:
+        wait_until(
+            lambda p=port: (scrape(p, "stream_dedup_assigned_partitions") or 0) >= 1,
+            60,
+            "every instance with partitions",
+        )
     for proc in procs:
         proc.send_signal(signal.SIGTERM)
     return [proc.wait(timeout=timeout_s) for proc in procs]

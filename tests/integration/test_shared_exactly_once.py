@@ -94,7 +94,7 @@ def test_two_instances_killed_in_turn_commit_each_event_once(
             120,
             "every document decided",
         )
-        assert stop_all(procs) == [0, 0]
+        assert stop_all(procs, ports) == [0, 0]
     finally:
         kill_leftovers(procs)
     assert kills == KILLS

@@ -73,7 +73,7 @@ def test_two_instances_killed_in_turn_lose_nothing_and_agree_with_one(
             120,
             "every document decided",
         )
-        assert stop_all(procs) == [0, 0]
+        assert stop_all(procs, ports) == [0, 0]
     finally:
         kill_leftovers(procs)
     print(f"{kills} kills; feeder still running at the last: {feeder.is_alive()}")
