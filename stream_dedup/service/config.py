@@ -86,8 +86,8 @@ class RedisConfig:
     ``password`` may also be in the URL. ``namespace`` prefixes every key, so several
     indexes can share one Redis. ``lock_ttl_ms`` is how long an instance killed while
     holding the index's lease blocks the others: longer than deciding and storing one
-    batch takes. ``outage_limit_s`` is how long a running instance waits for an
-    unreachable Redis, retrying, before it stops (0: stop at once)."""
+    batch takes. ``outage_limit_s`` is how long an instance, running or starting, waits
+    for an unreachable Redis, retrying, before it stops (0: stop at once)."""
 
     url: str = "redis://localhost:6379/0"
     password: str = ""
