@@ -94,6 +94,10 @@ class CommitStrategy(ABC):
         """The batch the index announced and never committed (read once, at start)."""
         return self._index.intent()
 
+    def stored_documents(self) -> int:
+        """How many documents the index holds (asked when partitions are assigned)."""
+        return self._index.counter("documents")
+
     def replay_delivered(self, intent: Ranges) -> bool:
         """Whether the batch ``intent`` announces was delivered before the last stop (then
         its replay stores it without producing it again). Asked once, at start."""
@@ -256,6 +260,9 @@ class SharedIndex(CommitStrategy):
 
     def stored_intent(self) -> Ranges | None:
         return self._outage.call("reading the batch intent", self._index.intent)
+
+    def stored_documents(self) -> int:
+        return self._outage.call("counting documents", lambda: self._index.counter("documents"))
 
     def commit(
         self, decoded: Decoded, sketched: Sketch | None, ranges: Ranges, *, replaying: bool
