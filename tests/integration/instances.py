@@ -92,24 +92,29 @@ def kill_in_turn(
     kills: int,
     feeder: threading.Thread,
     rng: random.Random,
+    progress: str = "stream_dedup_commits_total",
+    jitter_s: float = 0.4,
 ) -> int:
-    """``kill -9`` the instances in turn, each once it committed a batch since the last
-    look, at a random moment within 0.4 s, and start it again; returns the kills done.
+    """``kill -9`` the instances in turn, each once its ``progress`` counter grew since the
+    last look, at a random moment within ``jitter_s``, and start it again; returns the
+    kills done.
 
     In turn, so that each kill lands while the other instance runs: its partitions move
-    there (after the group's session timeout) or come back to it once restarted.
+    there (after the group's session timeout) or come back to it once restarted. With
+    ``progress`` the messages consumed (counted as a batch starts), a kill lands inside
+    that batch's commit: before its store, in its open transaction, or just after it.
     """
     kills_done = 0
     while kills_done < kills:
         n = kills_done % len(procs)
-        before = scrape(ports[n], "stream_dedup_commits_total") or 0.0
+        before = scrape(ports[n], progress) or 0.0
         deadline = time.monotonic() + 40
-        while (scrape(ports[n], "stream_dedup_commits_total") or 0.0) <= before:
+        while (scrape(ports[n], progress) or 0.0) <= before:
             if not feeder.is_alive():
                 break
             assert time.monotonic() < deadline, f"instance {n} made no progress"
             time.sleep(0.01)
-        time.sleep(rng.uniform(0.0, 0.4))
+        time.sleep(rng.uniform(0.0, jitter_s))
         procs[n].send_signal(signal.SIGKILL)
         procs[n].wait(timeout=10)
         kills_done += 1

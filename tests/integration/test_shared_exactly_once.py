@@ -81,12 +81,21 @@ def test_two_instances_killed_in_turn_commit_each_event_once(
         return start_script(script, configs[n], log)
 
     procs = [start(0), start(1)]
-    feeder = slow_feeder(bootstrap, topics.input, messages, pause_s=0.6)
+    feeder = slow_feeder(bootstrap, topics.input, messages, pause_s=0.8)
     try:
         for port in ports:
             wait_until(lambda p=port: up(p), 60, "both instances up")
         feeder.start()
-        kills = kill_in_turn(procs, ports, start, KILLS, feeder, random.Random(5))
+        kills = kill_in_turn(
+            procs,
+            ports,
+            start,
+            KILLS,
+            feeder,
+            random.Random(5),
+            progress="stream_dedup_messages_consumed_total",  # kill inside a batch's commit
+            jitter_s=0.3,
+        )
         feeder.join(timeout=120)
         assert not feeder.is_alive()
         wait_until(
