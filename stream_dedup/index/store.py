@@ -51,6 +51,7 @@ from stream_dedup.index.pending import (
     written_fingerprints,
 )
 from stream_dedup.index.reads import IndexReads
+from stream_dedup.index.redis_heads import GroupHeads
 from stream_dedup.index.retention import (
     I64,
     NO_CLOCK,
@@ -203,6 +204,13 @@ class DedupIndex(IndexReads):
                     self._load_state(since=self._counters["indexed"])
                 self._writes += 1  # a commit prepared before this section is stale
             yield
+
+    def group_heads(self, scope: str) -> GroupHeads | None:
+        """A shared index's exchange of partition heads for consumer group ``scope``
+        (:class:`~stream_dedup.index.redis_heads.GroupHeads`), or None: an index one
+        instance owns needs none."""
+        make = getattr(self._backend, "group_heads", None)
+        return None if make is None else make(scope)
 
     @property
     def params(self) -> IndexParams:

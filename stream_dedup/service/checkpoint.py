@@ -59,6 +59,9 @@ class CommitStrategy(ABC):
 
     #: What the operator should do when the first batch replays an announced one.
     replay_action = "none: its events are re-emitted identically"
+    #: Told each batch's input ranges as soon as the batch is stored, before it is
+    #: delivered (the shared index: the group's heads move on, :mod:`.group_order`).
+    on_stored: Callable[[Ranges], None] | None = None
 
     def __init__(
         self,
@@ -264,6 +267,8 @@ class SharedIndex(CommitStrategy):
             return self._decide_and_store(decoded, sketched, built)
 
         out = self._outage.call("deciding and storing a batch", store)
+        if self.on_stored is not None:
+            self.on_stored(ranges)
         started = time.perf_counter()
         offsets = _next_offsets(ranges)
         self._produce(out.records, out.refused)  # 2. produce
