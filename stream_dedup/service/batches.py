@@ -305,6 +305,8 @@ class Batcher:
         group = self._group
         if group is None:
             return self.merge.release(limit, self.watched()), None
+        if self._consumer is not None:
+            group.learn_partitions(self._consumer)
         group.exchange(self.heads())
         mark = group.watermark(self._assigned)
         batch = self.merge.release(limit, self.watched(), mark.ceiling)

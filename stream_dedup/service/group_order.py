@@ -106,6 +106,7 @@ class GroupOrder:
         #: Topic -> number of partitions, from the broker's metadata at each assignment.
         self._partitions: dict[str, int] = dict.fromkeys(topics, 0)
         self._missing_since: dict[TpKey, int] = {}
+        self._learn = True
         self._last: Published | None = None
         self._sent: dict[TpKey, tuple[str, int]] = {}
         self._sent_at = 0.0
@@ -117,9 +118,18 @@ class GroupOrder:
         self.exchanges = 0
         self.waited_s = 0.0
 
+    def partitions_changed(self) -> None:
+        """The group rebalanced: read the partition counts again before the next release
+        (not here: the consumer's rebalance callback must not call the consumer)."""
+        self._learn = True
+
     def learn_partitions(self, consumer: Consumer, timeout_s: float = 10.0) -> None:
-        """Read each topic's partition count (a partition nobody publishes holds the
-        others back until ``max_idle_ms``, so every one must be known)."""
+        """Read each topic's partition count, once after each rebalance (a partition
+        nobody publishes holds the others back until ``max_idle_ms``, so every one must
+        be known)."""
+        if not self._learn:
+            return
+        self._learn = False
         for topic in list(self._partitions):
             meta = consumer.list_topics(topic, timeout=timeout_s).topics.get(topic)
             if meta is not None and meta.error is None:

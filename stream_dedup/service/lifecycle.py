@@ -155,7 +155,7 @@ class BatchLife:
         self._metrics.rebalances.labels("assign").inc()
         stored = self._strategy.stored_offsets()  # waits out a shared index's outage
         if self._group is not None:
-            self._group.learn_partitions(consumer)
+            self._group.partitions_changed()
         intent = self._batches.intent or {}
         for tp in partitions:
             key = (tp.topic, tp.partition)
