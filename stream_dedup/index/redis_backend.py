@@ -332,7 +332,7 @@ class RedisBackend:
     def group_heads(self, scope: str) -> GroupHeads:
         """The heads ``scope`` (a consumer group) shares on this index: the group-wide time
         order of ``docs/group-order.md``, beside the lease rather than in it."""
-        return GroupHeads(self._client, self._own[:-1], scope)
+        return GroupHeads(self._client, self._own[:-1], scope, self._location)
 
     # -- the rest of the contract -------------------------------------------------------
 

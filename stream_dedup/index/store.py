@@ -34,6 +34,7 @@ import json
 import threading
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -51,7 +52,6 @@ from stream_dedup.index.pending import (
     written_fingerprints,
 )
 from stream_dedup.index.reads import IndexReads
-from stream_dedup.index.redis_heads import GroupHeads
 from stream_dedup.index.retention import (
     I64,
     NO_CLOCK,
@@ -63,6 +63,9 @@ from stream_dedup.index.retention import (
 )
 from stream_dedup.index.staged import COUNTERS, DocRecord, StoredVerdict
 from stream_dedup.index.timeline_store import load_timeline, refresh_timeline, stored_epochs
+
+if TYPE_CHECKING:  # the Redis client is imported only where an index on it is opened
+    from stream_dedup.index.redis_heads import GroupHeads
 
 __all__ = [
     "COUNTERS",

@@ -15,12 +15,16 @@ another has an earlier head. The whole argument, with each crash and rebalance, 
 heads in one Redis round trip (:class:`~stream_dedup.index.redis_heads.GroupHeads`), at
 each turn where this instance's heads changed or a heartbeat is due, after each stored
 batch, and while a batch waits for the watermark, with a backoff (1 ms doubling to
-16 ms) instead of a busy poll.
+16 ms) instead of a busy poll. While the loop is busy elsewhere (waiting for the lease,
+deciding a large batch, delivering), a heartbeat thread keeps this instance's heads
+fresh, so that a busy member is not taken for a dead one; it refreshes only fields no
+newer owner has written.
 """
 
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections.abc import Iterable, Mapping
 from typing import NamedTuple
@@ -117,6 +121,25 @@ class GroupOrder:
         #: Round trips made, and seconds spent waiting for the watermark (for benches).
         self.exchanges = 0
         self.waited_s = 0.0
+        self._stop = threading.Event()
+        self._beat = threading.Thread(target=self._heartbeat, name="group-heads", daemon=True)
+        self._beat.start()
+
+    def close(self) -> None:
+        """Stop the heartbeat (the service stops: its heads go stale, as a dead member's)."""
+        self._stop.set()
+
+    def _heartbeat(self) -> None:
+        """Touch this instance's heads whenever the loop has not exchanged for a beat."""
+        while not self._stop.wait(self._heartbeat_s / 2):
+            if time.monotonic() - self._sent_at < self._heartbeat_s:
+                continue
+            try:
+                self._heads.touch(sorted(self._partitions))
+            except IndexIOError:
+                continue  # the loop finds the outage too, and says so
+            except Exception:  # the index was closed under it: the service is stopping
+                return
 
     def partitions_changed(self) -> None:
         """The group rebalanced: read the partition counts again before the next release

@@ -133,6 +133,8 @@ class BatchLife:
     def finish(self) -> None:
         """Commit the batch held ahead (a stop: the consumer's revoke commits the rest)."""
         self._ahead.drain(self._process)
+        if self._group is not None:
+            self._group.close()
 
     def abandon(self) -> None:
         """Decide nothing more: forget what was collected, consumed again at the next start.
@@ -142,6 +144,8 @@ class BatchLife:
         """
         self._batches.abandon()
         self._ahead.take_back()
+        if self._group is not None:
+            self._group.close()
 
     # -- the consumer's rebalance callbacks ------------------------------------------------
 

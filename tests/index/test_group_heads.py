@@ -62,6 +62,21 @@ def test_each_member_writes_its_partitions_and_reads_everyone(
     assert set(a.exchange(topics, {}).heads) == {("news", 0), ("news", 1), ("wire", 1)}
 
 
+def test_a_heartbeat_refreshes_only_the_fields_no_newer_owner_wrote(
+    members: Callable[[], GroupHeads],
+) -> None:
+    old, new = members(), members()
+    first = old.exchange(["news"], {("news", 0): (HEAD, 10), ("news", 1): (HEAD, 20)})
+    moved = new.exchange(["news"], {("news", 1): (HEAD, 25)})  # partition 1 moved
+    time.sleep(0.01)
+    old.touch(["news"])
+    heads = new.exchange(["news"], {}).heads
+    assert heads[("news", 0)][:2] == (HEAD, 10)
+    assert heads[("news", 0)].seen > first.now_ms  # still alive
+    assert heads[("news", 1)][:2] == (HEAD, 25)
+    assert heads[("news", 1)].seen == moved.now_ms  # the new owner's, untouched
+
+
 def rec(partition: int, offset: int, ts: int) -> Message:
     return Message(topic="news", partition=partition, offset=offset, value=b"{}", timestamp=(1, ts))
 
@@ -81,6 +96,7 @@ def test_two_members_taking_turns_decide_in_the_groups_time_order(
         merge.at_end(("news", partition))
         order = GroupOrder(members(), ["news"], 5000)
         order._partitions["news"] = 2
+        order._learn = False
         sides.append((partition, merge, order))
     decided: list[int] = []
     turns = 0
@@ -93,5 +109,7 @@ def test_two_members_taking_turns_decide_in_the_groups_time_order(
             out = merge.release(2, mine, order.watermark(mine).ceiling)
             decided += [TIME(m) for m in out]
             order.exchange(own_heads({}, merge.heads(), mine, merge.caught_up))
+    for _p, _m, order in sides:
+        order.close()
     assert decided == sorted(decided)
     assert len(decided) == 10

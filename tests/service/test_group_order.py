@@ -123,7 +123,7 @@ def test_own_heads_say_the_first_undecided_record_else_end_or_empty() -> None:
 
 
 def test_the_wait_for_the_watermark_backs_off_and_restarts_short() -> None:
-    order = GroupOrder.__new__(GroupOrder)
+    order = GroupOrder.__new__(GroupOrder)  # the backoff alone: no Redis, no heartbeat
     order._pause_s, order.waited_s = 0.001, 0.0
     pauses = [order.pause(None) for _ in range(7)]
     assert pauses == [0.001, 0.002, 0.004, 0.008, 0.016, 0.016, 0.016]
