@@ -63,6 +63,7 @@ SETUPS = [
     ("redis cluster, 1 instance", "redis", "cluster", 1, True),
     ("redis node, 2 instances", "redis", "node", 2, True),
     ("redis cluster, 2 instances", "redis", "cluster", 2, True),
+    ("redis node, 1 instance, no group order", "redis", "node", 1, False),
     ("redis node, 2 instances, no group order", "redis", "node", 2, False),
     ("redis cluster, 2 instances, no group order", "redis", "cluster", 2, False),
 ]
@@ -133,7 +134,10 @@ def one_run(
     topic = f"bench-{uuid.uuid4().hex[:8]}"
     create_topics(bootstrap, [topic], partitions=args.partitions)
     create_topics(bootstrap, [f"{topic}.unique", f"{topic}.duplicates", f"{topic}.dlq"])
-    produce_all(bootstrap, topic, docs)
+    if args.keyed:
+        produce_keyed(bootstrap, topic, docs)
+    else:
+        produce_all(bootstrap, topic, docs)
     if backend == "redis":
         index = (
             f'[index]\nbackend = "redis"\n[index.redis]\nurl = "{redis_url}"\n'
@@ -186,6 +190,23 @@ def one_run(
             proc.wait(timeout=60)
 
 
+def produce_keyed(bootstrap: str, topic: str, docs: list[dict[str, Any]]) -> None:
+    """Each document keyed by its id, so consecutive documents spread over the partitions
+    (the finest interleaving of times: the group order's worst case)."""
+    from confluent_kafka import Producer
+
+    producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 20, "acks": "all"})
+    for d in docs:
+        while True:
+            try:
+                producer.produce(topic, json.dumps(d).encode(), key=d["id"].encode())
+                break
+            except BufferError:
+                producer.poll(0.05)
+        producer.poll(0)
+    producer.flush(120)
+
+
 def datasketch_rate(docs: list[dict[str, Any]], redis_url: str) -> float:
     """datasketch MinHashLSH on Redis: query then insert, per document."""
     from urllib.parse import urlsplit
@@ -223,6 +244,9 @@ def main() -> int:
     p.add_argument("--json", metavar="FILE", help="also write the results as JSON")
     p.add_argument("--setups", default="", help="run only setups whose name has this text")
     p.add_argument("--no-peer", action="store_true", help="skip datasketch")
+    p.add_argument(
+        "--keyed", action="store_true", help="key documents by id (else sticky partitioning)"
+    )
     args = p.parse_args()
     setups = [s for s in SETUPS if args.setups in s[0]]
 

@@ -90,7 +90,14 @@ def test_two_instances_killed_in_turn_lose_nothing_and_agree_with_one(
         settings = process_config(bootstrap, topics, tmp_path / f"unused-{n}", port)
         settings["index"] = {
             "backend": "redis",
-            "redis": {"url": redis_cluster_url, "namespace": namespace, "lock_ttl_ms": 2000},
+            # Crash safety in lease order: the group's time order (test_group_order.py)
+            # would make each slowed commit a turn of the group.
+            "redis": {
+                "url": redis_cluster_url,
+                "namespace": namespace,
+                "lock_ttl_ms": 2000,
+                "group_order": False,
+            },
         }
         settings["kafka"]["partition.assignment.strategy"] = "cooperative-sticky"
         configs.append(write_toml(tmp_path / f"instance-{n}.toml", settings))
