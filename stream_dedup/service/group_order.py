@@ -118,7 +118,8 @@ class GroupOrder:
         self._heartbeat_s = max(0.02, max_idle_ms / 4000.0)
         self._pause_s = _FIRST_PAUSE_S
         self._failed = LogThrottle(60.0)
-        #: Round trips made, and seconds spent waiting for the watermark (for benches).
+        #: Round trips made, and seconds spent waiting for the watermark (see
+        #: :meth:`take_waited`).
         self.exchanges = 0
         self.waited_s = 0.0
         self._stop = threading.Event()
@@ -201,6 +202,11 @@ class GroupOrder:
             wait = min(wait, max(hold_ms / 1000.0, 0.0005))
         self.waited_s += wait
         return wait
+
+    def take_waited(self) -> float:
+        """Seconds waited for the watermark since last asked (for the metric)."""
+        waited, self.waited_s = self.waited_s, 0.0
+        return waited
 
     def released(self) -> None:
         """Something was released: the next wait starts short again."""

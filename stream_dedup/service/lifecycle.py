@@ -123,6 +123,8 @@ class BatchLife:
         from_intent = batches.intent is not None
         batch = batches.collect(wait=wait)
         self._metrics.reorder_waiting.set(len(batches.merge))
+        if self._group is not None:
+            self._metrics.group_order_wait.inc(self._group.take_waited())
         if from_intent:  # the announced batch is decided alone, not ahead
             if batch:
                 self._process(self._decode(batch), None)
