@@ -81,7 +81,7 @@ class Group:
             settings = process_config(bootstrap, topics, tmp_path / f"unused-{n}", port)
             settings["index"] = {
                 "backend": "redis",
-                "redis": {"url": run.redis, "namespace": namespace, "lock_ttl_ms": 2000},
+                "redis": {"url": run.redis, "namespace": namespace, "lock_ttl_ms": 5000},
             }
             # Batches small enough that kills land inside a run's work, and a dead
             # member's heads held (max_idle_ms) until the group has moved its partitions
