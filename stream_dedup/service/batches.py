@@ -30,7 +30,7 @@ from confluent_kafka import Consumer, KafkaError, Message, TopicPartition
 
 from stream_dedup.logs import LogThrottle, fields
 from stream_dedup.service.config import BatchConfig
-from stream_dedup.service.group_order import GroupOrder, own_heads
+from stream_dedup.service.group_order import GroupOrder, Watermark, own_heads
 from stream_dedup.service.kafka import raise_if_fatal
 from stream_dedup.service.ordering import PartitionMerge, RecordTime
 
@@ -281,7 +281,7 @@ class Batcher:
             self.take(more)
             if more and time.monotonic() < deadline:
                 continue
-            batch, group_wait = self._release(limit)
+            batch, held = self._release(limit)
             if batch or not wait or not merge:
                 return batch
             # Held back by a partition with nothing buffered: its records may be queued
@@ -290,8 +290,8 @@ class Batcher:
             # group's watermark: the same, for the group's pause (a short backoff).
             left = merge.blocking(self.watched())
             timeout = min(0.05, left if left is not None else 0.0)
-            if group_wait is not None:
-                timeout = group_wait
+            if held is not None and self._group is not None:
+                timeout = self._group.pause(held.hold_ms)
             if len(merge) < limit * _HELD_BATCHES:
                 self.take(consumer.consume(limit, timeout))
             else:
@@ -299,9 +299,9 @@ class Batcher:
             deadline = time.monotonic()
         return []
 
-    def _release(self, limit: int) -> tuple[list[Message], float | None]:
-        """The merge's next batch, below the group's watermark on a shared index; and,
-        when only the watermark held it back, how long to wait before asking again."""
+    def _release(self, limit: int) -> tuple[list[Message], Watermark | None]:
+        """The merge's next batch, below the group's watermark on a shared index; and the
+        watermark when it alone held the batch back."""
         group = self._group
         if group is None:
             return self.merge.release(limit, self.watched()), None
@@ -316,7 +316,7 @@ class Batcher:
             return batch, None
         if not self.merge or self.merge.blocking(self.watched()) is not None:
             return [], None  # held back by a partition of this instance
-        return [], group.pause(mark.hold_ms)
+        return [], mark
 
     def _collect_intent(self, consumer: Consumer, intent: Ranges) -> list[Message]:
         """The announced batch once every intent partition reached its end, else ``[]``.
