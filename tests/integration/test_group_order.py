@@ -205,7 +205,7 @@ def test_three_instances_on_a_cluster_decide_a_backlog_in_time(
 def test_three_instances_on_a_cluster_killed_in_turn_decide_a_live_stream_in_time(
     bootstrap: str, redis_cluster_url: str, tmp_path: Path, truth: GroundTruth
 ) -> None:
-    run_group(bootstrap, tmp_path, truth, Run(3, redis_cluster_url, live=True, kills=12, rate=8))
+    run_group(bootstrap, tmp_path, truth, Run(3, redis_cluster_url, live=True, kills=10, rate=6))
 
 
 @pytest.mark.soak
