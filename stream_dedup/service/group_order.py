@@ -29,7 +29,7 @@ import time
 from collections.abc import Iterable, Mapping
 from typing import NamedTuple
 
-from confluent_kafka import Consumer
+from confluent_kafka import Consumer, KafkaException
 
 from stream_dedup.errors import IndexIOError
 from stream_dedup.index.redis_heads import AT_END, EMPTY, HEAD, GroupHeads, Published
@@ -155,7 +155,17 @@ class GroupOrder:
             return
         self._learn = False
         for topic in list(self._partitions):
-            meta = consumer.list_topics(topic, timeout=timeout_s).topics.get(topic)
+            try:
+                meta = consumer.list_topics(topic, timeout=timeout_s).topics.get(topic)
+            except KafkaException as exc:  # the broker unreachable: ask again next time
+                self._learn = True
+                dropped = self._failed.admit("partitions")
+                if dropped is not None:
+                    log.warning(
+                        "cannot read the topic's partitions",
+                        extra=fields(error=str(exc), suppressed=dropped),
+                    )
+                continue
             if meta is not None and meta.error is None:
                 self._partitions[topic] = len(meta.partitions)
 
