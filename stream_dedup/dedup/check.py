@@ -9,8 +9,9 @@ verdict would name. Each candidate is verified exactly against its stored verifi
 payload, read through the one accessor the deciding path uses
 (:func:`~stream_dedup.dedup.reads.payloads`), and scored by similarity and containment
 both ways (:func:`~stream_dedup.core.verify.overlap`); the ``k`` most similar ids are the
-answer (an id with several revisions counts once, by its most similar one). The texts of one call are each checked against the index alone, never against
-each other, and documents expired by retention are no candidates.
+answer (an id with several revisions counts once, by its most similar one). The texts
+of one call are each checked against the index alone, never against each other, and
+documents expired by retention are no candidates.
 
 The reads run inside :meth:`~stream_dedup.index.reads.IndexReads.consistent`, so a check
 may run on another thread than the index's writer (the service's HTTP port does), and see
