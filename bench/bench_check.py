@@ -224,7 +224,7 @@ def main() -> int:
             run = Run(bootstrap, Path(tmp), args, kafka)
             run.start()
             try:
-                run.wait_ready()
+                run.wait_ready(timeout_s=600)  # a first start compiles the kernels
                 offered = float(len(preload))
                 produce_all(bootstrap, run.topic, preload)
                 wait_indexed(run, len(preload))
