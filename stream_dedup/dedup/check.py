@@ -8,9 +8,10 @@ them (most shared bands first, ties to the earliest) and cut at ``max_candidates
 verdict would name. Each candidate is verified exactly against its stored verification
 payload, read through the one accessor the deciding path uses
 (:func:`~stream_dedup.dedup.reads.payloads`), and scored by similarity and containment
-both ways (:func:`~stream_dedup.core.verify.overlap`); the ``k`` most similar are the
-answer. The texts of one call are each checked against the index alone, never against
-each other, and documents expired by retention are no candidates.
+both ways (:func:`~stream_dedup.core.verify.overlap`); the ``k`` most similar ids are the
+answer (an id with several revisions counts once, by its most similar one). The texts
+of one call are each checked against the index alone, never against each other, and
+documents expired by retention are no candidates.
 
 The reads run inside :meth:`~stream_dedup.index.reads.IndexReads.consistent`, so a check
 may run on another thread than the index's writer (the service's HTTP port does), and see
@@ -131,7 +132,9 @@ def _best(
 ) -> list[CheckMatch]:
     """Live text ``p``'s candidates verified (``exact``: sets, else signatures) and
     scored, the ``k`` most similar first; ``cache`` rebuilds the sets of candidates that
-    store compressed text (index format 4)."""
+    store compressed text (index format 4). An id indexed under several revisions (texts)
+    is named once, by its revision most similar to the text (ties: the earliest), so the
+    answer holds ``k`` distinct ids when there are as many."""
     ranked = sorted(held.candidates[p])  # the payloads' reader takes docnums ascending
     docnums, flat, at, length = payloads({d: held.records[d] for d in ranked}, cache)
     scored: list[tuple[float, int, float | None, float | None]] = []
@@ -143,9 +146,15 @@ def _best(
         else:
             scored.append((float(np.count_nonzero(query == other)) / query.size, d, None, None))
     scored.sort(key=lambda s: (-s[0], s[1]))
-    out = []
-    for sim, d, contained, reverse in scored[:k]:
+    out: list[CheckMatch] = []
+    named: set[str] = set()
+    for sim, d, contained, reverse in scored:
         rec = held.records[d]
+        if rec.doc_id in named:
+            continue  # an earlier revision of an id already named, scoring no higher
+        if len(out) == k:
+            break
+        named.add(rec.doc_id)
         relation = Relation.NEAR_DUPLICATE if sim >= threshold else Relation.SIMILAR
         out.append(
             CheckMatch(rec.doc_id, round(sim, 6), contained, reverse, rec.cluster_id, relation)
