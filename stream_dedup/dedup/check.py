@@ -8,9 +8,10 @@ them (most shared bands first, ties to the earliest) and cut at ``max_candidates
 verdict would name. Each candidate is verified exactly against its stored verification
 payload, read through the one accessor the deciding path uses
 (:func:`~stream_dedup.dedup.reads.payloads`), and scored by similarity and containment
-both ways (:func:`~stream_dedup.core.verify.overlap`); the ``k`` most similar are the
-answer. The texts of one call are each checked against the index alone, never against
-each other, and documents expired by retention are no candidates.
+both ways (:func:`~stream_dedup.core.verify.overlap`); the ``k`` most similar ids are the
+answer (an id with several revisions counts once, by its most similar one). The texts
+of one call are each checked against the index alone, never against each other, and
+documents expired by retention are no candidates.
 
 The reads run inside :meth:`~stream_dedup.index.reads.IndexReads.consistent`, so a check
 may run on another thread than the index's writer (the service's HTTP port does), and see
@@ -163,7 +164,9 @@ def _best(
     """Live text ``p``'s candidates verified (exact verification: sets, else signatures)
     and scored, the ``k`` most similar first (with containment on: the near-duplicates,
     then the documents the text is an excerpt of, most contained first, then the rest);
-    ``cache`` rebuilds the sets of candidates that store compressed text."""
+    ``cache`` rebuilds the sets of candidates that store compressed text. An id indexed
+    under several revisions (texts) is named once, by its first revision in that order,
+    so the answer holds ``k`` distinct ids when there are as many."""
     exact, threshold, level = config.verify == "exact", config.threshold, config.containment
     ranked = sorted(held.candidates[p])  # the payloads' reader takes docnums ascending
     docnums, flat, at, length = payloads({d: held.records[d] for d in ranked}, cache)
@@ -184,9 +187,15 @@ def _best(
         scored = near + excerpt + rest[len(near) :]
     else:
         scored.sort(key=lambda s: (-s[0], s[1]))
-    out = []
-    for sim, d, contained, reverse in scored[:k]:
+    out: list[CheckMatch] = []
+    named: set[str] = set()
+    for sim, d, contained, reverse in scored:
         rec = held.records[d]
+        if rec.doc_id in named:
+            continue  # an earlier revision of an id already named, scoring no higher
+        if len(out) == k:
+            break
+        named.add(rec.doc_id)
         relation = Relation.NEAR_DUPLICATE if sim >= threshold else Relation.SIMILAR
         if relation is Relation.SIMILAR and level and (contained or 0.0) >= level:
             relation = Relation.EXCERPT

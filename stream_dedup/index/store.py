@@ -31,9 +31,9 @@ from __future__ import annotations
 
 import contextlib
 import json
-import threading
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -61,7 +61,11 @@ from stream_dedup.index.retention import (
     encode_points,
 )
 from stream_dedup.index.staged import COUNTERS, DocRecord, StoredVerdict
+from stream_dedup.index.state_lock import StateLock
 from stream_dedup.index.timeline_store import load_timeline, refresh_timeline, stored_epochs
+
+if TYPE_CHECKING:  # the Redis client is imported only where an index on it is opened
+    from stream_dedup.index.redis_heads import GroupHeads
 
 __all__ = [
     "COUNTERS",
@@ -152,7 +156,7 @@ class DedupIndex(IndexReads):
         self._writes = 0  # batch writes so far: a prepared commit is valid for one value
         self._filters = EpochFilters(backend)  # loaded on first use: see load_filter
         self._tidied = False  # epochs the table does not list are dropped at the first commit
-        self._state_lock = threading.Lock()  # see IndexReads.consistent
+        self._state_lock = StateLock()  # see IndexReads.consistent
 
     def _load_state(self, since: int | None = None) -> None:
         """Counters, epochs and retention as committed (by anyone, for a shared index).
@@ -199,10 +203,17 @@ class DedupIndex(IndexReads):
         committed since). For a single-writer index it only marks the section."""
         with self._backend.exclusive():
             if self._shared:
-                with self._state_lock:
+                with self._state_lock.writing():
                     self._load_state(since=self._counters["indexed"])
                 self._writes += 1  # a commit prepared before this section is stale
             yield
+
+    def group_heads(self, scope: str) -> GroupHeads | None:
+        """A shared index's exchange of partition heads for consumer group ``scope``
+        (:class:`~stream_dedup.index.redis_heads.GroupHeads`), or None: an index one
+        instance owns needs none."""
+        make = getattr(self._backend, "group_heads", None)
+        return None if make is None else make(scope)
 
     @property
     def params(self) -> IndexParams:
@@ -315,7 +326,7 @@ class DedupIndex(IndexReads):
         if pending.after_writes != self._writes:
             raise RuntimeError("the index was written after this commit was prepared")
         self._backend.apply(pending.write)
-        with self._state_lock:
+        with self._state_lock.writing():
             self._swap(pending)
 
     def _swap(self, pending: PendingCommit) -> None:
@@ -407,7 +418,7 @@ class DedupIndex(IndexReads):
 
     def close(self) -> None:
         """Close the index; a writer saves its key filters first (see :meth:`load_filter`)."""
-        with self._state_lock:
+        with self._state_lock.writing():
             if self._filters.loaded:
                 self._filters.save()
             self._backend.close()
