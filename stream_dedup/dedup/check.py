@@ -28,7 +28,7 @@ from stream_dedup.core.bands import BandPlan
 from stream_dedup.core.config import DedupConfig
 from stream_dedup.core.hashing import U32
 from stream_dedup.core.match import I64
-from stream_dedup.core.payload import SetCache
+from stream_dedup.core.set_cache import SetCache
 from stream_dedup.core.sketch import Sketch, sketch
 from stream_dedup.core.verify import overlap
 from stream_dedup.dedup.reads import payloads
