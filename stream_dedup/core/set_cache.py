@@ -5,25 +5,22 @@ A candidate's set is rebuilt from the text its record stores
 the sets of the documents a batch indexes and of the candidates it rebuilt are kept for the
 batches after it. Keeping them one array per set cost the deciding thread ~8 µs per
 document on a grown index (a copy, an ordered-dict entry, the byte count and an eviction
-per set), as much as the rebuilds it saved. So sets are kept the way they arrive: one
-array per batch (a *generation*: a batch's indexed documents, or the sets one call
-rebuilt), each set a span of it. The budget counts generations, the oldest dropped first;
-a set found in the older half of the generations held is copied into the newest, so a
-text that keeps being a candidate stays, as with least-recently-used order, without a
-step per set for the others.
+per set), as much as the rebuilds it saved. So sets are kept the way they arrive, with no
+Python step per set: one array per batch (a *generation*: a batch's sketched sets, or the
+sets one call rebuilt), each set a span of it, found through the generation's sorted
+docnums with one ``searchsorted`` per generation for all of a batch's candidates. The
+budget counts generations, the oldest dropped first; a set found in the older half of the
+generations held is copied into the newest, so a text that keeps being a candidate stays,
+as with least-recently-used order.
 
-Entries are found by docnum (hashing an int, not ~600 bytes of payload, per set kept and
-per candidate) and hold the payload they were made from: an entry serves a record only
-when the record's payload is equal (a ``memcmp``), and equal payloads are equal texts.
-So a docnum given to another document (a shared index's batch decided again elsewhere)
-cannot find a stale set. Entries of a dropped generation are not deleted one by one: a
-lookup treats them as missing, and they are swept out in one pass once they are as many
-as the live ones.
+Sets are found by docnum and hold the payload they were made from: a set serves a record
+only when the record's payload is equal (a ``memcmp``), and equal payloads are equal
+texts. So a docnum given to another document (a shared index's batch decided again
+elsewhere) cannot find a stale set.
 """
 
 from __future__ import annotations
 
-import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -37,15 +34,15 @@ from stream_dedup.core.shingles import I64
 
 @dataclass(slots=True)
 class _Generation:
-    """Sets kept together: ``flat`` holds ``count`` of them end to end."""
+    """Sets kept together: document ``docnums[i]`` (ascending), storing ``payloads[i]``, has
+    the set ``flat[at[i] : at[i] + length[i]]``."""
 
     flat: U32
+    docnums: I64
+    at: I64
+    length: I64
+    payloads: list[bytes]
     nbytes: int
-    count: int
-
-
-#: Where a kept set is: its generation, start and length there, and the payload it is of.
-_Spot = tuple[int, int, int, bytes]
 
 
 class SetCache:
@@ -55,47 +52,43 @@ class SetCache:
     def __init__(self, max_bytes: int, config: DedupConfig) -> None:
         self.max_bytes = max_bytes
         self.config = config
-        self._where: dict[int, _Spot] = {}
-        self._generations: dict[int, _Generation] = {}  # oldest first
-        self._next = 0
+        self._generations: list[_Generation] = []  # oldest first
         self._bytes = 0
-        self._live = 0  # entries of the generations held
         #: Sets asked for, and those rebuilt (not in the cache), since the start.
         self.asked = 0
         self.rebuilt = 0
 
     def __len__(self) -> int:
-        oldest = self._oldest()
-        return sum(spot[0] >= oldest for spot in self._where.values())
+        return sum(g.docnums.size for g in self._generations)
 
     @property
     def nbytes(self) -> int:
         """Bytes of the sets and payloads held."""
         return self._bytes
 
-    def _oldest(self) -> int:
-        """The oldest generation held (``_next`` when none is)."""
-        return next(iter(self._generations), self._next)
-
     def sets(self, docnums: Sequence[int], payloads: Sequence[bytes]) -> list[U32]:
         """The verification set of each document (``docnums[i]`` storing ``payloads[i]``):
         from the cache, or rebuilt (and kept)."""
-        where, generations = self._where, self._generations
-        found: list[U32 | None] = []
-        missing: list[int] = []
+        found: list[U32 | None] = [None] * len(payloads)
         renew: list[int] = []  # found in the older half: copied into the newest generation
-        oldest = self._oldest()
-        old = self._next - (len(generations) + 1) // 2
-        for i, (d, p) in enumerate(zip(docnums, payloads, strict=True)):
-            spot = where.get(d)
-            if spot is None or spot[0] < oldest or spot[3] != p:
-                missing.append(i)
-                found.append(None)
-                continue
-            g, at, n, _ = spot
-            found.append(generations[g].flat[at : at + n])
-            if g < old:
-                renew.append(i)
+        wanted = np.asarray(docnums, dtype=np.int64)
+        open_ = np.ones(wanted.size, dtype=bool)
+        generations = self._generations
+        old = len(generations) // 2
+        for age in range(len(generations) - 1, -1, -1):  # newest first
+            g = generations[age]
+            if not open_.any():
+                break
+            pos = np.searchsorted(g.docnums, wanted).clip(max=g.docnums.size - 1)
+            hit = open_ & (g.docnums[pos] == wanted)
+            for i, j in zip(np.flatnonzero(hit).tolist(), pos[hit].tolist(), strict=True):
+                if g.payloads[j] == payloads[i]:
+                    at = int(g.at[j])
+                    found[i] = g.flat[at : at + int(g.length[j])]
+                    open_[i] = False
+                    if age < old:
+                        renew.append(i)
+        missing = np.flatnonzero(open_).tolist()
         self.asked += len(payloads)
         self.rebuilt += len(missing)
         if missing:
@@ -104,56 +97,40 @@ class SetCache:
             ends = np.cumsum(sizes).tolist()
             for i, e, n in zip(missing, ends, sizes.tolist(), strict=True):
                 found[i] = flat[e - n : e]
-        kept = missing + renew
+        kept = sorted(missing + renew, key=lambda i: docnums[i])
         if kept and self.max_bytes > 0:
             sets: list[U32] = [found[i] for i in kept]  # type: ignore[misc]
+            lengths = np.fromiter((s.size for s in sets), dtype=np.int64, count=len(sets))
             self._add(
-                [docnums[i] for i in kept],
-                [payloads[i] for i in kept],
-                np.concatenate(sets),
-                [s.size for s in sets],
+                _Generation(
+                    np.concatenate(sets),
+                    wanted[kept],
+                    np.cumsum(lengths) - lengths,
+                    lengths,
+                    [payloads[i] for i in kept],
+                    0,
+                )
             )
         return found  # type: ignore[return-value]
 
     def keep_spans(
         self, docnums: I64, payloads: Sequence[bytes], flat: U32, at: I64, length: I64
     ) -> None:
-        """Remember the set of document ``docnums[i]`` (storing ``payloads[i]``) as
-        ``flat[at[i] : at[i] + length[i]]`` (one copy of those spans: a view would hold
-        all of ``flat`` alive)."""
+        """Remember the set of document ``docnums[i]`` (ascending, storing ``payloads[i]``)
+        as ``flat[at[i] : at[i] + length[i]]``. ``flat`` is copied whole, one ``memcpy``:
+        it may be a view of a larger buffer (the service's sketch arrives in one)."""
         if self.max_bytes <= 0 or not payloads:
             return
-        starts, lengths = at.tolist(), length.tolist()
-        sets = [flat[s : s + n] for s, n in zip(starts, lengths, strict=True)]
-        self._add(docnums.tolist(), payloads, np.concatenate(sets), lengths)
+        order = np.argsort(docnums, kind="stable")  # already ascending when indexed in turn
+        picked = [payloads[i] for i in order.tolist()]
+        self._add(_Generation(flat.copy(), docnums[order], at[order], length[order], picked, 0))
 
-    def _add(
-        self, docnums: list[int], payloads: Sequence[bytes], flat: U32, lengths: list[int]
-    ) -> None:
-        """A new generation: ``flat`` holds the sets of ``docnums`` end to end."""
-        g = self._next
-        self._next += 1
-        ends = itertools.accumulate(lengths)
-        self._where.update(
-            zip(
-                docnums,
-                ((g, e - n, n, p) for e, n, p in zip(ends, lengths, payloads, strict=True)),
-                strict=True,
-            )
-        )
-        nbytes = flat.nbytes + sum(map(len, payloads))
-        self._generations[g] = _Generation(flat, nbytes, len(lengths))
-        self._bytes += nbytes
-        self._live += len(lengths)
+    def _add(self, generation: _Generation) -> None:
+        """Keep ``generation`` as the newest; drop the oldest while over the budget."""
+        generation.nbytes = generation.flat.nbytes + 24 * generation.docnums.size
+        generation.nbytes += sum(map(len, generation.payloads))
         generations = self._generations
+        generations.append(generation)
+        self._bytes += generation.nbytes
         while self._bytes > self.max_bytes and generations:
-            gone = generations.pop(next(iter(generations)))
-            self._bytes -= gone.nbytes
-            self._live -= gone.count
-        if len(self._where) > 2 * self._live + 1024:  # about once per generation dropped
-            self._sweep()
-
-    def _sweep(self) -> None:
-        """Forget the entries of dropped generations in one pass (they hold payloads)."""
-        oldest = self._oldest()
-        self._where = {d: s for d, s in self._where.items() if s[0] >= oldest}
+            self._bytes -= generations.pop(0).nbytes
