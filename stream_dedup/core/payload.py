@@ -26,7 +26,6 @@ payload bytes themselves, so no entry can go stale whatever writes the index.
 
 from __future__ import annotations
 
-import functools
 import itertools
 import threading
 from collections.abc import Sequence
@@ -37,8 +36,8 @@ import zstandard
 from stream_dedup.core import _kernels as kernels
 from stream_dedup.core import jit
 from stream_dedup.core.config import DedupConfig
-from stream_dedup.core.hashing import POLY, U32, mix_seed
-from stream_dedup.core.shingles import I64, SHINGLE_SALT, full_gram_bias, shingle_sets
+from stream_dedup.core.hashing import POLY, U32
+from stream_dedup.core.shingles import I64, char_gram_constants, shingle_sets
 from stream_dedup.core.verify import verification_sets
 from stream_dedup.errors import IndexCorruptError
 
@@ -125,7 +124,7 @@ def rebuild_flat(texts: Sequence[str], config: DedupConfig) -> tuple[U32, I64]:
     n = len(texts)
     counts = np.where(lengths >= k, lengths - k + 1, 1)
     high = np.empty(int(counts.sum()), dtype="<u4")
-    seed_mix, bias = _gram_constants(k, config.seed)
+    seed_mix, bias = char_gram_constants(k, config.seed)
     sigs = np.zeros((n, config.num_perm), dtype=np.uint32)
     filled = np.zeros((n, config.num_perm), dtype=bool)
     runs = jit.compiled(kernels.sketch_grams)(
@@ -135,12 +134,3 @@ def rebuild_flat(texts: Sequence[str], config: DedupConfig) -> tuple[U32, I64]:
         high[lo:hi].sort()
     flat, sizes = jit.compiled(kernels.drop_repeats)(high, runs)
     return flat, sizes.astype(np.int64, copy=False)
-
-
-@functools.cache
-def _gram_constants(k: int, seed: int) -> tuple[np.uint64, np.uint64]:
-    """The shingle seed's mix and a full gram's bias for ``k`` and ``seed``: computed once,
-    as they cost ~0.7 ms (numpy scalars under an error state), which every batch that
-    rebuilds sets would pay again."""
-    seed_mix = mix_seed(seed, SHINGLE_SALT)
-    return seed_mix, full_gram_bias(k, 1, seed_mix)
