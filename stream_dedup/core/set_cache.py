@@ -80,38 +80,62 @@ class SetCache:
             if not open_.any():
                 break
             pos = np.searchsorted(g.docnums, wanted).clip(max=g.docnums.size - 1)
-            hit = open_ & (g.docnums[pos] == wanted)
-            for i, j in zip(np.flatnonzero(hit).tolist(), pos[hit].tolist(), strict=True):
-                if g.payloads[j] == payloads[i]:
-                    at = int(g.at[j])
-                    found[i] = g.flat[at : at + int(g.length[j])]
-                    open_[i] = False
-                    if age < old:
-                        renew.append(i)
+            hit = np.flatnonzero(open_ & (g.docnums[pos] == wanted))
+            j_hit = pos[hit]
+            flat, stored, matched = g.flat, g.payloads, []
+            for i, j, at, n in zip(
+                hit.tolist(),
+                j_hit.tolist(),
+                g.at[j_hit].tolist(),
+                g.length[j_hit].tolist(),
+                strict=True,
+            ):
+                if stored[j] == payloads[i]:
+                    found[i] = flat[at : at + n]
+                    matched.append(i)
+            open_[matched] = False
+            if age < old:
+                renew += matched
         missing = np.flatnonzero(open_).tolist()
         self.asked += len(payloads)
         self.rebuilt += len(missing)
+        rebuilt: U32 | None = None
         if missing:
             texts = [decode_text(payloads[i]) for i in missing]
-            flat, sizes = rebuild_flat(texts, self.config)
+            rebuilt, sizes = rebuild_flat(texts, self.config)
             ends = np.cumsum(sizes).tolist()
             for i, e, n in zip(missing, ends, sizes.tolist(), strict=True):
-                found[i] = flat[e - n : e]
-        kept = sorted(missing + renew, key=lambda i: docnums[i])
-        if kept and self.max_bytes > 0:
-            sets: list[U32] = [found[i] for i in kept]  # type: ignore[misc]
-            lengths = np.fromiter((s.size for s in sets), dtype=np.int64, count=len(sets))
-            self._add(
-                _Generation(
-                    np.concatenate(sets),
-                    wanted[kept],
-                    np.cumsum(lengths) - lengths,
-                    lengths,
-                    [payloads[i] for i in kept],
-                    0,
-                )
-            )
+                found[i] = rebuilt[e - n : e]
+        if (missing or renew) and self.max_bytes > 0:
+            self._keep_found(wanted, payloads, found, missing, renew, rebuilt)
         return found  # type: ignore[return-value]
+
+    def _keep_found(
+        self,
+        docnums: I64,
+        payloads: Sequence[bytes],
+        found: list[U32 | None],
+        missing: list[int],
+        renew: list[int],
+        rebuilt: U32 | None,
+    ) -> None:
+        """A generation of the sets a call rebuilt (``missing``, end to end in ``rebuilt``)
+        and renewed (``renew``); ``rebuilt`` is kept as it is when it holds them all in the
+        generation's order (docnums ascending, as a batch's records are read)."""
+        kept = sorted(missing + renew, key=lambda i: int(docnums[i]))
+        sets: list[U32] = [found[i] for i in kept]  # type: ignore[misc]
+        lengths = np.fromiter((s.size for s in sets), dtype=np.int64, count=len(sets))
+        flat = rebuilt if kept == missing else None
+        self._add(
+            _Generation(
+                np.concatenate(sets) if flat is None else flat,
+                docnums[kept],
+                np.cumsum(lengths) - lengths,
+                lengths,
+                [payloads[i] for i in kept],
+                0,
+            )
+        )
 
     def keep_spans(
         self, docnums: I64, payloads: Sequence[bytes], flat: U32, at: I64, length: I64

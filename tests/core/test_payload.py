@@ -126,3 +126,16 @@ def test_format_4_payloads_with_zstd_magic_still_decode() -> None:
     assert len(payload) == len(old) - 4
     assert old[1:5] == b"\x28\xb5\x2f\xfd" and payload[1:5] == old[5:9]
     assert decode_text(payload) == decode_text(old) == text
+
+
+def test_sets_asked_out_of_docnum_order_come_back_in_the_order_asked() -> None:
+    """A check asks for its candidates ranked, not by docnum: the sets rebuilt and kept
+    must still be each document's own."""
+    config = DedupConfig()
+    sk = sketch(news(12), config, config.band_plan())
+    order = [7, 2, 11, 0, 5, 9, 1, 3, 10, 4, 8, 6]
+    cache = SetCache(1 << 20, config)
+    for _ in range(2):  # rebuilt, then found
+        got = cache.sets([100 + i for i in order], [sk.payloads[i] for i in order])
+        assert all(np.array_equal(g, sk.sets[i]) for g, i in zip(got, order, strict=True))
+    assert (cache.asked, cache.rebuilt) == (24, len(set(sk.payloads)))
