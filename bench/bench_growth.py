@@ -12,7 +12,7 @@ log on, batches of ``--batch``) and prints, for every ``--every`` documents:
   and compactions;
 * candidates and verifications per document, and the index's size on disk;
 * ``hit``/``rebuilt``: the share of candidates' verification sets found in the set cache
-  (:class:`~stream_dedup.core.payload.SetCache`, sized with ``--set-cache-mb``) and the
+  (:class:`~stream_dedup.core.set_cache.SetCache`, sized with ``--set-cache-mb``) and the
   sets rebuilt from compressed text per document.
 
 Sketching is done here too but not counted (the service does it in its worker process).

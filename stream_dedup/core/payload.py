@@ -19,27 +19,25 @@ codec values are reserved (a trained dictionary, say), so a reader meeting one i
 not know fails loudly instead of misreading it.
 
 Rebuilding costs a decompression (a few microseconds) and the hashing and sort a sketch
-does: :class:`SetCache` keeps the sets of recent candidates and of the documents just
-indexed (re-runs of a story arrive close together), keyed by the payload bytes
-themselves, so no entry can go stale whatever writes the index.
+does: :class:`~stream_dedup.core.set_cache.SetCache` keeps the sets of recent candidates
+and of the documents just indexed (re-runs of a story arrive close together), keyed by the
+payload bytes themselves, so no entry can go stale whatever writes the index.
 """
 
 from __future__ import annotations
 
 import itertools
 import threading
-from collections import OrderedDict
 from collections.abc import Sequence
 
 import numpy as np
-import numpy.typing as npt
 import zstandard
 
 from stream_dedup.core import _kernels as kernels
 from stream_dedup.core import jit
 from stream_dedup.core.config import DedupConfig
-from stream_dedup.core.hashing import POLY, U32, mix_seed
-from stream_dedup.core.shingles import SHINGLE_SALT, full_gram_bias, shingle_sets
+from stream_dedup.core.hashing import POLY, U32
+from stream_dedup.core.shingles import I64, char_gram_constants, shingle_sets
 from stream_dedup.core.verify import verification_sets
 from stream_dedup.errors import IndexCorruptError
 
@@ -107,8 +105,18 @@ def rebuild_sets(texts: Sequence[str], config: DedupConfig) -> list[U32]:
     :func:`~stream_dedup.core.jit.runs_compiled`); otherwise, and for word shingles, the
     numpy reference, which gives the same sets.
     """
+    flat, sizes = rebuild_flat(texts, config)
+    ends = np.cumsum(sizes).tolist()
+    return [flat[e - s : e] for e, s in zip(ends, sizes.tolist(), strict=True)]
+
+
+def rebuild_flat(texts: Sequence[str], config: DedupConfig) -> tuple[U32, I64]:
+    """:func:`rebuild_sets` as one array of the sets end to end and each set's size: what
+    :class:`~stream_dedup.core.set_cache.SetCache` keeps, with no array per set."""
     if config.shingle.kind != "char" or not jit.runs_compiled(documents=len(texts)):
-        return verification_sets(shingle_sets(texts, config.shingle, config.seed))
+        sets = verification_sets(shingle_sets(texts, config.shingle, config.seed))
+        sizes = np.fromiter(map(len, sets), dtype=np.int64, count=len(sets))
+        return (np.concatenate(sets) if sets else np.empty(0, "<u4")), sizes
     k = config.shingle.k
     units = np.frombuffer("".join(texts).encode("utf-32-le", "surrogatepass"), dtype="<u4")
     lengths = np.fromiter(map(len, texts), dtype=np.int64, count=len(texts))
@@ -116,74 +124,13 @@ def rebuild_sets(texts: Sequence[str], config: DedupConfig) -> list[U32]:
     n = len(texts)
     counts = np.where(lengths >= k, lengths - k + 1, 1)
     high = np.empty(int(counts.sum()), dtype="<u4")
-    seed_mix = mix_seed(config.seed, SHINGLE_SALT)
+    seed_mix, bias = char_gram_constants(k, config.seed)
     sigs = np.zeros((n, config.num_perm), dtype=np.uint32)
     filled = np.zeros((n, config.num_perm), dtype=bool)
     runs = jit.compiled(kernels.sketch_grams)(
-        units, starts, lengths, k, POLY, full_gram_bias(k, 1, seed_mix), seed_mix,
-        sigs, filled, high,
+        units, starts, lengths, k, POLY, bias, seed_mix, sigs, filled, high,
     )  # fmt: skip
     for lo, hi in itertools.pairwise(runs.tolist()):
         high[lo:hi].sort()
     flat, sizes = jit.compiled(kernels.drop_repeats)(high, runs)
-    ends = np.cumsum(sizes).tolist()
-    return [flat[e - s : e] for e, s in zip(ends, sizes.tolist(), strict=True)]
-
-
-class SetCache:
-    """Verification sets by payload, the least recently used dropped past a byte budget.
-
-    Keyed by the payload bytes, not the docnum: equal payloads are equal texts, so an
-    entry is right for every document that stores those bytes, in any index, and a docnum
-    given to another document (a shared index's batch decided again elsewhere) cannot
-    find a stale set.
-    """
-
-    def __init__(self, max_bytes: int, config: DedupConfig) -> None:
-        self.max_bytes = max_bytes
-        self.config = config
-        self._sets: OrderedDict[bytes, U32] = OrderedDict()
-        self._bytes = 0
-        #: Sets asked for, and those rebuilt (not in the cache), since the start.
-        self.asked = 0
-        self.rebuilt = 0
-
-    def __len__(self) -> int:
-        return len(self._sets)
-
-    @property
-    def nbytes(self) -> int:
-        """Bytes of the sets and payloads held."""
-        return self._bytes
-
-    def sets(self, payloads: Sequence[bytes]) -> list[U32]:
-        """The verification set of each payload: from the cache, or rebuilt (and kept)."""
-        found: list[U32 | None] = [self._sets.get(p) for p in payloads]
-        missing = [i for i, s in enumerate(found) if s is None]
-        self.asked += len(payloads)
-        touch = self._sets.move_to_end
-        for p, s in zip(payloads, found, strict=True):
-            if s is not None:
-                touch(p)
-        if missing:
-            self.rebuilt += len(missing)
-            texts = [decode_text(payloads[i]) for i in missing]
-            for i, s in zip(missing, rebuild_sets(texts, self.config), strict=True):
-                found[i] = s
-            self.keep([payloads[i] for i in missing], [found[i] for i in missing])  # type: ignore[misc]
-        return found  # type: ignore[return-value]
-
-    def keep(self, payloads: Sequence[bytes], sets: Sequence[npt.NDArray[np.uint32]]) -> None:
-        """Remember ``sets`` as the sets of ``payloads`` (copies: a view would hold its
-        whole batch's array alive)."""
-        if self.max_bytes <= 0:
-            return
-        store = self._sets
-        for p, s in zip(payloads, sets, strict=True):
-            if p in store:
-                continue
-            store[p] = s.copy()
-            self._bytes += s.nbytes + len(p)
-        while self._bytes > self.max_bytes and store:
-            p, s = store.popitem(last=False)
-            self._bytes -= s.nbytes + len(p)
+    return flat, sizes.astype(np.int64, copy=False)

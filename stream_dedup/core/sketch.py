@@ -27,7 +27,7 @@ from stream_dedup.core import _kernels as kernels
 from stream_dedup.core import jit
 from stream_dedup.core.bands import BandPlan, band_hashes
 from stream_dedup.core.config import DedupConfig
-from stream_dedup.core.hashing import POLY, U32, U64, mix_seed
+from stream_dedup.core.hashing import POLY, U32, U64
 from stream_dedup.core.lookup_keys import (
     bucket_order,
     bucket_shared,
@@ -38,7 +38,7 @@ from stream_dedup.core.lookup_keys import (
 )
 from stream_dedup.core.normalize import normalize
 from stream_dedup.core.payload import encode_texts
-from stream_dedup.core.shingles import SHINGLE_SALT, full_gram_bias, shingle_sets
+from stream_dedup.core.shingles import char_gram_constants, shingle_sets
 from stream_dedup.core.signature import SIG_DTYPE, densify, signatures
 from stream_dedup.core.verify import verification_sets
 
@@ -187,10 +187,9 @@ def _sketch_char(texts: Sequence[str], config: DedupConfig) -> _Parts:
     filled = np.zeros((n, config.num_perm), dtype=bool)
     counts = np.where(lengths >= k, lengths - k + 1, 1)
     high = np.empty(int(counts.sum()), dtype="<u4")
-    seed_mix = mix_seed(config.seed, SHINGLE_SALT)
+    seed_mix, bias = char_gram_constants(k, config.seed)
     runs = jit.compiled(kernels.sketch_grams)(
-        units, starts, lengths, k, POLY, full_gram_bias(k, 1, seed_mix), seed_mix,
-        sigs, filled, high,
+        units, starts, lengths, k, POLY, bias, seed_mix, sigs, filled, high,
     )  # fmt: skip
     if not filled.all():
         densify(sigs, filled, config.num_perm, config.seed)

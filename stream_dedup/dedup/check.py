@@ -31,7 +31,7 @@ from stream_dedup.core.containment import SAMPLE_BAND, sample_keys, vote
 from stream_dedup.core.hashing import U32
 from stream_dedup.core.lookup_keys import band_bucket_keys
 from stream_dedup.core.match import I64
-from stream_dedup.core.payload import SetCache
+from stream_dedup.core.set_cache import SetCache
 from stream_dedup.core.sketch import Sketch, sketch
 from stream_dedup.core.verify import overlap
 from stream_dedup.dedup.excerpts import VERIFIED, held_buckets

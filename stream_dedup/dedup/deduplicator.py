@@ -18,7 +18,7 @@ from stream_dedup.core import jit
 from stream_dedup.core.config import DedupConfig
 from stream_dedup.core.hashing import U32
 from stream_dedup.core.match import I64, Expiry, Matches, match_batch
-from stream_dedup.core.payload import SetCache
+from stream_dedup.core.set_cache import SetCache
 from stream_dedup.core.sketch import Sketch, sketch
 from stream_dedup.dedup.batch import BatchResult, BatchStats
 from stream_dedup.dedup.excerpts import find_excerpts
@@ -159,11 +159,13 @@ class Deduplicator:
         to follow soon, find them without rebuilding them."""
         if not sk.payloads:
             return
-        given = np.flatnonzero(found.docnum >= 0).tolist()
-        flat, at, length = sk.set_flat, sk.set_at, sk.set_len
-        self.set_cache.keep(
-            [sk.payloads[p] for p in given],
-            [flat[int(at[p]) : int(at[p] + length[p])] for p in given],
+        given = np.flatnonzero(found.docnum >= 0)
+        self.set_cache.keep_spans(
+            found.docnum[given],
+            [sk.payloads[p] for p in given.tolist()],
+            sk.set_flat,
+            sk.set_at[given],
+            sk.set_len[given],
         )
 
     def _queries(self, sk: Sketch) -> tuple[U32, I64, I64]:

@@ -18,7 +18,7 @@ import numpy.typing as npt
 
 from stream_dedup.core.hashing import U32
 from stream_dedup.core.match import I64, NO_CLOCK
-from stream_dedup.core.payload import SetCache
+from stream_dedup.core.set_cache import SetCache
 from stream_dedup.core.sketch import Sketch
 from stream_dedup.dedup.revisions import Repeat, RevisionMode, plan_repeats
 from stream_dedup.index.store import DedupIndex, DocRecord, Members, StoredVerdict
@@ -138,7 +138,7 @@ def payloads(
     ascending: ``records`` is filled in that order).
 
     A record holding compressed text (index format 4) gives the verification set rebuilt
-    from it, through ``cache`` (:class:`~stream_dedup.core.payload.SetCache`); one holding
+    from it, through ``cache`` (:class:`~stream_dedup.core.set_cache.SetCache`); one holding
     a set or a signature gives it as stored.
     """
     docnums = np.fromiter(records, dtype=np.uint64, count=len(records))
@@ -151,7 +151,8 @@ def payloads(
         return docnums, flat, np.cumsum(lengths) - lengths, lengths
     if cache is None:
         raise ValueError("records hold compressed texts: a SetCache must rebuild their sets")
-    rebuilt = iter(cache.sets(texts))
+    text_docnums = [d for d, r in records.items() if r.text]
+    rebuilt = iter(cache.sets(text_docnums, texts))
     arrays = [next(rebuilt) if r.text else np.frombuffer(r.payload, dtype="<u4") for r in held]
     lengths = np.fromiter((a.size for a in arrays), dtype=np.int64, count=len(arrays))
     flat = np.concatenate(arrays).astype("<u4", copy=False) if arrays else np.empty(0, "<u4")

@@ -10,11 +10,11 @@ from stream_dedup.core.config import DedupConfig
 from stream_dedup.core.payload import (
     ZSTD,
     ZSTD_MAGICLESS,
-    SetCache,
     decode_text,
     encode_texts,
     rebuild_sets,
 )
+from stream_dedup.core.set_cache import SetCache
 from stream_dedup.core.sketch import sketch
 from stream_dedup.errors import IndexCorruptError
 from stream_dedup.tools.generate import StreamSpec, generate
@@ -59,16 +59,22 @@ def test_cache_rebuilds_once_and_keeps_within_its_budget() -> None:
     sk = sketch(news(100), config, config.band_plan())
     one_set = int(sk.set_len.max()) * 4 + max(map(len, sk.payloads))
     cache = SetCache(20 * one_set, config)
-    first = cache.sets(sk.payloads[:10])
-    again = cache.sets(sk.payloads[:10])
+    nums = list(range(100))
+    first = cache.sets(nums[:10], sk.payloads[:10])
+    again = cache.sets(nums[:10], sk.payloads[:10])
     assert (cache.asked, cache.rebuilt) == (20, 10)
     assert all(np.array_equal(a, b) for a, b in zip(first, again, strict=True))
-    cache.sets(sk.payloads)
-    cached = set(sk.payloads[:10])
-    assert cache.rebuilt == 10 + sum(p not in cached for p in sk.payloads[10:])
-    assert 20 <= len(cache) < 100
-    assert cache.nbytes <= cache.max_bytes
-    for got, want in zip(cache.sets(sk.payloads), sk.sets, strict=True):
+    for lo in range(10, 100, 5):  # five new texts a call, and the first text every time
+        rebuilt = cache.rebuilt
+        cache.sets([0, *nums[lo : lo + 5]], [sk.payloads[0], *sk.payloads[lo : lo + 5]])
+        assert cache.rebuilt - rebuilt <= 5  # the first text is never rebuilt: it is renewed
+        assert cache.nbytes <= cache.max_bytes
+    assert 5 < len(cache) < 60  # the oldest generations went
+    assert sk.payloads[1] not in {p for p in sk.payloads[80:]}
+    rebuilt = cache.rebuilt
+    cache.sets(nums[:2], sk.payloads[:2])
+    assert cache.rebuilt == rebuilt + 1  # the first text kept, the second one dropped
+    for got, want in zip(cache.sets(nums, sk.payloads), sk.sets, strict=True):
         assert np.array_equal(got, want)
 
 
@@ -76,10 +82,26 @@ def test_kept_sets_are_found_without_rebuilding() -> None:
     config = DedupConfig()
     sk = sketch(news(20), config, config.band_plan())
     cache = SetCache(1 << 20, config)
-    cache.keep(sk.payloads, sk.sets)
-    got = cache.sets(sk.payloads)
+    nums = np.arange(20, dtype=np.int64) + 100
+    cache.keep_spans(nums, sk.payloads, sk.set_flat, sk.set_at, sk.set_len)
+    got = cache.sets(nums.tolist(), sk.payloads)
     assert cache.rebuilt == 0
     assert all(np.array_equal(a, b) for a, b in zip(got, sk.sets, strict=True))
+
+
+def test_a_docnum_storing_another_text_is_rebuilt() -> None:
+    """A docnum given again to another document (a shared index's batch decided again
+    elsewhere) must not find the set kept for the first one."""
+    config = DedupConfig()
+    sk = sketch(news(4), config, config.band_plan())
+    assert len(set(sk.payloads)) == 4
+    cache = SetCache(1 << 20, config)
+    cache.keep_spans(np.arange(4, dtype=np.int64), sk.payloads, sk.set_flat, sk.set_at, sk.set_len)
+    swapped = [sk.payloads[1], sk.payloads[0], sk.payloads[2], sk.payloads[3]]
+    got = cache.sets([0, 1, 2, 3], swapped)
+    assert cache.rebuilt == 2
+    want = [sk.sets[1], sk.sets[0], sk.sets[2], sk.sets[3]]
+    assert all(np.array_equal(a, b) for a, b in zip(got, want, strict=True))
 
 
 def test_a_broken_payload_is_a_corrupt_index() -> None:
@@ -104,3 +126,16 @@ def test_format_4_payloads_with_zstd_magic_still_decode() -> None:
     assert len(payload) == len(old) - 4
     assert old[1:5] == b"\x28\xb5\x2f\xfd" and payload[1:5] == old[5:9]
     assert decode_text(payload) == decode_text(old) == text
+
+
+def test_sets_asked_out_of_docnum_order_come_back_in_the_order_asked() -> None:
+    """A check asks for its candidates ranked, not by docnum: the sets rebuilt and kept
+    must still be each document's own."""
+    config = DedupConfig()
+    sk = sketch(news(12), config, config.band_plan())
+    order = [7, 2, 11, 0, 5, 9, 1, 3, 10, 4, 8, 6]
+    cache = SetCache(1 << 20, config)
+    for _ in range(2):  # rebuilt, then found
+        got = cache.sets([100 + i for i in order], [sk.payloads[i] for i in order])
+        assert all(np.array_equal(g, sk.sets[i]) for g, i in zip(got, order, strict=True))
+    assert (cache.asked, cache.rebuilt) == (24, len(set(sk.payloads)))

@@ -1,0 +1,160 @@
+"""Verification sets rebuilt from payloads, kept by generation for the candidates to come.
+
+A candidate's set is rebuilt from the text its record stores
+(:mod:`stream_dedup.core.payload`), ~20 µs; re-runs of a story arrive close together, so
+the sets of the documents a batch indexes and of the candidates it rebuilt are kept for the
+batches after it. Keeping them one array per set cost the deciding thread ~8 µs per
+document on a grown index (a copy, an ordered-dict entry, the byte count and an eviction
+per set), as much as the rebuilds it saved. So sets are kept the way they arrive, with no
+Python step per set: one array per batch (a *generation*: a batch's sketched sets, or the
+sets one call rebuilt), each set a span of it, found through the generation's sorted
+docnums with one ``searchsorted`` per generation for all of a batch's candidates. The
+budget counts generations, the oldest dropped first; a set found in the older half of the
+generations held is copied into the newest, so a text that keeps being a candidate stays,
+as with least-recently-used order.
+
+Sets are found by docnum and hold the payload they were made from: a set serves a record
+only when the record's payload is equal (a ``memcmp``), and equal payloads are equal
+texts. So a docnum given to another document (a shared index's batch decided again
+elsewhere) cannot find a stale set.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from stream_dedup.core.config import DedupConfig
+from stream_dedup.core.hashing import U32
+from stream_dedup.core.payload import decode_text, rebuild_flat
+from stream_dedup.core.shingles import I64
+
+
+@dataclass(slots=True)
+class _Generation:
+    """Sets kept together: document ``docnums[i]`` (ascending), storing ``payloads[i]``, has
+    the set ``flat[at[i] : at[i] + length[i]]``."""
+
+    flat: U32
+    docnums: I64
+    at: I64
+    length: I64
+    payloads: list[bytes]
+    nbytes: int
+
+
+class SetCache:
+    """Verification sets by docnum and payload, in generations dropped oldest first past a
+    byte budget."""
+
+    def __init__(self, max_bytes: int, config: DedupConfig) -> None:
+        self.max_bytes = max_bytes
+        self.config = config
+        self._generations: list[_Generation] = []  # oldest first
+        self._bytes = 0
+        #: Sets asked for, and those rebuilt (not in the cache), since the start.
+        self.asked = 0
+        self.rebuilt = 0
+
+    def __len__(self) -> int:
+        return sum(g.docnums.size for g in self._generations)
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the sets and payloads held."""
+        return self._bytes
+
+    def sets(self, docnums: Sequence[int], payloads: Sequence[bytes]) -> list[U32]:
+        """The verification set of each document (``docnums[i]`` storing ``payloads[i]``):
+        from the cache, or rebuilt (and kept)."""
+        found: list[U32 | None] = [None] * len(payloads)
+        renew: list[int] = []  # found in the older half: copied into the newest generation
+        wanted = np.asarray(docnums, dtype=np.int64)
+        open_ = np.ones(wanted.size, dtype=bool)
+        generations = self._generations
+        old = len(generations) // 2
+        for age in range(len(generations) - 1, -1, -1):  # newest first
+            g = generations[age]
+            if not open_.any():
+                break
+            pos = np.searchsorted(g.docnums, wanted).clip(max=g.docnums.size - 1)
+            hit = np.flatnonzero(open_ & (g.docnums[pos] == wanted))
+            j_hit = pos[hit]
+            flat, stored, matched = g.flat, g.payloads, []
+            for i, j, at, n in zip(
+                hit.tolist(),
+                j_hit.tolist(),
+                g.at[j_hit].tolist(),
+                g.length[j_hit].tolist(),
+                strict=True,
+            ):
+                if stored[j] == payloads[i]:
+                    found[i] = flat[at : at + n]
+                    matched.append(i)
+            open_[matched] = False
+            if age < old:
+                renew += matched
+        missing = np.flatnonzero(open_).tolist()
+        self.asked += len(payloads)
+        self.rebuilt += len(missing)
+        rebuilt: U32 | None = None
+        if missing:
+            texts = [decode_text(payloads[i]) for i in missing]
+            rebuilt, sizes = rebuild_flat(texts, self.config)
+            ends = np.cumsum(sizes).tolist()
+            for i, e, n in zip(missing, ends, sizes.tolist(), strict=True):
+                found[i] = rebuilt[e - n : e]
+        if (missing or renew) and self.max_bytes > 0:
+            self._keep_found(wanted, payloads, found, missing, renew, rebuilt)
+        return found  # type: ignore[return-value]
+
+    def _keep_found(
+        self,
+        docnums: I64,
+        payloads: Sequence[bytes],
+        found: list[U32 | None],
+        missing: list[int],
+        renew: list[int],
+        rebuilt: U32 | None,
+    ) -> None:
+        """A generation of the sets a call rebuilt (``missing``, end to end in ``rebuilt``)
+        and renewed (``renew``); ``rebuilt`` is kept as it is when it holds them all in the
+        generation's order (docnums ascending, as a batch's records are read)."""
+        kept = sorted(missing + renew, key=lambda i: int(docnums[i]))
+        sets: list[U32] = [found[i] for i in kept]  # type: ignore[misc]
+        lengths = np.fromiter((s.size for s in sets), dtype=np.int64, count=len(sets))
+        flat = rebuilt if kept == missing else None
+        self._add(
+            _Generation(
+                np.concatenate(sets) if flat is None else flat,
+                docnums[kept],
+                np.cumsum(lengths) - lengths,
+                lengths,
+                [payloads[i] for i in kept],
+                0,
+            )
+        )
+
+    def keep_spans(
+        self, docnums: I64, payloads: Sequence[bytes], flat: U32, at: I64, length: I64
+    ) -> None:
+        """Remember the set of document ``docnums[i]`` (ascending, storing ``payloads[i]``)
+        as ``flat[at[i] : at[i] + length[i]]``. ``flat`` is copied whole, one ``memcpy``:
+        it may be a view of a larger buffer (the service's sketch arrives in one)."""
+        if self.max_bytes <= 0 or not payloads:
+            return
+        order = np.argsort(docnums, kind="stable")  # already ascending when indexed in turn
+        picked = [payloads[i] for i in order.tolist()]
+        self._add(_Generation(flat.copy(), docnums[order], at[order], length[order], picked, 0))
+
+    def _add(self, generation: _Generation) -> None:
+        """Keep ``generation`` as the newest; drop the oldest while over the budget."""
+        generation.nbytes = generation.flat.nbytes + 24 * generation.docnums.size
+        generation.nbytes += sum(map(len, generation.payloads))
+        generations = self._generations
+        generations.append(generation)
+        self._bytes += generation.nbytes
+        while self._bytes > self.max_bytes and generations:
+            self._bytes -= generations.pop(0).nbytes
