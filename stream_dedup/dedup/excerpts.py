@@ -32,7 +32,7 @@ from stream_dedup.core.containment import (
 )
 from stream_dedup.core.lookup_keys import band_bucket_keys
 from stream_dedup.core.match import I64, Matches
-from stream_dedup.core.payload import SetCache
+from stream_dedup.core.set_cache import SetCache
 from stream_dedup.core.sketch import Sketch
 from stream_dedup.dedup.reads import Held, payloads
 from stream_dedup.index.backend import NO_ORDERED_PUTS, OrderedPuts
@@ -185,7 +185,8 @@ def _set_sizes(
         sizes[in_batch] = sk.set_len[_batch_positions(found, first, docnums[in_batch])]
     stored = np.unique(docnums[~in_batch]).tolist()
     records = [held.records[n] for n in stored]
-    rebuilt = iter(cache.sets([r.payload for r in records if r.text]))
+    with_text = [(n, r.payload) for n, r in zip(stored, records, strict=True) if r.text]
+    rebuilt = iter(cache.sets([n for n, _ in with_text], [t for _, t in with_text]))
     size = [next(rebuilt).size if r.text else len(r.payload) >> 2 for r in records]
     if stored:
         where = np.searchsorted(np.asarray(stored, dtype=np.int64), docnums[~in_batch])
