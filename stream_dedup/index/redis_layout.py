@@ -62,6 +62,9 @@ class RedisLayout:
         self.lock = b"{" + ns + b"}!lock"
         self.redo = b"{" + ns + b"}!redo"
         self.epoch_set = b"{" + ns + b"}!epochs"
+        #: The change log (:mod:`.redis_log`): the index's version and the last entries.
+        self.version = b"{" + ns + b"}!version"
+        self.log = b"{" + ns + b"}!log"
         self._records = ns + b":"
 
     def hash(self, epoch: int, tag: int) -> bytes:
