@@ -63,6 +63,7 @@ from stream_dedup.index.redis_log import (
     encode_entry,
 )
 from stream_dedup.index.redis_members import compact_buckets, widen_buckets
+from stream_dedup.index.redis_wire import Wire
 
 __all__ = ["DEFAULT_NAMESPACE", "RedisBackend", "redacted"]
 
@@ -137,6 +138,7 @@ class RedisBackend:
         self._writes = 0
         self._fenced = self._client.register_script(_FENCED)
         self._release = self._client.register_script(_RELEASE)
+        self._wire = Wire(self._client)
         self._take = self._client.register_script(TAKE)
         self._commit = self._client.register_script(COMMIT)
         self._read_log = self._client.register_script(READ)
@@ -178,17 +180,17 @@ class RedisBackend:
             raise ValueError("only keys that belong to an epoch are read from one")
         out: list[bytes | None] = [None] * len(keys)
         places: list[list[int]] = []
+        commands: list[tuple[bytes, ...]] = []
         with self._failing("reading"):
-            pipe = self._client.pipeline(transaction=False)
             for name, (fields, positions) in self._keys.grouped(keys, None, epoch).items():
                 for start in range(0, len(fields), _CHUNK):
                     part = fields[start : start + _CHUNK]
                     if name:
-                        pipe.execute_command("HMGET", name, *part)
+                        commands.append((b"HMGET", name, *part))
                     else:
-                        pipe.execute_command("MGET", *part)
+                        commands.append((b"MGET", *part))
                     places.append(positions[start : start + _CHUNK])
-            for where, found in zip(places, pipe.execute(), strict=True):
+            for where, found in zip(places, self._wire.run(commands), strict=True):
                 for i, value in zip(where, found, strict=True):
                     out[i] = value
         widen_buckets(keys, out)
@@ -273,20 +275,21 @@ class RedisBackend:
         self._writes += 1
 
     def _put(self, epoch: int, groups: Groups) -> None:
-        pipe = self._client.pipeline(transaction=False)
+        commands: list[tuple[Any, ...]] = []
         if epoch:
-            pipe.sadd(self._epoch_set, epoch)
+            commands.append((b"SADD", self._epoch_set, epoch))
         for name, (fields, values) in groups.items():
             for start in range(0, len(fields), _CHUNK):
                 end = start + _CHUNK
-                pairs = [
-                    x for kv in zip(fields[start:end], values[start:end], strict=True) for x in kv
-                ]
+                part = fields[start:end]
+                pairs: list[Any] = [None] * (2 * len(part))
+                pairs[::2] = part
+                pairs[1::2] = values[start:end]
                 if name:
-                    pipe.execute_command("HSET", name, *pairs)
+                    commands.append((b"HSET", name, *pairs))
                 else:
-                    pipe.execute_command("MSET", *pairs)
-        pipe.execute()
+                    commands.append((b"MSET", *pairs))
+        self._wire.run(commands)
 
     def _recover(self) -> None:
         """Apply a write that a crash left between its redo record and its end."""
