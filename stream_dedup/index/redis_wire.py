@@ -59,7 +59,7 @@ class Wire:
             return [(client, list(range(len(commands))))]
         by_node: dict[str, tuple[redis.Redis, list[int]]] = {}
         for i, command in enumerate(commands):
-            node = client.get_node_from_key(command[1])
+            node = client.get_node_from_key(command[1])  # type: ignore[no-untyped-call]
             entry = by_node.get(node.name)
             if entry is None:
                 if node.redis_connection is None:
@@ -78,7 +78,7 @@ class Wire:
                 conn = pool.get_connection()
                 held.append((pool, conn, positions))
                 packed = b"".join([hiredis.pack_command(commands[i]) for i in positions])
-                conn.send_packed_command([packed])
+                conn.send_packed_command([packed])  # type: ignore[no-untyped-call]
             for _, conn, positions in held:
                 for i in positions:
                     out[i] = conn.read_response()
