@@ -33,7 +33,7 @@ import contextlib
 import json
 import threading
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
 import numpy as np
 
@@ -44,6 +44,7 @@ from stream_dedup.index.backend import NO_ORDERED_PUTS, Backend, OrderedPuts
 from stream_dedup.index.bucket_records import Members
 from stream_dedup.index.epoch_filters import FILTER_FILE, EpochFilters
 from stream_dedup.index.followed import FollowedFilters
+from stream_dedup.index.index_stats import IndexStats
 from stream_dedup.index.params import IndexParams
 from stream_dedup.index.pending import (
     PendingCommit,
@@ -77,29 +78,6 @@ __all__ = [
 
 #: Input ranges of one batch: (topic, partition) -> (first offset, last offset + 1).
 Ranges = Mapping[tuple[str, int], tuple[int, int]]
-
-
-@dataclass(frozen=True, slots=True)
-class IndexStats:
-    """What ``stream-dedup stats`` prints."""
-
-    location: str
-    params: IndexParams
-    documents: int
-    indexed: int
-    duplicates: int
-    empty: int
-    size_bytes: int
-    #: Documents the index holds (indexed and not expired), and those expired so far.
-    held: int = 0
-    expired: int = 0
-    #: Unix time (seconds) of the oldest document held, and of the stream's clock
-    #: (``None``: no document time known).
-    oldest_time: int | None = None
-    clock: int | None = None
-    #: Live epochs, and the retention in force.
-    epochs: int = 1
-    retention: Retention = NO_RETENTION
 
 
 class DedupIndex(IndexReads):
@@ -308,7 +286,7 @@ class DedupIndex(IndexReads):
         # Every lookup key written reaches the filter, however it was handed in.
         fingerprints = written_fingerprints(batch, ordered, ordered_fingerprints)
         return PendingCommit(
-            self._backend.prepare(batch, ordered, epoch, fingerprints),
+            self._backend.prepare(batch, ordered, epoch, changed=fingerprints),
             new_counters,
             self._writes,
             fingerprints,
