@@ -120,9 +120,10 @@ def one_run(
     instances: int,
     docs: list[dict[str, Any]],
     kafka: Mapping[str, str],
-) -> tuple[float, list[float], float | None]:
-    """docs/s of one run, each instance's share of the run spent holding the lease, and
-    the Redis CPU per document (microseconds, all nodes together)."""
+) -> tuple[float, list[float], float | None, float]:
+    """docs/s of one run, each instance's share of the run spent holding the lease, the
+    Redis CPU per document (microseconds, all nodes together), and the lease held per
+    document (microseconds, all instances together)."""
     topic = f"bench-{uuid.uuid4().hex[:8]}"
     create_topics(bootstrap, [topic], partitions=args.partitions)
     create_topics(bootstrap, [f"{topic}.unique", f"{topic}.duplicates", f"{topic}.dlq"])
@@ -169,7 +170,8 @@ def one_run(
                 cpu = None
                 if redis_url and cpu_start is not None:
                     cpu = (redis_cpu_s(redis_url) - cpu_start) / len(docs) * 1e6
-                return len(docs) / (end - first), held, cpu
+                lease = sum(m.get("stream_dedup_index_lease_held_seconds_sum", 0.0) for m in seen)
+                return len(docs) / (end - first), held, cpu, lease / len(docs) * 1e6
             time.sleep(0.01 if first is None else 0.5)
         raise RuntimeError("the run did not finish")
     finally:
@@ -239,27 +241,42 @@ def main() -> int:
         print(f"{os.cpu_count()} CPUs; {args.documents:,} documents, {args.partitions} partitions")
         medians: dict[str, float] = {}
         for name, backend, kind, instances in SETUPS:
-            rates, shares, cpus = [], [], []
+            rates, shares, cpus, leases = [], [], [], []
             for r in range(args.repeats):
                 docs = documents(args.documents, r)
                 url = urls[kind] if kind else None
-                rate, held, cpu = one_run(
+                rate, held, cpu, lease_us = one_run(
                     bootstrap, work, args, backend, url, instances, docs, kafka
                 )
                 rates.append(rate)
+                leases.append(lease_us)
                 shares.append(held)
                 cpus.append(cpu)
                 lease = (
                     ""
                     if backend != "redis"
-                    else "; lease held " + " / ".join(f"{100 * h:.0f}%" for h in held)
+                    else "; lease held "
+                    + " / ".join(f"{100 * h:.0f}%" for h in held)
+                    + f", {lease_us:.1f} us/doc"
                 )
                 redis_cpu = "" if cpu is None else f"; Redis CPU {cpu:.0f} us/doc"
                 print(f"  {name} run {r + 1}: {rate:,.0f} docs/s{lease}{redis_cpu}")
             medians[name] = statistics.median(rates)
-            results[name] = {"docs_per_s": rates, "lease_held_share": shares, "redis_cpu_us": cpus}
+            results[name] = {
+                "docs_per_s": rates,
+                "lease_held_share": shares,
+                "redis_cpu_us": cpus,
+                "lease_us_per_doc": leases,
+            }
             known = [c for c in cpus if c is not None]
-            per_doc = f", Redis CPU median {statistics.median(known):.0f} us/doc" if known else ""
+            per_doc = ""
+            if known:
+                lease_med, cpu_med = statistics.median(leases), statistics.median(known)
+                per_doc = (
+                    f", lease {lease_med:.1f} us/doc, Redis CPU {cpu_med:.0f} us/doc; "
+                    f"projection: {1e6 / lease_med:,.0f} docs/s per index (the lease), "
+                    f"{1e6 / cpu_med:,.0f} docs/s per Redis core"
+                )
             print(f"{name}: median {medians[name]:,.0f} docs/s{per_doc}")
         peer_docs = documents(args.peer_documents, 0)
         peer = [datasketch_rate(peer_docs, urls["node"]) for _ in range(args.repeats)]
