@@ -28,6 +28,7 @@ import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
@@ -46,6 +47,16 @@ from stream_dedup.tools import redis_local
 PHASES = ("before", "take", "decide", "prepare", "apply")
 
 
+def _marker(wall: list[float], cpu: list[float]) -> Callable[[], None]:
+    """A function that appends the wall-clock and CPU time now to ``wall`` and ``cpu``."""
+
+    def mark() -> None:
+        wall.append(time.perf_counter())
+        cpu.append(time.process_time())
+
+    return mark
+
+
 def one_run(url: str, docs: list[Document], args: argparse.Namespace, run: int) -> dict[str, Any]:
     """Phase times (seconds, summed over the counted batches) of one pass over ``docs``."""
     config = DedupConfig()
@@ -60,7 +71,7 @@ def one_run(url: str, docs: list[Document], args: argparse.Namespace, run: int) 
         dedup.warm_up()  # the kernels load (or compile) outside any lease
     size = args.batch
     batches = [docs[i : i + size] for i in range(0, len(docs), size)]
-    totals = dict.fromkeys((*PHASES, "lease_cpu"), 0.0)
+    totals = dict.fromkeys((*PHASES, *(p + "_cpu" for p in PHASES), "lease_cpu"), 0.0)
     counted = 0
     cpu_start = 0.0
     try:
@@ -68,36 +79,33 @@ def one_run(url: str, docs: list[Document], args: argparse.Namespace, run: int) 
             if b == args.instances:  # every instance has warmed up
                 cpu_start = redis_cpu_s(url)
             dedup = instances[b % len(instances)]
-            t0 = time.perf_counter()
+            wall: list[float] = []
+            cpu: list[float] = []
+            mark = _marker(wall, cpu)
+            mark()
             sketched = dedup.sketch(batch)
-            prefetch = getattr(dedup.index, "prefetch", None)
-            if prefetch is not None:
-                prefetch(sketched)
-            t1 = time.perf_counter()
-            c1 = time.process_time()
+            mark()
             with dedup.index.exclusive():
-                t2 = time.perf_counter()
+                mark()
                 result = dedup.decide(batch, sketched)
-                t3 = time.perf_counter()
+                mark()
                 pending = dedup.prepare(result)
-                t4 = time.perf_counter()
+                mark()
                 dedup.index.apply(pending)
-                t5 = time.perf_counter()
-                c5 = time.process_time()
+                mark()
             if b >= args.instances:
                 counted += len(batch)
-                totals["lease_cpu"] += c5 - c1
-                for name, spent in zip(
-                    PHASES, (t1 - t0, t2 - t1, t3 - t2, t4 - t3, t5 - t4), strict=True
-                ):
-                    totals[name] += spent
-        cpu = (redis_cpu_s(url) - cpu_start) / counted
+                totals["lease_cpu"] += cpu[-1] - cpu[1]
+                for i, name in enumerate(PHASES):
+                    totals[name] += wall[i + 1] - wall[i]
+                    totals[name + "_cpu"] += cpu[i + 1] - cpu[i]
+        redis_cpu = (redis_cpu_s(url) - cpu_start) / counted
     finally:
         for dedup in instances:
             dedup.index.close()
     out: dict[str, Any] = {name: totals[name] / counted * 1e6 for name in totals}
     out["lease"] = sum(out[name] for name in PHASES[1:])
-    out["redis_cpu"] = cpu * 1e6
+    out["redis_cpu"] = redis_cpu * 1e6
     return out
 
 
@@ -123,7 +131,7 @@ def main() -> int:
                 runs.append(one_run(url, docs, args, r))
             med = {k: statistics.median(run[k] for run in runs) for k in runs[0]}
             results[kind] = {"runs": runs, "median": med}
-            parts = ", ".join(f"{k} {med[k]:.1f}" for k in PHASES[1:])
+            parts = ", ".join(f"{k} {med[k]:.1f} (CPU {med[k + '_cpu']:.1f})" for k in PHASES[1:])
             print(
                 f"{kind}: lease {med['lease']:.1f} us/doc ({parts}); before the lease "
                 f"{med['before']:.1f}; CPU in the lease: this process "
