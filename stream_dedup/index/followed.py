@@ -30,12 +30,16 @@ class FollowedFilters:
         self._filters = filters
         #: True inside a lease once the filters hold every committed key.
         self.current = False
+        #: The filters were built whole and have been kept in step since: false until a
+        #: build finishes (one cut short by an outage is started again).
+        self._ready = False
 
     def before_lease(self, capacities: Callable[[], dict[int, int]]) -> None:
         """Build the filters (from a scan, outside the lease) when they are not being
         kept in step: the first time, or after the log could not tell everything."""
-        if self._feed is None or self._feed.following:
+        if self._feed is None or (self._ready and self._feed.following):
             return
+        self._ready = False
         self._filters.clear()
         self._feed.follow_changes()
         # Every epoch stored by now, not only those this instance last saw: the log tells
@@ -45,16 +49,18 @@ class FollowedFilters:
         for epoch in self._backend.epochs():
             sizes.setdefault(epoch, largest)
         self._filters.load(sizes)
+        self._ready = True
 
     def in_lease(self, live: Iterable[int], capacity: int) -> None:
         """Add the other instances' keys committed since the last lease; drop the filters
         of epochs they let go. ``capacity``: the size of a filter made for a new epoch."""
         self.current = False
-        if self._feed is None or not self._feed.following:
+        if self._feed is None or not (self._ready and self._feed.following):
             return
         changes = self._feed.changes()
         if changes is None:
-            return  # built again before the next lease; every key is read in this one
+            self._ready = False  # built again before the next lease; all keys read in this
+            return
         for epoch, fingerprints in changes:
             self._filters.add(epoch, fingerprints, capacity)
         kept = set(live)

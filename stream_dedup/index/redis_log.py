@@ -126,7 +126,10 @@ class ChangeCursor:
         if self.at is None:
             return
         version, status, *entries = reply
-        if not isinstance(version, int) or version <= self.at:
+        if not isinstance(version, int) or version == self.at:
+            return
+        if version < self.at:  # the log started again (a Redis emptied): build anew
+            self._gap = True
             return
         if status == 0:
             self._gap = True

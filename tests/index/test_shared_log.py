@@ -13,6 +13,7 @@ import pytest
 from stream_dedup.core.config import DedupConfig
 from stream_dedup.core.hashing import U64
 from stream_dedup.dedup import Deduplicator
+from stream_dedup.errors import IndexUnreachableError
 from stream_dedup.index import DedupIndex, keys
 from stream_dedup.index import redis_backend as redis_backend_module
 from stream_dedup.index.params import IndexParams
@@ -172,7 +173,37 @@ def test_the_cursor_moves_past_its_own_write_only_when_it_is_the_next_entry() ->
     assert [(e, f.tolist()) for e, f in drained] == [(2, [7]), (2, [8])]
     cursor.read([9, 0])  # the log no longer reaches back
     assert cursor.drain() is None and cursor.at is None
+    cursor.follow(9)
+    cursor.read([2, 1, encode_entry(0, _fps(1))])  # a version below: Redis lost the log
+    assert cursor.drain() is None and cursor.at is None
 
 
 def _fps(value: int) -> U64:
     return np.array([value], dtype=np.uint64)
+
+
+def test_a_filter_build_cut_short_is_started_again(
+    shared: Callable[[], Deduplicator], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A scan that fails half way (Redis went away) leaves no half-built filter trusted:
+    the next lease builds it again before it skips any key."""
+    first, second = shared(), shared()
+    decide_and_store(first, originals(10))
+    backend = second.index._backend
+    assert isinstance(backend, RedisBackend)
+    scan = backend.scan_keys
+    calls = 0
+
+    def failing_scan(prefix: bytes, epoch: int = 0) -> Iterator[bytes]:
+        nonlocal calls
+        calls += 1
+        if calls == 2:  # the buckets were scanned, the exact texts not
+            raise IndexUnreachableError(backend.location, "scanning", "gone")
+        return scan(prefix, epoch)
+
+    monkeypatch.setattr(backend, "scan_keys", failing_scan)
+    with pytest.raises(IndexUnreachableError):
+        decide_and_store(second, [Document("x", article(5000))])
+    # The copies' exact texts are what the cut scan did not reach.
+    assert decide_and_store(second, [Document("again", article(3))]) == {"again": "o3"}
+    assert calls > 3  # built again whole
