@@ -22,6 +22,7 @@ node) over it.
 
     .venv/bin/python bench/bench_shared.py
     .venv/bin/python bench/bench_shared.py -n 30000 --repeats 3
+    .venv/bin/python bench/bench_shared.py --setups "redis node" --delivery exactly-once
 """
 
 from __future__ import annotations
@@ -70,7 +71,10 @@ def config_text(
     index: str,
     kafka: Mapping[str, str],
 ) -> str:
-    return f"""
+    delivery = f'[service]\ndelivery = "{args.delivery}"\n'
+    return (
+        delivery
+        + f"""
 [input]
 topics = ["{topic}"]
 {index}
@@ -88,7 +92,9 @@ level = "WARNING"
 "session.timeout.ms" = "6000"
 "heartbeat.interval.ms" = "1000"
 "partition.assignment.strategy" = "cooperative-sticky"
-""" + "".join(f'"{k}" = "{v}"\n' for k, v in kafka.items())
+"""
+        + "".join(f'"{k}" = "{v}"\n' for k, v in kafka.items())
+    )
 
 
 def redis_cpu_s(url: str) -> float:
@@ -139,7 +145,10 @@ def one_run(
     procs: list[subprocess.Popen[bytes]] = []
     for n, port in enumerate(ports):
         path = workdir / f"{topic}-{n}.toml"
-        path.write_text(config_text(topic, bootstrap, port, args, index, kafka), encoding="utf-8")
+        own = dict(kafka)
+        if args.delivery == "exactly-once":  # one transactional.id per instance
+            own["transactional.id"] = f"{topic}-{n}"
+        path.write_text(config_text(topic, bootstrap, port, args, index, own), encoding="utf-8")
         procs.append(
             subprocess.Popen(
                 [sys.executable, "-m", "stream_dedup.cli", "run", "--config", str(path)],
@@ -216,6 +225,18 @@ def main() -> int:
     p.add_argument("--max-wait-ms", type=int, default=20, help="batch.max_wait_ms")
     p.add_argument("--peer-documents", type=int, default=1000, help="datasketch's documents")
     p.add_argument("--json", metavar="FILE", help="also write the results as JSON")
+    p.add_argument(
+        "--delivery",
+        choices=("at-least-once", "exactly-once"),
+        default="at-least-once",
+        help="service.delivery of every setup (at-least-once)",
+    )
+    p.add_argument(
+        "--setups",
+        metavar="TEXT",
+        default="",
+        help="only the setups whose name contains TEXT (e.g. 'redis node'); no peer then",
+    )
     args = p.parse_args()
 
     results: dict[str, Any] = {
@@ -241,6 +262,8 @@ def main() -> int:
         print(f"{os.cpu_count()} CPUs; {args.documents:,} documents, {args.partitions} partitions")
         medians: dict[str, float] = {}
         for name, backend, kind, instances in SETUPS:
+            if args.setups not in name:
+                continue
             rates, shares, cpus, leases = [], [], [], []
             for r in range(args.repeats):
                 docs = documents(args.documents, r)
@@ -278,6 +301,8 @@ def main() -> int:
                     f"{1e6 / cpu_med:,.0f} docs/s per Redis core"
                 )
             print(f"{name}: median {medians[name]:,.0f} docs/s{per_doc}")
+        if args.setups:
+            return _write(args, results)
         peer_docs = documents(args.peer_documents, 0)
         peer = [datasketch_rate(peer_docs, urls["node"]) for _ in range(args.repeats)]
         results["datasketch_redis_docs_per_s"] = peer
@@ -291,6 +316,10 @@ def main() -> int:
         base = medians["rocksdb, 1 instance"]
         for name in medians:
             print(f"  {name}: {medians[name] / base:.2f}x of one instance on RocksDB")
+    return _write(args, results)
+
+
+def _write(args: argparse.Namespace, results: dict[str, Any]) -> int:
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=2), encoding="utf-8")
     return 0

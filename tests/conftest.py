@@ -141,3 +141,14 @@ def package_logs() -> Iterator[list[logging.LogRecord]]:
     yield records
     logger.removeHandler(handler)
     logger.setLevel(level)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Run the tests marked ``slow`` first.
+
+    Under pytest-xdist a worker takes tests in collection order, so a minute-long kill
+    loop collected late starts when the others are done and runs alone at the end. Started
+    first, the long tests overlap the many short ones and the suite ends sooner. The sort
+    is stable: the order within each group stays the collection order.
+    """
+    items.sort(key=lambda item: item.get_closest_marker("slow") is None)

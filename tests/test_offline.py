@@ -180,6 +180,7 @@ def test_kernels_cached_is_true_once_the_kernels_have_run() -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.slow
 def test_a_cold_cache_is_announced_and_filled_by_the_warm_up(tmp_path: Path) -> None:
     """In a fresh numba cache directory nothing is cached: the warm-up says so, compiles
     (several seconds), and leaves the kernels cached."""

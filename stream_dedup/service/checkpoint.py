@@ -12,6 +12,8 @@ interface, :class:`CommitStrategy`:
   (:class:`~stream_dedup.service.transactions.TransactionalProducer`).
 * :class:`SharedIndex` (``index.backend = "redis"``): decide and store under the shared
   index's lease, then deliver and store the offsets outside it.
+* :class:`SharedExactlyOnce` (both): the shared index's order, its delivery and input
+  offsets in one Kafka transaction; Kafka's group offsets are the input's position.
 
 :func:`open_strategy` picks one from the settings. The batch's owner
 (:class:`~stream_dedup.service.lifecycle.BatchLife`) hands each decoded batch to
@@ -91,6 +93,10 @@ class CommitStrategy(ABC):
     def stored_intent(self) -> Ranges | None:
         """The batch the index announced and never committed (read once, at start)."""
         return self._index.intent()
+
+    def stored_documents(self) -> int:
+        """How many documents the index holds (asked when partitions are assigned)."""
+        return self._index.counter("documents")
 
     def replay_delivered(self, intent: Ranges) -> bool:
         """Whether the batch ``intent`` announces was delivered before the last stop (then
@@ -255,15 +261,13 @@ class SharedIndex(CommitStrategy):
     def stored_intent(self) -> Ranges | None:
         return self._outage.call("reading the batch intent", self._index.intent)
 
+    def stored_documents(self) -> int:
+        return self._outage.call("counting documents", lambda: self._index.counter("documents"))
+
     def commit(
         self, decoded: Decoded, sketched: Sketch | None, ranges: Ranges, *, replaying: bool
     ) -> BatchResult:
-        built: list[DecidedBatch] = []  # one per attempt that got as far as deciding
-
-        def store() -> DecidedBatch:
-            return self._decide_and_store(decoded, sketched, built)
-
-        out = self._outage.call("deciding and storing a batch", store)
+        out = self._store(decoded, sketched)  # 1. decide and store, under the lease
         started = time.perf_counter()
         offsets = _next_offsets(ranges)
         self._produce(out.records, out.refused)  # 2. produce
@@ -272,6 +276,14 @@ class SharedIndex(CommitStrategy):
         self._commit_kafka(offsets)  # 5. offsets to Kafka, for lag tools
         self._committed(started)
         return out.result
+
+    def _store(self, decoded: Decoded, sketched: Sketch | None) -> DecidedBatch:
+        """Step 1, retried whole through an outage of the index."""
+        built: list[DecidedBatch] = []  # one per attempt that got as far as deciding
+        return self._outage.call(
+            "deciding and storing a batch",
+            lambda: self._decide_and_store(decoded, sketched, built),
+        )
 
     def _decide_and_store(
         self, decoded: Decoded, sketched: Sketch | None, built: list[DecidedBatch]
@@ -295,6 +307,38 @@ class SharedIndex(CommitStrategy):
         return out
 
 
+class SharedExactlyOnce(SharedIndex):
+    """The shared index's order with the delivery in one Kafka transaction.
+
+    Store-then-deliver: the batch is decided and stored under the lease first (as
+    :class:`SharedIndex`), then its records and input offsets go in one transaction with
+    the group's metadata (a member of an older generation is refused: zombie fencing).
+    Kafka's committed group offsets are the input's position (:meth:`stored_offsets`): a
+    crash before the commit leaves them before the batch, whose next owner replays the
+    stored verdicts, byte-identical, in a new transaction. The index's offsets, written
+    after the commit, are bookkeeping only (``docs/shared-index.md``, exactly-once).
+    """
+
+    replay_action = "none: it is delivered once"
+
+    def stored_offsets(self) -> dict[TpKey, int]:
+        """None: every partition starts at the group's committed offset (read stable, so
+        a transaction still open on it is waited for), never at the index's."""
+        return {}
+
+    def commit(
+        self, decoded: Decoded, sketched: Sketch | None, ranges: Ranges, *, replaying: bool
+    ) -> BatchResult:
+        out = self._store(decoded, sketched)  # 1. decide and store, under the lease
+        started = time.perf_counter()
+        offsets = _next_offsets(ranges)
+        self._produce(out.records, out.refused)  # 2. produce, in a transaction
+        self._confirm(offsets, self._consumer.consumer_group_metadata())  # 3. commit it
+        self._outage.call("storing offsets", lambda: self._index.write_offsets(offsets))  # 4.
+        self._committed(started)
+        return out.result
+
+
 def open_strategy(
     config: ServiceConfig,
     consumer: Consumer,
@@ -312,7 +356,8 @@ def open_strategy(
             on_outcome=lambda outcome: metrics.transactions.labels(outcome).inc(),
         )
         transactional.init(config.service.flush_timeout_s, lambda: not keep_waiting())
-        return ExactlyOnce(transactional, consumer, decider, metrics, config, keep_waiting)
+        eos = SharedExactlyOnce if decider.dedup.index.shared else ExactlyOnce
+        return eos(transactional, consumer, decider, metrics, config, keep_waiting)
     producer = EventProducer(settings, BrokerWatch("producer"))
     kind = SharedIndex if decider.dedup.index.shared else AtLeastOnce
     return kind(producer, consumer, decider, metrics, config, keep_waiting)

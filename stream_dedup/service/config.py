@@ -86,8 +86,8 @@ class RedisConfig:
     ``password`` may also be in the URL. ``namespace`` prefixes every key, so several
     indexes can share one Redis. ``lock_ttl_ms`` is how long an instance killed while
     holding the index's lease blocks the others: longer than deciding and storing one
-    batch takes. ``outage_limit_s`` is how long a running instance waits for an
-    unreachable Redis, retrying, before it stops (0: stop at once)."""
+    batch takes. ``outage_limit_s`` is how long an instance, running or starting, waits
+    for an unreachable Redis, retrying, before it stops (0: stop at once)."""
 
     url: str = "redis://localhost:6379/0"
     password: str = ""
@@ -242,6 +242,9 @@ class LogConfig:
 #: Legal Kafka topic names (the broker's rule).
 _TOPIC_NAME = re.compile(r"[a-zA-Z0-9._-]{1,249}")
 
+#: The keys that set the event producer's ``transactional.id``.
+_TRANSACTIONAL_IDS = ("transactional.id", "producer.transactional.id")
+
 #: Defaults for the librdkafka table; the user's [kafka] keys override them.
 KAFKA_DEFAULTS: Mapping[str, str] = {
     "bootstrap.servers": "localhost:9092",
@@ -276,12 +279,22 @@ class ServiceConfig:
         return self.output.dlq_topic or f"{self.input.topics[0]}.dlq"
 
     def __post_init__(self) -> None:
-        if self.exactly_once and self.index.backend == "redis":
+        named = any(self.kafka.get(k) for k in _TRANSACTIONAL_IDS)
+        shared = self.index.backend == "redis"
+        if self.exactly_once and shared and not named and not self._instance_name():
             raise ConfigError(
-                "service.delivery",
-                '"exactly-once" is not available with index.backend = "redis": '
-                'use "at-least-once" (replayed events are identical)',
+                "kafka.group.instance.id",
+                'exactly-once delivery with index.backend = "redis" needs a stable id per '
+                "instance: set kafka group.instance.id (or transactional.id) to a value of "
+                "its own on each instance, kept across restarts (a pod or host name)",
             )
+
+    def _instance_name(self) -> str | None:
+        """``group.instance.id``: what names this instance among its group's."""
+        for key in ("group.instance.id", "consumer.group.instance.id"):
+            if self.kafka.get(key):
+                return self.kafka[key]
+        return None
 
     @property
     def exactly_once(self) -> bool:
@@ -293,12 +306,17 @@ class ServiceConfig:
         In exactly-once mode the producer needs a ``transactional.id``: the one given, or
         ``stream-dedup-<group.id>``. It must be stable across restarts (a restarted
         instance fences the one before and aborts its open transaction) and unique to
-        the instance; the group is both, since one instance owns a group's index.
+        the instance; the group is both, since one instance owns a group's index. On the
+        shared index many instances serve one group, so the default is
+        ``stream-dedup-<group.id>-<group.instance.id>`` (``docs/shared-index.md``).
         """
         table = dict(self.kafka)
-        given = [k for k in ("transactional.id", "producer.transactional.id") if k in table]
+        given = [k for k in _TRANSACTIONAL_IDS if k in table]
         if self.exactly_once and not given:
-            table["producer.transactional.id"] = f"stream-dedup-{table['group.id']}"
+            tid = f"stream-dedup-{table['group.id']}"
+            if self.index.backend == "redis":
+                tid += f"-{self._instance_name()}"
+            table["producer.transactional.id"] = tid
         if given and not self.exactly_once:
             raise ConfigError(
                 f"kafka.{given[0]}",

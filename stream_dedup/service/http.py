@@ -132,6 +132,10 @@ class HttpEndpoints:
         port: int = self._server.server_address[1]
         return port
 
+    @property
+    def started(self) -> bool:
+        return self._thread.is_alive()
+
     def start(self) -> None:
         """Serve requests (the port is bound, and listening, from construction on)."""
         self._thread.start()

@@ -157,7 +157,7 @@ class BatchLife:
             elif key in stored:
                 tp.offset = stored[key]
         location = self._index.location
-        if not stored and not intent and self._index.counter("documents") == 0:
+        if not stored and not intent and self._strategy.stored_documents() == 0:
             check_empty_index(consumer, partitions, location, self._on_lost)
         else:
             check_offsets_retained(consumer, partitions, location, self._on_lost)

@@ -35,6 +35,7 @@ from stream_dedup.service.checkpoint import CommitStrategy, kafka_commit_reporte
 from stream_dedup.service.config import IndexConfig, ServiceConfig
 from stream_dedup.service.decide import Decider
 from stream_dedup.service.http import HttpEndpoints
+from stream_dedup.service.index_outage import IndexOutage
 from stream_dedup.service.inputs import InputDecoder
 from stream_dedup.service.kafka import DeliveryAbandonedError, build_consumer
 from stream_dedup.service.lifecycle import BatchLife
@@ -77,7 +78,9 @@ class Service:
 
     The constructor binds the HTTP port, then opens the index (so a busy port or a second
     instance fails before touching Kafka, and a busy port before creating the index), but
-    opens no network connection; :meth:`run` serves the port and starts the Kafka clients.
+    opens no Kafka connection; :meth:`run` serves the port and starts the Kafka clients.
+    A shared index's Redis is waited for while the port is served already (healthy, not
+    ready), up to ``index.redis.outage_limit_s``.
     """
 
     def __init__(
@@ -94,12 +97,20 @@ class Service:
         self._stop.bound(config.service.shutdown_timeout_s)
         self.registry = registry if registry is not None else CollectorRegistry()
         self.metrics = Metrics(self.registry)
+        self._last_beat = time.monotonic()
+        self._filter_logged = 0
+        self._index_open = True
+        #: The batches' owner and its commit strategy, from the start of :meth:`run` on.
+        self._life: BatchLife | None = None
+        self._strategy: CommitStrategy | None = None
         self.http: HttpEndpoints | None = None
         if config.http.enabled:
             http = config.http
             self.http = HttpEndpoints(http.host, http.port, self.registry, self.health, self.ready)
+        #: Redis down while the service starts: that wait, for readiness (else None).
+        self._opening: IndexOutage | None = None
         try:
-            self.index = open_configured_index(config.index, IndexParams.of(config.dedup))
+            self.index = self._open_index()
         except BaseException:
             if self.http is not None:
                 self.http.stop()
@@ -121,12 +132,33 @@ class Service:
                 self.metrics,
                 lambda: self._checks_open,
             )
-        self._last_beat = time.monotonic()
-        self._filter_logged = 0
-        self._index_open = True
-        #: The batches' owner and its commit strategy, from the start of :meth:`run` on.
-        self._life: BatchLife | None = None
-        self._strategy: CommitStrategy | None = None
+
+    def _open_index(self) -> DedupIndex:
+        """The configured index; a shared one's Redis is waited for as in an outage.
+
+        Redis may come up after the service (a restart of both, a failover): opening is
+        retried up to ``index.redis.outage_limit_s`` (:class:`IndexOutage`), with the HTTP
+        port served meanwhile, healthy and not ready, as when Redis goes away later.
+        """
+        cfg = self.config
+        params = IndexParams.of(cfg.dedup)
+        if cfg.index.backend != "redis":
+            return open_configured_index(cfg.index, params)
+        if self.http is not None:
+            self.http.start()
+        self._opening = IndexOutage(
+            cfg.index.redis.outage_limit_s, self.metrics, self._keep_opening
+        )
+        index = self._opening.call(
+            "opening the index", lambda: open_configured_index(cfg.index, params)
+        )
+        self._opening = None
+        return index
+
+    def _keep_opening(self) -> bool:
+        """While Redis is waited for at start: beat, and give up when a stop is asked."""
+        self._beat()
+        return not self._stop.is_set()
 
     # -- control -------------------------------------------------------------------------
 
@@ -164,8 +196,10 @@ class Service:
     def ready(self) -> tuple[bool, dict[str, object]]:
         """Partitions assigned, the index open, and (shared index) Redis reachable."""
         assigned = self._life.assigned if self._life is not None and self._index_open else 0
-        strategy = self._strategy
-        reachable = strategy is None or strategy.index_down_since is None
+        strategy, opening = self._strategy, self._opening
+        reachable = (strategy is None or strategy.index_down_since is None) and (
+            opening is None or opening.down_since is None
+        )
         ok = assigned > 0 and self._index_open and reachable
         details: dict[str, object] = {"partitions": assigned, "index_open": self._index_open}
         if not reachable:
@@ -254,7 +288,7 @@ class Service:
     def _start_worker(self) -> SketchAhead:
         """The HTTP port and the sketch worker (it loads while :meth:`_warm_up` runs)."""
         cfg = self.config
-        if self.http is not None:
+        if self.http is not None and not self.http.started:
             self.http.start()
         ahead = SketchAhead(
             self.dedup.config if cfg.service.sketch_worker else None,

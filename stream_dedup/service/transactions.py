@@ -13,7 +13,10 @@ an index that still announces the batch (its intent) while Kafka says it was del
 A transaction that cannot be committed is aborted and the batch produced again in a new
 one (an abortable error: a failed delivery, a broker that lost the transaction); a fatal
 error (this producer was fenced by a newer instance with the same ``transactional.id``)
-stops the service, whose next start replays the batch from its intent.
+stops the service, whose next start replays the batch from its intent. So does a refusal
+of the offsets by the group (this instance is no longer the member that owns the
+partitions: zombie fencing by the consumer group metadata); the partitions' new owner
+replays the batch.
 """
 
 from __future__ import annotations
@@ -33,6 +36,14 @@ from stream_dedup.service.kafka import DeliveryAbandonedError, EventProducer
 from stream_dedup.service.refusals import Refused
 
 log = logging.getLogger("stream_dedup.service.transactions")
+
+
+#: What the group coordinator answers the offsets of a member it no longer counts (a zombie:
+#: an instance paused past its session while the group gave its partitions to another).
+#: The transaction is aborted and never retried: its batch belongs to the new owner now.
+_GROUP_MOVED_ON = frozenset(
+    (KafkaError.ILLEGAL_GENERATION, KafkaError.UNKNOWN_MEMBER_ID, KafkaError.FENCED_INSTANCE_ID)
+)
 
 
 def _error(exc: KafkaException) -> KafkaError | None:
@@ -139,6 +150,12 @@ class TransactionalProducer(EventProducer):
                     # Records refused for good are replaced in the batch sent again.
                     self._replace_refused(self._failed_records(self._failed))
                     self._abort(err, delay)
+                    if err.code() in _GROUP_MOVED_ON:
+                        raise TransactionError(
+                            "the group gave this instance's partitions to another member "
+                            f"({err.str()}): its batch was aborted and is replayed by their "
+                            "new owner; was the instance paused past session.timeout.ms?"
+                        ) from exc
                     if give_up():
                         raise DeliveryAbandonedError("stopped retrying a transaction") from exc
                     time.sleep(delay)

@@ -92,6 +92,7 @@ def test_dedup_of_a_few_documents_loads_neither_numba_nor_rocksdb(tmp_path: Path
     assert [v["duplicate_of"] for v in verdicts[3:]] == ["0", "1", "2"] * 3
 
 
+@pytest.mark.slow
 def test_dedup_of_a_large_batch_loads_numba(tmp_path: Path) -> None:
     n = jit.SMALL_BATCH + 1
     lines = [json.dumps({"id": str(i), "text": f"text number {i}"}) for i in range(n)]

@@ -132,6 +132,7 @@ def decided(docs: list[Document], config: DedupConfig, backend: Backend, batch: 
     ],
     ids=["defaults", "tiny-bounds", "uniques", "signature"],
 )
+@pytest.mark.slow
 def test_matching_pass_equals_the_per_document_model(
     kijiji_ads: list[tuple[str, str]],
     backend_factory: Callable[[], Backend],

@@ -265,7 +265,7 @@ def test_shared_service_uses_the_redis_index_backend() -> None:
     assert (url.port or 6379) == 6379
     assert "STREAM_DEDUP_INDEX__PATH" not in env, "index.path is unused with backend redis"
     delivery = env.get("STREAM_DEDUP_SERVICE__DELIVERY", "at-least-once")
-    assert delivery == "at-least-once", "exactly-once is refused with backend redis"
+    assert delivery == "at-least-once", "exactly-once needs an id per replica (group.instance.id)"
 
 
 def test_shared_replicas_form_a_group_of_their_own() -> None:

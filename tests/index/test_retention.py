@@ -265,6 +265,7 @@ for lo in range(index.counter("documents"), 2000, 10):  # resumes where it was k
 """
 
 
+@pytest.mark.slow
 def test_retention_survives_kill_9(tmp_path: Path) -> None:
     path = tmp_path / "index"
     reference = build_reference()

@@ -69,6 +69,7 @@ def open_failing(
     return DedupIndex(FailingWrites(path, STORED_BATCHES, sync=sync), params, retention)
 
 
+@pytest.mark.slow
 def test_a_failing_index_write_stops_the_service_and_the_batch_is_replayed(
     bootstrap: str,
     topics: Topics,

@@ -1,5 +1,5 @@
-"""The shared index's Redis goes away while the service runs: a short outage is ridden
-out, a long one stops the service.
+"""The shared index's Redis goes away while the service runs, or is not up yet when it
+starts: a short outage is ridden out, a long one stops the service.
 
 The broker is real (Tansu) and so is Redis: a server that persists every command (AOF) is
 stopped and started again on the same port, as a restart or failover does.
@@ -10,18 +10,22 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import threading
 import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 from confluent_kafka import Consumer
+from prometheus_client import CollectorRegistry
 
-from stream_dedup.errors import IndexUnreachableError
+from stream_dedup.errors import IndexStoreError, IndexUnreachableError
 from stream_dedup.index import DedupIndex
 from stream_dedup.index.redis_backend import RedisBackend
 from stream_dedup.service.config import RedisConfig, ServiceConfig
+from stream_dedup.service.loop import Service
 from stream_dedup.tools import redis_local
+from stream_dedup.tools.broker import free_port
 from tests.conftest import fresh_namespace
 
 from .support import (
@@ -174,3 +178,60 @@ def test_an_outage_longer_than_the_limit_stops_the_service(
     assert svc.metric("stream_dedup_index_up") == 0
     assert svc.metric("stream_dedup_index_retries_total") >= 2
     assert svc.metric("stream_dedup_commits_total") == 0
+
+
+def test_redis_down_while_the_service_starts_is_waited_for(
+    bootstrap: str,
+    topics: Topics,
+    tmp_path: Path,
+    node: redis_local.PersistentNode,
+    package_logs: list[logging.LogRecord],
+) -> None:
+    """Redis comes up a few seconds after the service: opening the index waits for it,
+    healthy and not ready meanwhile, then the service runs as if it had been there."""
+    docs = kijiji_documents(40)
+    config, namespace = shared_config(bootstrap, topics, tmp_path, node.url, 60.0)
+    port = free_port()
+    config = dataclasses.replace(config, http=dataclasses.replace(config.http, port=port))
+    node.stop()
+    produce_json(bootstrap, topics.input, docs)
+    built: list[ServiceThread] = []
+    starting = threading.Thread(target=lambda: built.append(ServiceThread(config)), daemon=True)
+    starting.start()
+    wait_until(
+        lambda: (scrape(port, "stream_dedup_index_retries_total") or 0) >= 2, 20, "no retries"
+    )
+    status, body = http_get(port, "/readyz")
+    assert status == 503 and json.loads(body)["index_reachable"] is False
+    assert http_get(port, "/healthz")[0] == 200  # waiting is not a stuck loop
+    assert scrape(port, "stream_dedup_index_up") == 0
+    time.sleep(2)
+    assert starting.is_alive() and not built  # still waiting, not stopped
+    node.start()
+
+    starting.join(30)
+    assert not starting.is_alive()
+    svc = built[0].start()
+    svc.wait_for("stream_dedup_messages_consumed_total", len(docs))
+    wait_until(lambda: ready(svc)[0] == 200, 30, "not ready once Redis answered")
+    assert svc.metric("stream_dedup_index_up") == 1
+    assert svc.stop() == 0
+    index = DedupIndex(RedisBackend(node.url, namespace=namespace), None)
+    try:
+        assert index.counter("documents") == len(docs)
+    finally:
+        index.close()
+    said = [r.getMessage() for r in package_logs if r.name == "stream_dedup.service.index"]
+    assert said == ["shared index unreachable; retrying", "shared index reachable again"]
+
+
+def test_redis_down_at_start_longer_than_the_limit_stops_with_exit_code_3(
+    bootstrap: str, topics: Topics, tmp_path: Path, node: redis_local.PersistentNode
+) -> None:
+    config, _namespace = shared_config(bootstrap, topics, tmp_path, node.url, 1.5)
+    node.stop()
+    started = time.monotonic()
+    with pytest.raises(IndexUnreachableError, match=r"over index\.redis\.outage_limit_s = 1\.5 s"):
+        Service(config, CollectorRegistry())
+    assert time.monotonic() - started >= 1.5
+    assert issubclass(IndexUnreachableError, IndexStoreError)  # `run` exits with 3 on it

@@ -52,6 +52,7 @@ def event_schema() -> dict[str, object]:
     return schema
 
 
+@pytest.mark.slow
 def test_verdicts_through_kafka_equal_offline_command(
     bootstrap: str, topics: Topics, tmp_path: Path
 ) -> None:

@@ -144,6 +144,7 @@ def test_backlog_over_three_partitions_is_decided_in_time_order(
     run_and_compare(bootstrap, tmp_path, truths[corpus], live=False)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("corpus", ["kijiji", "news"])
 def test_live_stream_over_three_partitions_is_decided_in_time_order(
     bootstrap: str, tmp_path: Path, truths: dict[str, GroundTruth], corpus: str

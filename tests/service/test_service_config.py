@@ -263,6 +263,31 @@ def test_exactly_once_gives_the_producer_a_transactional_id_from_the_group() -> 
     assert client_config("producer", timed)["message.timeout.ms"] == "20000"
 
 
+def test_exactly_once_on_the_shared_index_names_each_instance_transactional_id() -> None:
+    """Many instances serve one group on Redis: one transactional.id each, never the group's
+    alone (they would fence each other in turn)."""
+    eos = {"delivery": "exactly-once"}
+    redis = {"backend": "redis"}
+    with pytest.raises(ConfigError, match=r"kafka\.group\.instance\.id.*stable id per instance"):
+        build_config([{"service": eos, "index": redis, "kafka": {"group.id": "news"}}])
+    kafka = {"group.id": "news", "group.instance.id": "pod-1"}
+    config = build_config([{"service": eos, "index": redis, "kafka": kafka}])
+    settings = config.client_settings()
+    assert client_config("producer", settings)["transactional.id"] == "stream-dedup-news-pod-1"
+    assert client_config("consumer", settings)["group.instance.id"] == "pod-1"
+    given = {"group.id": "news", "transactional.id": "dedup-pod-2"}
+    config = build_config([{"service": eos, "index": redis, "kafka": given}])
+    assert client_config("producer", config.client_settings())["transactional.id"] == "dedup-pod-2"
+    # the owned index keeps the group's id; at-least-once on Redis needs none
+    assert (
+        build_config([{"service": eos, "kafka": kafka}]).client_settings()[
+            "producer.transactional.id"
+        ]
+        == "stream-dedup-news"
+    )
+    assert not build_config([{"index": redis, "kafka": {"group.id": "news"}}]).exactly_once
+
+
 def test_delivery_takes_the_two_modes_only_and_a_transactional_id_needs_exactly_once() -> None:
     assert not ServiceConfig().exactly_once
     assert "transactional.id" not in client_config("producer", ServiceConfig().client_settings())
@@ -318,8 +343,8 @@ def test_the_redis_index_settings_layer_through_file_environment_and_flags(
         ({"index": {"redis": {"ur": "redis://x"}}}, "index.redis.ur", "did you mean 'url'"),
         (
             {"index": {"backend": "redis"}, "service": {"delivery": "exactly-once"}},
-            "service.delivery",
-            "at-least-once",
+            "kafka.group.instance.id",
+            "stable id per instance",
         ),
     ],
 )
