@@ -10,7 +10,10 @@ committed (the largest ``stream_dedup_last_commit_timestamp_seconds`` once the s
 ``stream_dedup_index_documents`` reaches n).
 
 Setups: one instance on RocksDB; one instance on Redis (single node, cluster); two
-instances on Redis (single node, cluster). Each instance also reports the share of its
+instances on Redis (single node, cluster), with the group's time order
+(``index.redis.group_order``, the default: ``docs/group-order.md``) and without it.
+``--setups`` picks some by name; setups run alternated, one run of each per round, so
+that the machine's drift falls on all alike. Each instance also reports the share of its
 run spent holding the index's lease (``stream_dedup_index_lease_held_seconds``): the part
 that instances of a group do one at a time, from which the projection for more
 instances and machines follows (see the README).
@@ -23,6 +26,7 @@ node) over it.
     .venv/bin/python bench/bench_shared.py
     .venv/bin/python bench/bench_shared.py -n 30000 --repeats 3
     .venv/bin/python bench/bench_shared.py --setups "redis node" --delivery exactly-once
+    .venv/bin/python bench/bench_shared.py -n 5000 --repeats 5 --setups "redis node"
 """
 
 from __future__ import annotations
@@ -53,13 +57,16 @@ from stream_dedup.tools.broker import (
     free_port,
 )
 
-#: (name, backend, Redis kind, instances)
+#: (name, backend, Redis kind, instances, the group's time order)
 SETUPS = [
-    ("rocksdb, 1 instance", "rocksdb", None, 1),
-    ("redis node, 1 instance", "redis", "node", 1),
-    ("redis cluster, 1 instance", "redis", "cluster", 1),
-    ("redis node, 2 instances", "redis", "node", 2),
-    ("redis cluster, 2 instances", "redis", "cluster", 2),
+    ("rocksdb, 1 instance", "rocksdb", None, 1, False),
+    ("redis node, 1 instance", "redis", "node", 1, True),
+    ("redis cluster, 1 instance", "redis", "cluster", 1, True),
+    ("redis node, 2 instances", "redis", "node", 2, True),
+    ("redis cluster, 2 instances", "redis", "cluster", 2, True),
+    ("redis node, 1 instance, no group order", "redis", "node", 1, False),
+    ("redis node, 2 instances, no group order", "redis", "node", 2, False),
+    ("redis cluster, 2 instances, no group order", "redis", "cluster", 2, False),
 ]
 
 
@@ -126,18 +133,22 @@ def one_run(
     instances: int,
     docs: list[dict[str, Any]],
     kafka: Mapping[str, str],
+    order: bool = True,
 ) -> tuple[float, list[float], float | None, float]:
     """docs/s of one run, each instance's share of the run spent holding the lease, the
     Redis CPU per document (microseconds, all nodes together), and the lease held per
-    document (microseconds, all instances together)."""
+    document (microseconds, all instances together: the service's own metric)."""
     topic = f"bench-{uuid.uuid4().hex[:8]}"
     create_topics(bootstrap, [topic], partitions=args.partitions)
     create_topics(bootstrap, [f"{topic}.unique", f"{topic}.duplicates", f"{topic}.dlq"])
-    produce_all(bootstrap, topic, docs)
+    if args.keyed:
+        produce_keyed(bootstrap, topic, docs)
+    else:
+        produce_all(bootstrap, topic, docs)
     if backend == "redis":
         index = (
             f'[index]\nbackend = "redis"\n[index.redis]\nurl = "{redis_url}"\n'
-            f'namespace = "{topic}"\n'
+            f'namespace = "{topic}"\ngroup_order = {str(order).lower()}\n'
         )
     else:
         index = f'[index]\npath = "{workdir / topic}"\n'
@@ -190,6 +201,23 @@ def one_run(
             proc.wait(timeout=60)
 
 
+def produce_keyed(bootstrap: str, topic: str, docs: list[dict[str, Any]]) -> None:
+    """Each document keyed by its id, so consecutive documents spread over the partitions
+    (the finest interleaving of times: the group order's worst case)."""
+    from confluent_kafka import Producer
+
+    producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 20, "acks": "all"})
+    for d in docs:
+        while True:
+            try:
+                producer.produce(topic, json.dumps(d).encode(), key=d["id"].encode())
+                break
+            except BufferError:
+                producer.poll(0.05)
+        producer.poll(0)
+    producer.flush(120)
+
+
 def datasketch_rate(docs: list[dict[str, Any]], redis_url: str) -> float:
     """datasketch MinHashLSH on Redis: query then insert, per document."""
     from urllib.parse import urlsplit
@@ -231,13 +259,13 @@ def main() -> int:
         default="at-least-once",
         help="service.delivery of every setup (at-least-once)",
     )
+    p.add_argument("--setups", default="", help="run only setups whose name has this text")
+    p.add_argument("--no-peer", action="store_true", help="skip datasketch")
     p.add_argument(
-        "--setups",
-        metavar="TEXT",
-        default="",
-        help="only the setups whose name contains TEXT (e.g. 'redis node'); no peer then",
+        "--keyed", action="store_true", help="key documents by id (else sticky partitioning)"
     )
     args = p.parse_args()
+    setups = [s for s in SETUPS if args.setups in s[0]]
 
     results: dict[str, Any] = {
         "date": datetime.now(UTC).isoformat(timespec="seconds"),
@@ -260,49 +288,9 @@ def main() -> int:
             "cluster": stack.enter_context(redis_local.cluster(work / "cluster")),
         }
         print(f"{os.cpu_count()} CPUs; {args.documents:,} documents, {args.partitions} partitions")
-        medians: dict[str, float] = {}
-        for name, backend, kind, instances in SETUPS:
-            if args.setups not in name:
-                continue
-            rates, shares, cpus, leases = [], [], [], []
-            for r in range(args.repeats):
-                docs = documents(args.documents, r)
-                url = urls[kind] if kind else None
-                rate, held, cpu, lease_us = one_run(
-                    bootstrap, work, args, backend, url, instances, docs, kafka
-                )
-                rates.append(rate)
-                leases.append(lease_us)
-                shares.append(held)
-                cpus.append(cpu)
-                lease = (
-                    ""
-                    if backend != "redis"
-                    else "; lease held "
-                    + " / ".join(f"{100 * h:.0f}%" for h in held)
-                    + f", {lease_us:.1f} us/doc"
-                )
-                redis_cpu = "" if cpu is None else f"; Redis CPU {cpu:.0f} us/doc"
-                print(f"  {name} run {r + 1}: {rate:,.0f} docs/s{lease}{redis_cpu}")
-            medians[name] = statistics.median(rates)
-            results[name] = {
-                "docs_per_s": rates,
-                "lease_held_share": shares,
-                "redis_cpu_us": cpus,
-                "lease_us_per_doc": leases,
-            }
-            known = [c for c in cpus if c is not None]
-            per_doc = ""
-            if known:
-                lease_med, cpu_med = statistics.median(leases), statistics.median(known)
-                per_doc = (
-                    f", lease {lease_med:.1f} us/doc, Redis CPU {cpu_med:.0f} us/doc; "
-                    f"projection: {1e6 / lease_med:,.0f} docs/s per index (the lease), "
-                    f"{1e6 / cpu_med:,.0f} docs/s per Redis core"
-                )
-            print(f"{name}: median {medians[name]:,.0f} docs/s{per_doc}")
-        if args.setups:
-            return _write(args, results)
+        medians = run_setups(setups, args, bootstrap, work, urls, kafka, results)
+        if args.no_peer or "redis node, 1 instance" not in medians:
+            return finish(args, results)
         peer_docs = documents(args.peer_documents, 0)
         peer = [datasketch_rate(peer_docs, urls["node"]) for _ in range(args.repeats)]
         results["datasketch_redis_docs_per_s"] = peer
@@ -313,13 +301,67 @@ def main() -> int:
             f"docs/s over {args.peer_documents:,} documents; ours / datasketch = "
             f"{ours / statistics.median(peer):.1f}x"
         )
-        base = medians["rocksdb, 1 instance"]
+        base = medians.get("rocksdb, 1 instance")
         for name in medians:
-            print(f"  {name}: {medians[name] / base:.2f}x of one instance on RocksDB")
-    return _write(args, results)
+            if base:
+                print(f"  {name}: {medians[name] / base:.2f}x of one instance on RocksDB")
+    return finish(args, results)
 
 
-def _write(args: argparse.Namespace, results: dict[str, Any]) -> int:
+def run_setups(
+    setups: list[tuple[str, str, str | None, int, bool]],
+    args: argparse.Namespace,
+    bootstrap: str,
+    work: Path,
+    urls: Mapping[str, str],
+    kafka: Mapping[str, str],
+    results: dict[str, Any],
+) -> dict[str, float]:
+    """Each setup ``--repeats`` times, alternated (round r runs every setup once, on the
+    same documents); returns the median docs/s per setup."""
+    runs: dict[str, dict[str, list[Any]]] = {
+        s[0]: {"docs_per_s": [], "lease_held_share": [], "redis_cpu_us": [], "lease_us_per_doc": []}
+        for s in setups
+    }
+    for r in range(args.repeats):
+        docs = documents(args.documents, r)
+        for name, backend, kind, instances, order in setups:
+            url = urls[kind] if kind else None
+            rate, held, cpu, lease_us = one_run(
+                bootstrap, work, args, backend, url, instances, docs, kafka, order
+            )
+            for key, value in zip(runs[name], (rate, held, cpu, lease_us), strict=True):
+                runs[name][key].append(value)
+            lease = (
+                ""
+                if backend != "redis"
+                else "; lease held "
+                + " / ".join(f"{100 * h:.0f}%" for h in held)
+                + f", {lease_us:.1f} us/doc"
+            )
+            redis_cpu = "" if cpu is None else f"; Redis CPU {cpu:.0f} us/doc"
+            print(f"  {name} run {r + 1}: {rate:,.0f} docs/s{lease}{redis_cpu}", flush=True)
+    medians: dict[str, float] = {}
+    for name, run in runs.items():
+        medians[name] = statistics.median(run["docs_per_s"])
+        results[name] = run
+        known = [c for c in run["redis_cpu_us"] if c is not None]
+        per_doc = ""
+        if known:
+            lease_med, cpu_med = (
+                statistics.median(run["lease_us_per_doc"]),
+                statistics.median(known),
+            )
+            per_doc = (
+                f", lease {lease_med:.1f} us/doc, Redis CPU {cpu_med:.0f} us/doc; "
+                f"projection: {1e6 / lease_med:,.0f} docs/s per index (the lease), "
+                f"{1e6 / cpu_med:,.0f} docs/s per Redis core"
+            )
+        print(f"{name}: median {medians[name]:,.0f} docs/s{per_doc}")
+    return medians
+
+
+def finish(args: argparse.Namespace, results: dict[str, Any]) -> int:
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=2), encoding="utf-8")
     return 0

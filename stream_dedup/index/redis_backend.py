@@ -44,6 +44,7 @@ from stream_dedup.core.hashing import U64
 from stream_dedup.errors import IndexLeaseLostError, IndexUnreachableError
 from stream_dedup.index.backend import NO_ORDERED_PUTS, OrderedPuts
 from stream_dedup.index.keys import SCOPED
+from stream_dedup.index.redis_heads import GroupHeads
 from stream_dedup.index.redis_layout import (
     DEFAULT_NAMESPACE,
     Groups,
@@ -366,6 +367,11 @@ class RedisBackend:
 
     def changes(self) -> Changes | None:
         return self._cursor.drain()
+
+    def group_heads(self, scope: str) -> GroupHeads:
+        """The heads ``scope`` (a consumer group) shares on this index: the group-wide time
+        order of ``docs/group-order.md``, beside the lease rather than in it."""
+        return GroupHeads(self._client, self._own[:-1], scope, self._location)
 
     # -- the rest of the contract -------------------------------------------------------
 

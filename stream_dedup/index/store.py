@@ -34,6 +34,7 @@ import json
 import threading
 from collections.abc import Iterator, Mapping
 from dataclasses import replace
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -64,6 +65,9 @@ from stream_dedup.index.retention import (
 )
 from stream_dedup.index.staged import COUNTERS, DocRecord, StoredVerdict
 from stream_dedup.index.timeline_store import load_timeline, refresh_timeline, stored_epochs
+
+if TYPE_CHECKING:  # the Redis client is imported only where an index on it is opened
+    from stream_dedup.index.redis_heads import GroupHeads
 
 __all__ = [
     "COUNTERS",
@@ -191,6 +195,13 @@ class DedupIndex(IndexReads):
                 yield
             finally:
                 self._followed.after_lease()
+
+    def group_heads(self, scope: str) -> GroupHeads | None:
+        """A shared index's exchange of partition heads for consumer group ``scope``
+        (:class:`~stream_dedup.index.redis_heads.GroupHeads`), or None: an index one
+        instance owns needs none."""
+        make = getattr(self._backend, "group_heads", None)
+        return None if make is None else make(scope)
 
     @property
     def params(self) -> IndexParams:

@@ -23,12 +23,14 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections import deque
 from collections.abc import Mapping
 
 from confluent_kafka import Consumer, KafkaError, Message, TopicPartition
 
 from stream_dedup.logs import LogThrottle, fields
 from stream_dedup.service.config import BatchConfig
+from stream_dedup.service.group_order import GroupOrder, Watermark, own_heads
 from stream_dedup.service.kafka import raise_if_fatal
 from stream_dedup.service.ordering import PartitionMerge, RecordTime
 
@@ -102,9 +104,11 @@ class Batcher:
         stop: threading.Event,
         time_of: RecordTime | None = None,
         consumer: Consumer | None = None,
+        group: GroupOrder | None = None,
     ) -> None:
         """``consumer`` is what batches are taken from (and partitions paused on);
-        ``intent`` the ranges of a batch announced but not stored before the last stop."""
+        ``intent`` the ranges of a batch announced but not stored before the last stop;
+        ``group`` the consumer group's time order on a shared index (else None)."""
         self._batch = batch
         self._stop = stop
         self._intent = intent
@@ -120,6 +124,11 @@ class Batcher:
         #: A consume error that persists comes back at every poll that reports it: each
         #: kind (code, partition) is logged once a minute, with the count of those left out.
         self._errors = LogThrottle(60.0)
+        self._group = group
+        #: Per partition, the batches released but not yet stored: (end offset, time of
+        #: the batch's first record there), oldest first. Their first is the partition's
+        #: head for the group (:mod:`.group_order`).
+        self._inflight: dict[TpKey, deque[tuple[int, int]]] = {}
 
     # -- what it holds -------------------------------------------------------------------
 
@@ -146,6 +155,34 @@ class Batcher:
 
     # -- verbs of the batch's owner ------------------------------------------------------
 
+    def heads(self) -> dict[TpKey, tuple[str, int]]:
+        """What comes next on each assigned partition, as the group's heads say it."""
+        inflight = {tp: runs[0][1] for tp, runs in self._inflight.items() if runs}
+        return own_heads(inflight, self.merge.heads(), self._assigned, self.merge.caught_up)
+
+    def decided(self, ranges: Ranges) -> None:
+        """The batch of ``ranges`` is stored: its partitions' heads move on, and the group
+        hears it at once (the others may be waiting for exactly this)."""
+        for tp, (_start, end) in ranges.items():
+            runs = self._inflight.get(tp)
+            while runs and runs[0][0] <= end:
+                runs.popleft()
+        if self._group is not None:
+            self._group.exchange(self.heads())
+
+    def _track(self, batch: list[Message]) -> None:
+        """Remember a released batch's first time and end per partition (see
+        :meth:`decided`)."""
+        firsts: dict[TpKey, tuple[int, int]] = {}
+        for msg in batch:
+            topic, partition, offset = position(msg)
+            tp = (topic, partition)
+            first = firsts.get(tp)
+            if first is None or offset < first[0]:
+                firsts[tp] = (offset, self._time_of(msg))
+        for tp, (_start, end) in batch_ranges(batch).items():
+            self._inflight.setdefault(tp, deque()).append((end, firsts[tp][1]))
+
     def assign(self, partitions: set[TpKey]) -> None:
         """The partitions are this consumer's now (fetching, not paused)."""
         self._assigned |= partitions
@@ -156,15 +193,20 @@ class Batcher:
         self._assigned -= partitions
         self._paused -= partitions
         self.merge.drop(partitions)
+        for tp in partitions:
+            self._inflight.pop(tp, None)
 
     def put_back(self, msgs: list[Message]) -> None:
-        """Messages taken but not decided come back, before everything pending."""
+        """Messages taken but not decided come back, before everything pending (they
+        were the only batch released and not stored)."""
+        self._inflight.clear()
         self._refill(msgs + self.pending)
 
     def abandon(self) -> None:
         """Forget every pending message (consumed again from the stored offsets)."""
         self._refill([])
         self._received_at.clear()
+        self._inflight.clear()
 
     def take_pending(self) -> list[Message]:
         """Everything pending, as one batch (the partitions are about to go)."""
@@ -223,6 +265,8 @@ class Batcher:
         limit = self._batch.max_messages
         merge = self.merge
         if not merge:
+            if self._group is not None:
+                self._group.keep_alive(self.heads())
             first = consumer.poll(0.2 if wait else 0.0)
             if first is None:
                 return []
@@ -237,20 +281,42 @@ class Batcher:
             self.take(more)
             if more and time.monotonic() < deadline:
                 continue
-            batch = merge.release(limit, self.watched())
+            batch, held = self._release(limit)
             if batch or not wait or not merge:
                 return batch
             # Held back by a partition with nothing buffered: its records may be queued
             # behind the others' in the consumer, so take more (beyond the usual room,
-            # up to a bound on memory) while waiting a little for them.
+            # up to a bound on memory) while waiting a little for them. Held back by the
+            # group's watermark: the same, for the group's pause (a short backoff).
             left = merge.blocking(self.watched())
             timeout = min(0.05, left if left is not None else 0.0)
+            if held is not None and self._group is not None:
+                timeout = self._group.pause(held.hold_ms)
             if len(merge) < limit * _HELD_BATCHES:
                 self.take(consumer.consume(limit, timeout))
             else:
                 time.sleep(timeout)
             deadline = time.monotonic()
         return []
+
+    def _release(self, limit: int) -> tuple[list[Message], Watermark | None]:
+        """The merge's next batch, below the group's watermark on a shared index; and the
+        watermark when it alone held the batch back."""
+        group = self._group
+        if group is None:
+            return self.merge.release(limit, self.watched()), None
+        if self._consumer is not None:
+            group.learn_partitions(self._consumer)
+        group.exchange(self.heads())
+        mark = group.watermark(self._assigned)
+        batch = self.merge.release(limit, self.watched(), mark.ceiling)
+        if batch:
+            group.released()
+            self._track(batch)
+            return batch, None
+        if not self.merge or self.merge.blocking(self.watched()) is not None:
+            return [], None  # held back by a partition of this instance
+        return [], mark
 
     def _collect_intent(self, consumer: Consumer, intent: Ranges) -> list[Message]:
         """The announced batch once every intent partition reached its end, else ``[]``.

@@ -61,6 +61,9 @@ class CommitStrategy(ABC):
 
     #: What the operator should do when the first batch replays an announced one.
     replay_action = "none: its events are re-emitted identically"
+    #: Told each batch's input ranges as soon as the batch is stored, before it is
+    #: delivered (the shared index: the group's heads move on, :mod:`.group_order`).
+    on_stored: Callable[[Ranges], None] | None = None
 
     def __init__(
         self,
@@ -267,7 +270,7 @@ class SharedIndex(CommitStrategy):
     def commit(
         self, decoded: Decoded, sketched: Sketch | None, ranges: Ranges, *, replaying: bool
     ) -> BatchResult:
-        out = self._store(decoded, sketched)  # 1. decide and store, under the lease
+        out = self._store(decoded, sketched, ranges)  # 1. decide and store, under the lease
         started = time.perf_counter()
         offsets = _next_offsets(ranges)
         self._produce(out.records, out.refused)  # 2. produce
@@ -277,13 +280,17 @@ class SharedIndex(CommitStrategy):
         self._committed(started)
         return out.result
 
-    def _store(self, decoded: Decoded, sketched: Sketch | None) -> DecidedBatch:
-        """Step 1, retried whole through an outage of the index."""
+    def _store(self, decoded: Decoded, sketched: Sketch | None, ranges: Ranges) -> DecidedBatch:
+        """Step 1, retried whole through an outage of the index; then ``on_stored`` (the
+        group's time order publishes its new heads before delivery)."""
         built: list[DecidedBatch] = []  # one per attempt that got as far as deciding
-        return self._outage.call(
+        out = self._outage.call(
             "deciding and storing a batch",
             lambda: self._decide_and_store(decoded, sketched, built),
         )
+        if self.on_stored is not None:
+            self.on_stored(ranges)
+        return out
 
     def _decide_and_store(
         self, decoded: Decoded, sketched: Sketch | None, built: list[DecidedBatch]
@@ -329,7 +336,7 @@ class SharedExactlyOnce(SharedIndex):
     def commit(
         self, decoded: Decoded, sketched: Sketch | None, ranges: Ranges, *, replaying: bool
     ) -> BatchResult:
-        out = self._store(decoded, sketched)  # 1. decide and store, under the lease
+        out = self._store(decoded, sketched, ranges)  # 1. decide and store, under the lease
         started = time.perf_counter()
         offsets = _next_offsets(ranges)
         self._produce(out.records, out.refused)  # 2. produce, in a transaction

@@ -87,7 +87,9 @@ class RedisConfig:
     indexes can share one Redis. ``lock_ttl_ms`` is how long an instance killed while
     holding the index's lease blocks the others: longer than deciding and storing one
     batch takes. ``outage_limit_s`` is how long an instance, running or starting, waits
-    for an unreachable Redis, retrying, before it stops (0: stop at once)."""
+    for an unreachable Redis, retrying, before it stops (0: stop at once). ``group_order``
+    decides in one time order across the group's instances (``docs/group-order.md``);
+    off, each instance orders only its own partitions."""
 
     url: str = "redis://localhost:6379/0"
     password: str = ""
@@ -95,6 +97,7 @@ class RedisConfig:
     tls_ca_file: str = ""
     lock_ttl_ms: int = 10_000
     outage_limit_s: float = 120.0
+    group_order: bool = True
 
     def __post_init__(self) -> None:
         if not re.fullmatch(r"(redis|rediss|unix)://.+", self.url):

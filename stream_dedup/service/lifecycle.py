@@ -37,6 +37,7 @@ from stream_dedup.logs import fields
 from stream_dedup.service.batches import Batcher, TpKey
 from stream_dedup.service.checkpoint import CommitStrategy
 from stream_dedup.service.config import ServiceConfig
+from stream_dedup.service.group_order import GroupOrder
 from stream_dedup.service.inputs import Decoded, InputDecoder, MessageBatch
 from stream_dedup.service.lost_index import check_empty_index, check_offsets_retained
 from stream_dedup.service.metrics import Metrics
@@ -83,7 +84,11 @@ class BatchLife:
         self._time_of = RecordTime(config.input.time_field)
         self._time_warnings = TimeWarnings(config.input.time_field, metrics)
         intent = strategy.stored_intent()  # waits out a shared index's outage
-        self._batches = Batcher(config.batch, intent, stop, self._time_of, consumer)
+        self._group = _group_order(config, index)
+        self._batches = Batcher(
+            config.batch, intent, stop, self._time_of, consumer, group=self._group
+        )
+        strategy.on_stored = self._batches.decided
         strategy_name = config.kafka.get("partition.assignment.strategy", "")
         self._cooperative = (
             "cooperative" in strategy_name or config.kafka.get("group.protocol") == "consumer"
@@ -118,6 +123,8 @@ class BatchLife:
         from_intent = batches.intent is not None
         batch = batches.collect(wait=wait)
         self._metrics.reorder_waiting.set(len(batches.merge))
+        if self._group is not None:
+            self._metrics.group_order_wait.inc(self._group.take_waited())
         if from_intent:  # the announced batch is decided alone, not ahead
             if batch:
                 self._process(self._decode(batch), None)
@@ -128,6 +135,8 @@ class BatchLife:
     def finish(self) -> None:
         """Commit the batch held ahead (a stop: the consumer's revoke commits the rest)."""
         self._ahead.drain(self._process)
+        if self._group is not None:
+            self._group.close()
 
     def abandon(self) -> None:
         """Decide nothing more: forget what was collected, consumed again at the next start.
@@ -137,6 +146,8 @@ class BatchLife:
         """
         self._batches.abandon()
         self._ahead.take_back()
+        if self._group is not None:
+            self._group.close()
 
     # -- the consumer's rebalance callbacks ------------------------------------------------
 
@@ -149,6 +160,8 @@ class BatchLife:
         """
         self._metrics.rebalances.labels("assign").inc()
         stored = self._strategy.stored_offsets()  # waits out a shared index's outage
+        if self._group is not None:
+            self._group.partitions_changed()
         intent = self._batches.intent or {}
         for tp in partitions:
             key = (tp.topic, tp.partition)
@@ -185,7 +198,10 @@ class BatchLife:
         if announced:
             self._process(self._decode(announced), None)
         batch: list[Message] = []
-        if batches.intent is None:
+        if batches.intent is None and self._group is None:
+            # In the group's time order (shared index) what is pending waits for the
+            # watermark instead: it is dropped, and its partitions' next owners consume
+            # it again from the offsets stored in the index.
             batch = batches.take_pending()
             if batch:
                 self._process(self._decode(batch), None)
@@ -221,6 +237,7 @@ class BatchLife:
         )
 
     def _forget(self, partitions: set[TpKey]) -> None:
+        """Partitions leave: their pending records go (consumed again by their next owner)."""
         self._batches.forget(partitions)
         self._metrics.assigned.set(self.assigned)
 
@@ -263,3 +280,14 @@ class BatchLife:
             times,
             time.time(),
         )
+
+
+def _group_order(config: ServiceConfig, index: DedupIndex) -> GroupOrder | None:
+    """The consumer group's time order on a shared index (``index.redis.group_order``),
+    else None: one instance's partition merge orders its own partitions alone."""
+    if not index.shared or not config.index.redis.group_order:
+        return None
+    heads = index.group_heads(str(config.kafka.get("group.id", "")))
+    if heads is None:
+        return None
+    return GroupOrder(heads, config.input.topics, config.batch.max_idle_ms)

@@ -50,6 +50,7 @@ stream_dedup_index_epochs                       gauge      live epochs (retentio
 stream_dedup_consumer_lag_messages{topic,part.}  gauge      lag from librdkafka statistics
 stream_dedup_decision_lag_seconds{edge}         gauge      now - time of last batch's oldest/newest
 stream_dedup_reorder_waiting_messages           gauge      consumed, held by the time-ordered merge
+stream_dedup_group_order_wait_seconds_total     counter    waits for the group's low watermark
 stream_dedup_transactions_total{outcome}        counter    exactly-once: committed / aborted
 stream_dedup_check_requests_total{outcome}      counter    POST /check, /check/batch answered
 stream_dedup_check_duration_seconds             histogram  one check request, read to answer
@@ -338,6 +339,12 @@ class Metrics:
         self.reorder_waiting = Gauge(
             f"{p}_reorder_waiting_messages",
             "Messages consumed and held by the time-ordered merge of partitions.",
+            registry=r,
+        )
+        self.group_order_wait = Counter(
+            f"{p}_group_order_wait_seconds",
+            "Seconds spent waiting for the consumer group's low watermark on a shared index "
+            "(other instances' partitions with earlier records; docs/group-order.md).",
             registry=r,
         )
 

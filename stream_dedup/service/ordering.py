@@ -189,9 +189,20 @@ class PartitionMerge:
                 wait = left if wait is None else min(wait, left)
         return wait
 
-    def release(self, limit: int, watched: Iterable[TpKey]) -> list[Message]:
+    def heads(self) -> dict[TpKey, int]:
+        """The time of each partition's first buffered record."""
+        return {tp: buf[0][0] for tp, buf in self._buffers.items() if buf}
+
+    def release(
+        self,
+        limit: int,
+        watched: Iterable[TpKey],
+        ceiling: tuple[int, TpKey] | None = None,
+    ) -> list[Message]:
         """Up to ``limit`` records, smallest (time, topic, partition) head first, while no
-        watched partition holds the merge back (see the module docstring)."""
+        watched partition holds the merge back (see the module docstring), and each below
+        ``ceiling`` when one is given (the consumer group's low watermark on a shared
+        index, :mod:`.group_order`: other instances' partitions hold the merge back too)."""
         watch = set(watched)
         now = self._clock()
         if not self._size or self.blocking(watch, now) is not None:
@@ -200,6 +211,8 @@ class PartitionMerge:
         heapq.heapify(heap)
         out: list[Message] = []
         while heap and len(out) < limit:
+            if ceiling is not None and heap[0] >= ceiling:
+                break
             _t, tp = heapq.heappop(heap)
             buf = self._buffers[tp]
             out.append(buf.popleft()[1])

@@ -49,7 +49,14 @@ def test_two_instances_killed_in_turn_lose_nothing_and_agree_with_one(
     docs, messages, bad = mixed_stream(tmp_path / "stream.jsonl", DOCUMENTS, BAD_EVERY)
     namespace = fresh_namespace()
     ports = [free_port(), free_port()]
-    redis = {"url": redis_cluster_url, "namespace": namespace, "lock_ttl_ms": 2000}
+    # Crash safety in lease order: the group's time order (test_group_order.py) would make
+    # each slowed commit a turn of the group.
+    redis = {
+        "url": redis_cluster_url,
+        "namespace": namespace,
+        "lock_ttl_ms": 2000,
+        "group_order": False,
+    }
     configs = instance_configs(bootstrap, topics, redis, ports, tmp_path)
     script = tmp_path / "slow_commit.py"
     script.write_text(SLOW_COMMIT, encoding="utf-8")

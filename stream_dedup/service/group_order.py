@@ -1,0 +1,242 @@
+"""One time order for a consumer group on the shared index: the group's low watermark.
+
+Within one instance the partition merge (:mod:`.ordering`) releases records smallest
+time first across the partitions it owns. Instances of one group on one Redis index each
+own some partitions of a topic, and the lease alone orders their batches as they come.
+So each instance publishes, per partition it owns, what comes next there (the time of
+its next undecided record, "empty since", or "at its end"), and releases a record only
+when its (time, topic, partition) is below every other partition's head: the group's
+*low watermark*, the way one instance's merge holds a partition's records back while
+another has an earlier head. The whole argument, with each crash and rebalance, is in
+``docs/group-order.md``.
+
+:func:`low_watermark` is the rule, a function of the published heads alone;
+:class:`GroupOrder` is the instance's side of the exchange: it publishes and reads the
+heads in one Redis round trip (:class:`~stream_dedup.index.redis_heads.GroupHeads`), at
+each turn where this instance's heads changed or a heartbeat is due, after each stored
+batch, and while a batch waits for the watermark, with a backoff (1 ms doubling to
+16 ms) instead of a busy poll. While the loop is busy elsewhere (waiting for the lease,
+deciding a large batch, delivering), a heartbeat thread keeps this instance's heads
+fresh, so that a busy member is not taken for a dead one; it refreshes only fields no
+newer owner has written.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Iterable, Mapping
+from typing import NamedTuple
+
+from confluent_kafka import Consumer, KafkaException
+
+from stream_dedup.errors import IndexIOError
+from stream_dedup.index.redis_heads import AT_END, EMPTY, HEAD, GroupHeads, Published
+from stream_dedup.logs import LogThrottle, fields
+
+log = logging.getLogger("stream_dedup.service")
+
+TpKey = tuple[str, int]
+#: A record's place in the group's order: (time, (topic, partition)), as ``time_order``
+#: and the partition merge compare them.
+OrderKey = tuple[int, TpKey]
+#: A ceiling below every record: nothing may be released.
+BLOCKED: OrderKey = (-(2**63), ("", -1))
+
+_FIRST_PAUSE_S = 0.001
+_LAST_PAUSE_S = 0.016
+
+
+class Watermark(NamedTuple):
+    """What this instance may release: records below ``ceiling`` (None: no limit)."""
+
+    ceiling: OrderKey | None
+    #: While a partition holds everything back (empty or unowned, and not for long
+    #: yet): milliseconds until it stops holding; else None.
+    hold_ms: int | None = None
+
+
+def low_watermark(
+    published: Published,
+    partitions: Mapping[str, int],
+    mine: Iterable[TpKey],
+    max_idle_ms: int,
+    missing_since: dict[TpKey, int],
+) -> Watermark:
+    """The smallest head over the partitions of ``partitions`` (topic -> count) that are
+    not ``mine``, as ``published``.
+
+    A head is a bound only while its owner is alive: one not written for ``max_idle_ms``
+    (the owner was killed, or lost the partition and nobody owns it yet) is treated as
+    idle. An empty partition, or one nobody has written (``missing_since`` remembers
+    when this instance first found it so, in server ms), holds everything back until it
+    has been so for ``max_idle_ms``; a partition at its end holds nothing back.
+    """
+    now = published.now_ms
+    own = set(mine)
+    ceiling: OrderKey | None = None
+    hold: int | None = None
+    for topic, count in partitions.items():
+        for partition in range(count):
+            tp = (topic, partition)
+            if tp in own:
+                continue
+            head = published.heads.get(tp)
+            if head is None:
+                left = missing_since.setdefault(tp, now) + max_idle_ms - now
+            else:
+                missing_since.pop(tp, None)
+                if now - head.seen > max_idle_ms or head.kind == AT_END:
+                    continue  # an owner gone, or nothing more to come: idle
+                if head.kind == HEAD:
+                    key = (head.time, tp)
+                    ceiling = key if ceiling is None else min(ceiling, key)
+                    continue
+                left = head.since + max_idle_ms - now  # EMPTY (or a kind not known)
+            if left > 0:
+                hold = left if hold is None else min(hold, left)
+    if hold is not None:
+        return Watermark(BLOCKED, hold)
+    return Watermark(ceiling)
+
+
+class GroupOrder:
+    """This instance's side of the group's heads (see the module docstring)."""
+
+    def __init__(self, heads: GroupHeads, topics: Iterable[str], max_idle_ms: int) -> None:
+        self._heads = heads
+        self._max_idle_ms = max_idle_ms
+        #: Topic -> number of partitions, from the broker's metadata at each assignment.
+        self._partitions: dict[str, int] = dict.fromkeys(topics, 0)
+        self._missing_since: dict[TpKey, int] = {}
+        self._learn = True
+        self._last: Published | None = None
+        self._sent: dict[TpKey, tuple[str, int]] = {}
+        self._sent_at = 0.0
+        #: A heartbeat keeps this instance's heads fresh well within ``max_idle_ms``.
+        self._heartbeat_s = max(0.02, max_idle_ms / 4000.0)
+        self._pause_s = _FIRST_PAUSE_S
+        self._failed = LogThrottle(60.0)
+        #: Round trips made, and seconds spent waiting for the watermark (see
+        #: :meth:`take_waited`).
+        self.exchanges = 0
+        self.waited_s = 0.0
+        self._stop = threading.Event()
+        self._beat = threading.Thread(target=self._heartbeat, name="group-heads", daemon=True)
+        self._beat.start()
+
+    def close(self) -> None:
+        """Stop the heartbeat (the service stops: its heads go stale, as a dead member's)."""
+        self._stop.set()
+
+    def _heartbeat(self) -> None:
+        """Touch this instance's heads whenever the loop has not exchanged for a beat."""
+        while not self._stop.wait(self._heartbeat_s / 2):
+            if time.monotonic() - self._sent_at < self._heartbeat_s:
+                continue
+            try:
+                self._heads.touch(sorted(self._partitions))
+            except IndexIOError:
+                continue  # the loop finds the outage too, and says so
+            except Exception:  # the index was closed under it: the service is stopping
+                return
+
+    def partitions_changed(self) -> None:
+        """The group rebalanced: read the partition counts again before the next release
+        (not here: the consumer's rebalance callback must not call the consumer)."""
+        self._learn = True
+
+    def learn_partitions(self, consumer: Consumer, timeout_s: float = 10.0) -> None:
+        """Read each topic's partition count, once after each rebalance (a partition
+        nobody publishes holds the others back until ``max_idle_ms``, so every one must
+        be known)."""
+        if not self._learn:
+            return
+        self._learn = False
+        for topic in list(self._partitions):
+            try:
+                meta = consumer.list_topics(topic, timeout=timeout_s).topics.get(topic)
+            except KafkaException as exc:  # the broker unreachable: ask again next time
+                self._learn = True
+                dropped = self._failed.admit("partitions")
+                if dropped is not None:
+                    log.warning(
+                        "cannot read the topic's partitions",
+                        extra=fields(error=str(exc), suppressed=dropped),
+                    )
+                continue
+            if meta is not None and meta.error is None:
+                self._partitions[topic] = len(meta.partitions)
+
+    def exchange(self, mine: Mapping[TpKey, tuple[str, int]]) -> None:
+        """Publish ``mine`` (each owned partition's (kind, time)) and read the group's."""
+        topics = sorted({*self._partitions, *(t for t, _p in mine)})
+        for topic in topics:
+            self._partitions.setdefault(topic, 0)
+        try:
+            self._last = self._heads.exchange(topics, mine)
+        except IndexIOError as exc:
+            self._last = None  # nothing known: hold back until Redis answers
+            dropped = self._failed.admit("exchange")
+            if dropped is not None:
+                log.warning(
+                    "cannot exchange the group's heads; holding batches back",
+                    extra=fields(error=str(exc), suppressed=dropped),
+                )
+            return
+        self.exchanges += 1
+        self._sent = dict(mine)
+        self._sent_at = time.monotonic()
+
+    def keep_alive(self, mine: Mapping[TpKey, tuple[str, int]]) -> None:
+        """:meth:`exchange` if ``mine`` changed since it was last published, or the
+        heartbeat is due."""
+        if mine != self._sent or time.monotonic() - self._sent_at >= self._heartbeat_s:
+            self.exchange(mine)
+
+    def watermark(self, mine: Iterable[TpKey]) -> Watermark:
+        """Below what this instance may release now, from the last exchange."""
+        if self._last is None:
+            return Watermark(BLOCKED, 100)
+        return low_watermark(
+            self._last, self._partitions, mine, self._max_idle_ms, self._missing_since
+        )
+
+    def pause(self, hold_ms: int | None) -> float:
+        """Seconds to wait before asking again (doubling while held back, up to 16 ms, and
+        never past the moment a holding partition stops holding)."""
+        wait = self._pause_s
+        self._pause_s = min(2 * wait, _LAST_PAUSE_S)
+        if hold_ms is not None:
+            wait = min(wait, max(hold_ms / 1000.0, 0.0005))
+        self.waited_s += wait
+        return wait
+
+    def take_waited(self) -> float:
+        """Seconds waited for the watermark since last asked (for the metric)."""
+        waited, self.waited_s = self.waited_s, 0.0
+        return waited
+
+    def released(self) -> None:
+        """Something was released: the next wait starts short again."""
+        self._pause_s = _FIRST_PAUSE_S
+
+
+def own_heads(
+    inflight: Mapping[TpKey, int],
+    buffered: Mapping[TpKey, int],
+    assigned: Iterable[TpKey],
+    at_end: set[TpKey],
+) -> dict[TpKey, tuple[str, int]]:
+    """Each assigned partition's (kind, time): its first undecided record's time, taken
+    (``inflight``: released, not yet stored) or still buffered; else at its end or empty."""
+    out: dict[TpKey, tuple[str, int]] = {}
+    for tp in assigned:
+        if tp in inflight:
+            out[tp] = (HEAD, inflight[tp])
+        elif tp in buffered:
+            out[tp] = (HEAD, buffered[tp])
+        else:
+            out[tp] = (AT_END, 0) if tp in at_end else (EMPTY, 0)
+    return out

@@ -1,0 +1,115 @@
+"""The group's heads on real Redis servers (one node, and the 3-master cluster)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+
+import pytest
+from confluent_kafka import Message
+
+from stream_dedup.index.redis_backend import RedisBackend
+from stream_dedup.index.redis_heads import AT_END, EMPTY, HEAD, GroupHeads
+from stream_dedup.service.group_order import GroupOrder, own_heads
+from stream_dedup.service.ordering import PartitionMerge, RecordTime
+from tests.conftest import fresh_namespace
+
+TIME = RecordTime()
+
+
+@pytest.fixture(params=["redis", "redis-cluster"])
+def backend_kind(request: pytest.FixtureRequest) -> str:
+    kind: str = request.param
+    return kind
+
+
+@pytest.fixture
+def members(redis_backend_url: str) -> Iterator[Callable[[], GroupHeads]]:
+    """``make()``: one more instance's exchange (its own connection) for one group."""
+    namespace = fresh_namespace()
+    opened: list[RedisBackend] = []
+
+    def make() -> GroupHeads:
+        backend = RedisBackend(redis_backend_url, namespace=namespace)
+        opened.append(backend)
+        return backend.group_heads("group-a")
+
+    yield make
+    for backend in opened:
+        backend.close()
+
+
+def test_each_member_writes_its_partitions_and_reads_everyone(
+    members: Callable[[], GroupHeads],
+) -> None:
+    a, b = members(), members()
+    topics = ["news", "wire"]
+    first = a.exchange(topics, {("news", 0): (HEAD, 100), ("wire", 1): (AT_END, 0)})
+    assert abs(first.now_ms - time.time() * 1000) < 5000  # the server's clock
+    got = b.exchange(topics, {("news", 1): (EMPTY, 0)})
+    assert got.heads[("news", 0)][:2] == (HEAD, 100)
+    assert got.heads[("wire", 1)].kind == AT_END
+    empty_since = got.heads[("news", 1)].since
+    assert empty_since == got.now_ms == got.heads[("news", 1)].seen
+    time.sleep(0.01)
+    again = b.exchange(topics, {("news", 1): (EMPTY, 0)})
+    assert again.heads[("news", 1)].since == empty_since  # still empty: since stays
+    assert again.heads[("news", 1)].seen > empty_since  # but its owner is alive
+    later = b.exchange(topics, {("news", 1): (HEAD, 120)})
+    time.sleep(0.01)
+    empty_again = b.exchange(topics, {("news", 1): (EMPTY, 0)}).heads[("news", 1)]
+    assert empty_again.since > later.now_ms  # a new emptiness starts afresh
+    assert set(a.exchange(topics, {}).heads) == {("news", 0), ("news", 1), ("wire", 1)}
+
+
+def test_a_heartbeat_refreshes_only_the_fields_no_newer_owner_wrote(
+    members: Callable[[], GroupHeads],
+) -> None:
+    old, new = members(), members()
+    first = old.exchange(["news"], {("news", 0): (HEAD, 10), ("news", 1): (HEAD, 20)})
+    moved = new.exchange(["news"], {("news", 1): (HEAD, 25)})  # partition 1 moved
+    time.sleep(0.01)
+    old.touch(["news"])
+    heads = new.exchange(["news"], {}).heads
+    assert heads[("news", 0)][:2] == (HEAD, 10)
+    assert heads[("news", 0)].seen > first.now_ms  # still alive
+    assert heads[("news", 1)][:2] == (HEAD, 25)
+    assert heads[("news", 1)].seen == moved.now_ms  # the new owner's, untouched
+
+
+def rec(partition: int, offset: int, ts: int) -> Message:
+    return Message(topic="news", partition=partition, offset=offset, value=b"{}", timestamp=(1, ts))
+
+
+def test_two_members_taking_turns_decide_in_the_groups_time_order(
+    members: Callable[[], GroupHeads],
+) -> None:
+    """Two instances, one partition each, with interleaved times: whatever the turns,
+    what they release joins into one time order (the service's batcher does the same
+    with its consumer; the broker tests run it whole)."""
+    times = {0: [10, 30, 31, 50, 70], 1: [20, 40, 60, 61, 62]}
+    sides = []
+    for partition, stamps in times.items():
+        merge = PartitionMerge(0.5, TIME)
+        for offset, ts in enumerate(stamps):
+            merge.add(rec(partition, offset, ts))
+        merge.at_end(("news", partition))
+        order = GroupOrder(members(), ["news"], 5000)
+        order._partitions["news"] = 2
+        order._learn = False
+        sides.append((partition, merge, order))
+    decided: list[int] = []
+    turns = 0
+    while any(len(merge) for _p, merge, _o in sides):
+        turns += 1
+        assert turns < 50, "no progress"
+        for partition, merge, order in sides:
+            mine = {("news", partition)}
+            order.exchange(own_heads({}, merge.heads(), mine, merge.caught_up))
+            out = merge.release(2, mine, order.watermark(mine).ceiling)
+            decided += [TIME(m) for m in out]
+            order.exchange(own_heads({}, merge.heads(), mine, merge.caught_up))
+    for _p, _m, order in sides:
+        order.close()
+    assert decided == sorted(decided)
+    assert len(decided) == 10

@@ -1,0 +1,215 @@
+"""Several instances of one group on one Redis index decide in the documents' time.
+
+A wire stream whose copies follow their original within seconds is produced keyed by id
+over 3 partitions, with increasing message timestamps, as a backlog or live; 2 or 3
+service processes share one index (a single Redis node or the 3-master cluster), and in
+the kill runs are killed with -9 in turn. Whatever the lease order, the verdicts must be
+those of one instance deciding the stream in produce order: strict F1 against the exact
+ground truth >= 0.99, >= 99.5 % of ids equal to the offline run over the file, nothing
+lost, no id's events disagreeing (``docs/group-order.md``).
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import signal
+import subprocess
+import threading
+import time
+from collections import defaultdict
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from stream_dedup.tools.broker import free_port
+from tests.conftest import fresh_namespace
+from tests.quality.conftest import GroundTruth, build_truth, news_corpus
+
+from .support import (
+    Topics,
+    process_config,
+    read_topic,
+    scrape,
+    start_script,
+    write_toml,
+)
+from .test_process import wait_until
+from .test_time_order import offline_verdicts, produce_timed
+
+pytestmark = [pytest.mark.broker, pytest.mark.slow]
+
+PARTITIONS = 3
+#: ``stream-dedup run`` as a script, for :func:`start_script`. Not slowed: instances take
+#: turns as finely as the partitions' times interleave, so a slowed delivery would
+#: slow every turn.
+PLAIN = "import sys\nfrom stream_dedup.cli import main\nsys.exit(main(sys.argv[1:]))\n"
+DOCUMENTS = 1200
+
+
+@pytest.fixture(scope="module")
+def truth() -> GroundTruth:
+    return build_truth(news_corpus(DOCUMENTS))
+
+
+@dataclass
+class Run:
+    """One multi-instance run: how many, on which Redis, fed how."""
+
+    instances: int
+    redis: str
+    live: bool
+    kills: int
+    #: Documents per second while live.
+    rate: float = 40.0
+
+
+class Group:
+    """The service processes of one consumer group on one shared index."""
+
+    def __init__(self, bootstrap: str, topics: Topics, run: Run, tmp_path: Path) -> None:
+        namespace = fresh_namespace()
+        script = tmp_path / "run.py"
+        script.write_text(PLAIN, encoding="utf-8")
+        self.script, self.log = script, tmp_path / "service.log"
+        self.ports = [free_port() for _ in range(run.instances)]
+        self.configs = []
+        for n, port in enumerate(self.ports):
+            settings = process_config(bootstrap, topics, tmp_path / f"unused-{n}", port)
+            settings["index"] = {
+                "backend": "redis",
+                "redis": {"url": run.redis, "namespace": namespace, "lock_ttl_ms": 5000},
+            }
+            # Batches small enough that kills land inside a run's work, and a dead
+            # member's heads held (max_idle_ms) until the group has moved its partitions
+            # (a restart, the session's expiry and two rebalance rounds: ~7-10 s here).
+            settings["batch"] = {"max_messages": 50, "max_wait_ms": 20, "max_idle_ms": 15000}
+            settings["kafka"]["partition.assignment.strategy"] = "cooperative-sticky"
+            settings["kafka"]["session.timeout.ms"] = "3000"
+            self.configs.append(write_toml(tmp_path / f"instance-{n}.toml", settings))
+        self.procs = [self.start(n) for n in range(run.instances)]
+
+    def start(self, n: int) -> subprocess.Popen[bytes]:
+        return start_script(self.script, self.configs[n], self.log)
+
+    def wait_up(self, n: int) -> None:
+        port = self.ports[n]
+        wait_until(lambda: scrape(port, "stream_dedup_index_documents") is not None, 60, "up")
+
+    def decided(self) -> float:
+        return max(scrape(p, "stream_dedup_index_documents") or 0.0 for p in self.ports)
+
+    def kill_in_turn(self, kills: int, going: Callable[[], bool], rng: random.Random) -> int:
+        """``kill -9`` each instance in turn once it committed something, while ``going``."""
+        done = 0
+        while done < kills and going():
+            n = done % len(self.procs)
+            port = self.ports[n]
+            before = scrape(port, "stream_dedup_commits_total") or 0.0
+            deadline = time.monotonic() + 40
+            while (scrape(port, "stream_dedup_commits_total") or 0.0) <= before:
+                if not going():
+                    return done
+                assert time.monotonic() < deadline, f"instance {n} made no progress"
+                time.sleep(0.01)
+            time.sleep(rng.uniform(0.0, 0.4))
+            self.procs[n].send_signal(signal.SIGKILL)
+            self.procs[n].wait(timeout=10)
+            done += 1
+            self.procs[n] = self.start(n)
+            self.wait_up(n)
+        return done
+
+    def stop(self) -> None:
+        for proc in self.procs:
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+        for proc in self.procs:
+            assert proc.wait(timeout=40) == 0
+
+    def kill_all(self) -> None:
+        for proc in self.procs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+
+
+def run_group(bootstrap: str, tmp_path: Path, truth: GroundTruth, run: Run) -> None:
+    corpus = truth.corpus
+    reference = offline_verdicts(corpus, tmp_path)
+    topics = Topics.fresh()
+    topics.create(bootstrap, partitions=PARTITIONS)
+    if not run.live:
+        produce_timed(bootstrap, topics.input, corpus, None)
+    started = time.monotonic()
+    group = Group(bootstrap, topics, run, tmp_path)
+    feeder = threading.Thread(
+        target=lambda: produce_timed(bootstrap, topics.input, corpus, run.rate), daemon=True
+    )
+    kills = 0
+    try:
+        for n in range(run.instances):
+            group.wait_up(n)
+        if run.live:
+            feeder.start()
+
+        def going() -> bool:
+            return feeder.is_alive() or group.decided() < DOCUMENTS
+
+        kills = group.kill_in_turn(run.kills, going, random.Random(11))
+        if run.live:
+            feeder.join(timeout=120)
+        wait_until(lambda: group.decided() >= DOCUMENTS, 120, "every document decided")
+        group.stop()
+    finally:
+        group.kill_all()
+    elapsed = time.monotonic() - started
+
+    out = read_topic(bootstrap, topics.unique) + read_topic(bootstrap, topics.duplicates)
+    by_id: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    for msg in out:
+        event = json.loads(msg.value() or b"null")
+        by_id[event["id"]].append(event)
+    assert set(by_id) == set(corpus.ids)  # nothing lost
+    for doc_id, evs in by_id.items():  # repeats (at-least-once) never contradict
+        assert all(e == evs[0] for e in evs), doc_id
+    fields = ("verdict", "duplicate_of")
+    agree = sum(all(by_id[r["id"]][0][k] == r[k] for k in fields) for r in reference)
+    quality = truth.quality([by_id[i][0] for i in corpus.ids], "group")
+    f1 = 2 * quality.precision * quality.recall / (quality.precision + quality.recall)
+    print(
+        f"{run}: {kills} kills in {elapsed:.0f} s; agreement with one instance in produce "
+        f"order {agree / len(reference):.4f}; {quality}; strict F1 {f1:.4f}"
+    )
+    assert kills >= run.kills or not run.live, kills
+    assert agree >= 0.995 * len(reference)
+    assert f1 >= 0.99, str(quality)
+
+
+def test_two_instances_on_one_node_killed_in_turn_decide_a_live_stream_in_time(
+    bootstrap: str, redis_url: str, tmp_path: Path, truth: GroundTruth
+) -> None:
+    run_group(bootstrap, tmp_path, truth, Run(2, redis_url, live=True, kills=4))
+
+
+def test_three_instances_on_a_cluster_decide_a_backlog_in_time(
+    bootstrap: str, redis_cluster_url: str, tmp_path: Path, truth: GroundTruth
+) -> None:
+    run_group(bootstrap, tmp_path, truth, Run(3, redis_cluster_url, live=False, kills=0))
+
+
+@pytest.mark.soak
+def test_three_instances_on_a_cluster_killed_in_turn_decide_a_live_stream_in_time(
+    bootstrap: str, redis_cluster_url: str, tmp_path: Path, truth: GroundTruth
+) -> None:
+    run_group(bootstrap, tmp_path, truth, Run(3, redis_cluster_url, live=True, kills=10, rate=6))
+
+
+@pytest.mark.soak
+def test_two_instances_on_one_node_killed_in_turn_decide_a_backlog_in_time(
+    bootstrap: str, redis_url: str, tmp_path: Path, truth: GroundTruth
+) -> None:
+    run_group(bootstrap, tmp_path, truth, Run(2, redis_url, live=False, kills=10))
