@@ -23,6 +23,7 @@ Target: p99 <= 20 ms at 200 requests/s while the service ingests 5,000 docs/s.
 
     .venv/bin/python bench/bench_check.py
     .venv/bin/python bench/bench_check.py --rate 200 --ingest-rate 5000 --seconds 15
+    .venv/bin/python bench/bench_check.py --preload 5000 --ingest-rate 1000 --repeats 2
 """
 
 from __future__ import annotations
@@ -127,10 +128,11 @@ def checks(port: int, bodies: list[bytes], rate: float, seconds: float) -> list[
 
 
 def ingest(
-    run: Run, docs: list[dict[str, Any]], rate: float, stop: threading.Event, sent: list[int]
+    run: Run, docs: list[bytes], rate: float, stop: threading.Event, sent: list[int]
 ) -> None:
-    """Offer ``docs`` at ``rate``/s (in 10 ms ticks) until all are sent or ``stop``; the
-    number sent is appended to ``sent``."""
+    """Offer ``docs`` (encoded beforehand: this thread shares the interpreter with the
+    check clients, whose latencies it would otherwise lengthen) at ``rate``/s in 10 ms
+    ticks until all are sent or ``stop``; the number sent is appended to ``sent``."""
     producer = Producer({"bootstrap.servers": run.bootstrap, "linger.ms": 5, "acks": "all"})
     per_tick = max(1, round(rate * 0.01))
     start = time.monotonic()
@@ -144,7 +146,7 @@ def ingest(
         for d in docs[i : i + per_tick]:
             while True:
                 try:
-                    producer.produce(run.topic, json.dumps(d).encode())
+                    producer.produce(run.topic, d)
                     break
                 except BufferError:
                     producer.poll(0.01)
@@ -155,7 +157,7 @@ def ingest(
 
 
 def phase(
-    run: Run, bodies: list[bytes], args: argparse.Namespace, feed: list[dict[str, Any]] | None
+    run: Run, bodies: list[bytes], args: argparse.Namespace, feed: list[bytes] | None
 ) -> dict[str, float]:
     """One phase of checks, with ``feed`` offered meanwhile (``None``: idle); its
     latencies, the ingest rate reached, and the documents offered (``sent``)."""
@@ -178,6 +180,7 @@ def phase(
         producer.join()
     return {
         "p50_ms": quantile(lat, 0.50) * 1000,
+        "p95_ms": quantile(lat, 0.95) * 1000,
         "p99_ms": quantile(lat, 0.99) * 1000,
         "max_ms": max(lat) * 1000,
         "ingested_docs_per_s": (after - before) / spent,
@@ -196,6 +199,11 @@ def main() -> int:
     p.add_argument("--repeats", type=int, default=3, help="idle/ingesting pairs (3)")
     p.add_argument("--max-messages", type=int, default=2000, help="batch.max_messages")
     p.add_argument("--max-wait-ms", type=int, default=20, help="batch.max_wait_ms")
+    p.add_argument(
+        "--switch-interval-ms",
+        type=float,
+        help="the service's service.switch_interval_ms (default: its own setting)",
+    )
     p.add_argument("--json", metavar="FILE", help="also write the results as JSON")
     args = p.parse_args()
     args.partitions, args.delivery = 1, "at-least-once"  # as bench_service.Run reads them
@@ -222,23 +230,30 @@ def main() -> int:
     try:
         with tempfile.TemporaryDirectory(prefix="bench-check-") as tmp:
             run = Run(bootstrap, Path(tmp), args, kafka)
+            if args.switch_interval_ms is not None:
+                text = run.config.read_text(encoding="utf-8")
+                line = f"switch_interval_ms = {args.switch_interval_ms}\n"
+                run.config.write_text(text.replace("[service]\n", "[service]\n" + line, 1))
             run.start()
             try:
-                run.wait_ready()
+                run.wait_ready(timeout_s=600)  # a first start compiles the kernels
                 offered = float(len(preload))
                 produce_all(bootstrap, run.topic, preload)
                 wait_indexed(run, len(preload))
                 checks(run.port, bodies, 50, 2)  # warm the path (connections, caches)
                 for r in range(args.repeats):
                     idle = phase(run, bodies, args, None)
-                    feed = rest[r * per_phase : (r + 1) * per_phase]
+                    feed = [
+                        json.dumps(d).encode() for d in rest[r * per_phase : (r + 1) * per_phase]
+                    ]
                     busy = phase(run, bodies, args, feed)
                     results["idle"].append(idle)
                     results["ingesting"].append(busy)
                     print(
                         f"  round {r + 1}: idle p50 {idle['p50_ms']:.1f} ms p99 "
                         f"{idle['p99_ms']:.1f} ms | ingesting p50 {busy['p50_ms']:.1f} ms "
-                        f"p99 {busy['p99_ms']:.1f} ms max {busy['max_ms']:.0f} ms, "
+                        f"p95 {busy['p95_ms']:.1f} ms p99 {busy['p99_ms']:.1f} ms max "
+                        f"{busy['max_ms']:.0f} ms, "
                         f"{busy['ingested_docs_per_s']:,.0f} docs/s ingested; in the "
                         f"service (histogram bucket bounds): idle p99 <= "
                         f"{idle['server_p99_le_ms']:g} ms, ingesting p50 <= "
@@ -259,8 +274,8 @@ def main() -> int:
         f"/check at {args.rate:.0f} req/s: idle median p50 {med('idle', 'p50_ms'):.1f} ms, "
         f"p99 {med('idle', 'p99_ms'):.1f} ms; while ingesting (offered "
         f"{args.ingest_rate:,.0f} docs/s, reached {med('ingesting', 'ingested_docs_per_s'):,.0f}"
-        f") median p50 {med('ingesting', 'p50_ms'):.1f} ms, p99 "
-        f"{med('ingesting', 'p99_ms'):.1f} ms  target p99 <= 20 ms"
+        f") median p50 {med('ingesting', 'p50_ms'):.1f} ms, p95 {med('ingesting', 'p95_ms'):.1f}"
+        f" ms, p99 {med('ingesting', 'p99_ms'):.1f} ms  target p99 <= 20 ms"
     )
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=2), encoding="utf-8")

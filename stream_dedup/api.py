@@ -276,8 +276,9 @@ class Detector:
         ``near-duplicate`` at or above the threshold, else ``similar`` (see
         :class:`~stream_dedup.models.CheckMatch`). The first near-duplicate is the document
         :meth:`query` names, with the same similarity. ``text`` may be a
-        :class:`~stream_dedup.models.Document` (its content is checked). An empty list:
-        nothing indexed shares a band with it.
+        :class:`~stream_dedup.models.Document` (its content is checked). An id added with
+        several texts (revisions) is listed once, by its revision most similar to ``text``.
+        An empty list: nothing indexed shares a band with it.
         """
         return self.check_many([text], k)[0]
 

@@ -48,6 +48,13 @@ class Verdict:
     ``docs/revisions.md``): an id seen again with another normalised text is decided again
     as revision 2, 3, ..., and ``previous`` is the text tag of the revision before
     (``""`` when that one was empty content; ``None`` for revision 1).
+
+    With containment on (``docs/containment.md``) a duplicate also says how it relates to
+    its match, ``relation`` (:class:`Relation`: ``near-duplicate``, or ``excerpt`` for a
+    document most of whose text is in it), with ``containment`` the share of its
+    shingles found there; and a unique document that holds most of an earlier one's text
+    names it in ``contains`` (id, that document's share found here). All three are
+    ``None`` with containment off, and the event is then the one it always was.
     """
 
     id: str
@@ -59,6 +66,9 @@ class Verdict:
     replayed: bool = False
     revision: int = 1
     previous: str | None = None
+    relation: str | None = None
+    containment: float | None = None
+    contains: tuple[str, float] | None = None
 
     def __init__(
         self,
@@ -71,6 +81,9 @@ class Verdict:
         replayed: bool = False,
         revision: int = 1,
         previous: str | None = None,
+        relation: str | None = None,
+        containment: float | None = None,
+        contains: tuple[str, float] | None = None,
     ) -> None:
         # A frozen dataclass's own __init__ sets each field by name through
         # object.__setattr__; the slots' descriptors (_FIELD_SETTERS) set them at about
@@ -85,6 +98,9 @@ class Verdict:
             set_replayed,
             set_revision,
             set_previous,
+            set_relation,
+            set_containment,
+            set_contains,
         ) = _FIELD_SETTERS
         set_id(self, id)
         set_verdict(self, verdict)
@@ -95,6 +111,9 @@ class Verdict:
         set_replayed(self, replayed)
         set_revision(self, revision)
         set_previous(self, previous)
+        set_relation(self, relation)
+        set_containment(self, containment)
+        set_contains(self, contains)
 
     @property
     def is_duplicate(self) -> bool:
@@ -113,8 +132,13 @@ class Verdict:
             "verdict": self.verdict,
             "duplicate_of": self.duplicate_of,
             "similarity": self.similarity,
-            "cluster_id": self.cluster_id,
         }
+        if self.relation is not None:
+            body["relation"] = self.relation
+            body["containment"] = self.containment
+        body["cluster_id"] = self.cluster_id
+        if self.contains is not None:
+            body["contains"] = {"id": self.contains[0], "containment": self.contains[1]}
         if self.revision != 1:
             body["revision"] = self.revision
             body["previous"] = self.previous
@@ -125,13 +149,15 @@ class Relation(StrEnum):
     """How an earlier document found by a check relates to the text checked.
 
     ``near-duplicate``: similar at or above the detector's threshold (what a verdict
-    would call a duplicate); ``similar``: a candidate below it, with its scores. Kept
-    open for the relations a containment rule will add (an excerpt, a document the text
-    contains), so a reader should pass over a value it does not know.
+    would call a duplicate); ``excerpt``: below it, but at least the containment
+    setting's share of the text's shingles are in it (only with containment on);
+    ``similar``: a candidate below both, with its scores. An open set: a reader should
+    pass over a value it does not know.
     """
 
     NEAR_DUPLICATE = "near-duplicate"
     SIMILAR = "similar"
+    EXCERPT = "excerpt"
 
 
 @dataclass(frozen=True, slots=True)

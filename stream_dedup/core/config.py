@@ -115,6 +115,12 @@ class DedupConfig:
         "an id seen again with other text: decide it as a new revision, or replay the id's verdict",
         stored=False,
     )
+    containment: float = _param(
+        0.0,
+        "report a document this share of whose shingles are in one earlier document as its "
+        "excerpt (0: off; 0.8 is a good value when on)",
+        stored=True,
+    )
     max_bucket_size: int = _param(256, "documents remembered per band bucket", stored=False)
     max_candidates: int = _param(100, "candidates verified per document", stored=False)
 
@@ -140,6 +146,14 @@ class DedupConfig:
             )
         if self.revisions not in ("decide", "replay"):
             raise ConfigError("revisions", f"must be 'decide' or 'replay', got {self.revisions!r}")
+        if not 0.0 <= self.containment <= 1.0:
+            raise ConfigError(
+                "containment", f"must be 0 (off) or in (0, 1], got {self.containment}"
+            )
+        if self.containment and self.verify != "exact":
+            raise ConfigError(
+                "containment", "needs verify = 'exact': it counts shingles against stored texts"
+            )
         if self.max_bucket_size < 1:
             raise ConfigError("max_bucket_size", f"must be positive, got {self.max_bucket_size}")
         if self.max_candidates < 1:

@@ -146,3 +146,15 @@ def fingerprints(bands: npt.NDArray[np.integer[Any]], hashes: U64) -> U64:
         mix = jit.choose(_fingerprints, items=hashes.size)
         mix(bands.astype(np.uint16), hashes.astype(np.uint64), out)
     return out
+
+
+def band_bucket_keys(band: int, hashes: U64) -> tuple[list[bytes], U64]:
+    """Bucket keys of one band for ``hashes`` (in that order), and their fingerprints: the
+    keys of containment's sampled values (:mod:`stream_dedup.core.containment`)."""
+    packed = np.empty(hashes.size, dtype=_BAND_DTYPE)
+    packed["p"] = BUCKET
+    packed["band"] = band
+    packed["h"] = hashes
+    keys: list[bytes] = packed.view(PACKED_BUCKET_KEY).tolist()
+    bands = np.full(hashes.size, band, dtype=np.uint16)
+    return keys, fingerprints(bands, hashes)

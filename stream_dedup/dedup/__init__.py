@@ -19,16 +19,17 @@ empty normalised content is ``unique`` with ``empty=True`` and never indexed; id
 normalised text (exact digest) is a duplicate with similarity 1.0 of the first document
 with that text; otherwise the band buckets give candidates, ranked by shared bands, the
 first ``max_candidates`` are verified, and the best verified match at or above the
-threshold decides.
+threshold decides. With containment on, a document still without a match that has most
+of its shingles in one earlier document is that document's excerpt (:mod:`.excerpts`).
 
 The index is asked typed questions and handed typed writes: no module here reads or
 writes the index's key and record encodings. Modules: :mod:`.deduplicator` (the steps of
 a batch), :mod:`.reads` (what a batch reads), :mod:`.writes` (verdicts and the batch's
 index writes), :mod:`.revisions` (which repeats of an id replay and which are new
-revisions), :mod:`.batch` (what a batch gives), :mod:`.queries` (texts asked about,
-decided against the index alone), :mod:`.check` (the indexed documents most similar to
-texts, scored, nothing written), :mod:`.kernels` (whether the compiled kernels are
-cached, asked only before a batch that runs them).
+revisions), :mod:`.batch` (what a batch gives), :mod:`.excerpts` (containment),
+:mod:`.queries` (texts asked about, decided against the index alone), :mod:`.check` (the
+indexed documents most similar to texts, scored, nothing written), :mod:`.kernels`
+(whether the compiled kernels are cached, asked only before a batch that runs them).
 """
 
 from stream_dedup.dedup.batch import BatchResult, BatchStats

@@ -33,6 +33,8 @@ class BatchStats:
     #: A retention window is in force and no document of the batch had a time: the
     #: window had nothing to measure the batch on (its clock did not move).
     window_without_time: bool = False
+    #: Documents found to be excerpts of an earlier one (containment on).
+    excerpts: int = 0
 
     @classmethod
     def of(cls, found: Matches, live: list[int], n_docs: int) -> BatchStats:

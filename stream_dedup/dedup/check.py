@@ -8,9 +8,10 @@ them (most shared bands first, ties to the earliest) and cut at ``max_candidates
 verdict would name. Each candidate is verified exactly against its stored verification
 payload, read through the one accessor the deciding path uses
 (:func:`~stream_dedup.dedup.reads.payloads`), and scored by similarity and containment
-both ways (:func:`~stream_dedup.core.verify.overlap`); the ``k`` most similar are the
-answer. The texts of one call are each checked against the index alone, never against
-each other, and documents expired by retention are no candidates.
+both ways (:func:`~stream_dedup.core.verify.overlap`); the ``k`` most similar ids are the
+answer (an id with several revisions counts once, by its most similar one). The texts
+of one call are each checked against the index alone, never against each other, and
+documents expired by retention are no candidates.
 
 The reads run inside :meth:`~stream_dedup.index.reads.IndexReads.consistent`, so a check
 may run on another thread than the index's writer (the service's HTTP port does), and see
@@ -26,11 +27,14 @@ import numpy as np
 
 from stream_dedup.core.bands import BandPlan
 from stream_dedup.core.config import DedupConfig
+from stream_dedup.core.containment import SAMPLE_BAND, sample_keys, vote
 from stream_dedup.core.hashing import U32
+from stream_dedup.core.lookup_keys import band_bucket_keys
 from stream_dedup.core.match import I64
 from stream_dedup.core.payload import SetCache
 from stream_dedup.core.sketch import Sketch, sketch
 from stream_dedup.core.verify import overlap
+from stream_dedup.dedup.excerpts import VERIFIED, held_buckets
 from stream_dedup.dedup.reads import payloads
 from stream_dedup.errors import ConfigError
 from stream_dedup.index.store import DedupIndex, DocRecord
@@ -67,9 +71,7 @@ def check_texts(
     answers: list[list[CheckMatch]] = [[] for _ in texts]
     for p, doc_index in enumerate(sk.live):
         query = _query(sk, config, p)
-        answers[doc_index] = _best(
-            held, p, query, config.verify == "exact", config.threshold, k, cache
-        )
+        answers[doc_index] = _best(held, p, query, config, k, cache)
     return answers
 
 
@@ -100,8 +102,38 @@ def _read(index: DedupIndex, sk: Sketch, cap: int) -> _Held:
     candidates = [
         _ranked(doc_parts, text_docnums[p], cutoff, cap) for p, doc_parts in enumerate(parts)
     ]
+    if index.params.containment_rate:
+        for p, docnums in enumerate(_containers(index, sk, cutoff)):
+            candidates[p] += [d for d in docnums if d not in candidates[p]]
     wanted = sorted({d for ranked in candidates for d in ranked})
     return _Held(candidates, index.read_records(wanted))
+
+
+def _containers(index: DedupIndex, sk: Sketch, cutoff: int) -> list[list[int]]:
+    """Each live text's containment candidates: the documents sharing its sampled
+    values, as deciding finds them (:mod:`.excerpts`), reading the same buckets."""
+    params = index.params
+    occ_pos, values = sample_keys(
+        sk.set_flat, sk.set_at, sk.set_len, params.containment_rate, params.seed
+    )
+    uniq, occ_key = np.unique(values, return_inverse=True)
+    keys, fps = band_bucket_keys(SAMPLE_BAND, uniq)
+    mine, older = index.read_bucket_members(keys, fps, index.batch_epoch())
+    n_live = len(sk.live)
+    votes = vote(
+        occ_pos,
+        occ_key.astype(np.int64),
+        held_buckets(mine, older, cutoff),
+        np.full(n_live, -1, dtype=np.int64),
+        np.ones(n_live, dtype=bool),
+        params.containment_cap,
+        VERIFIED,
+        params.containment,
+    )
+    out: list[list[int]] = [[] for _ in range(n_live)]
+    for p, d in zip(votes.pos.tolist(), votes.docnum.tolist(), strict=True):
+        out[p].append(d)
+    return out
 
 
 def _ranked(parts: list[I64], same_text: int | None, cutoff: int, cap: int) -> list[int]:
@@ -127,11 +159,15 @@ def _query(sk: Sketch, config: DedupConfig, p: int) -> U32:
 
 
 def _best(
-    held: _Held, p: int, query: U32, exact: bool, threshold: float, k: int, cache: SetCache
+    held: _Held, p: int, query: U32, config: DedupConfig, k: int, cache: SetCache
 ) -> list[CheckMatch]:
-    """Live text ``p``'s candidates verified (``exact``: sets, else signatures) and
-    scored, the ``k`` most similar first; ``cache`` rebuilds the sets of candidates that
-    store compressed text (index format 4)."""
+    """Live text ``p``'s candidates verified (exact verification: sets, else signatures)
+    and scored, the ``k`` most similar first (with containment on: the near-duplicates,
+    then the documents the text is an excerpt of, most contained first, then the rest);
+    ``cache`` rebuilds the sets of candidates that store compressed text. An id indexed
+    under several revisions (texts) is named once, by its first revision in that order,
+    so the answer holds ``k`` distinct ids when there are as many."""
+    exact, threshold, level = config.verify == "exact", config.threshold, config.containment
     ranked = sorted(held.candidates[p])  # the payloads' reader takes docnums ascending
     docnums, flat, at, length = payloads({d: held.records[d] for d in ranked}, cache)
     scored: list[tuple[float, int, float | None, float | None]] = []
@@ -142,11 +178,27 @@ def _best(
             scored.append((jaccard, d, round(share, 6), round(reverse_share, 6)))
         else:
             scored.append((float(np.count_nonzero(query == other)) / query.size, d, None, None))
-    scored.sort(key=lambda s: (-s[0], s[1]))
-    out = []
-    for sim, d, contained, reverse in scored[:k]:
+    if level:
+        excerpt = [s for s in scored if s[0] < threshold and (s[2] or 0.0) >= level]
+        excerpt.sort(key=lambda s: (-(s[2] or 0.0), s[1]))
+        rest = [s for s in scored if s[0] >= threshold or (s[2] or 0.0) < level]
+        rest.sort(key=lambda s: (-s[0], s[1]))
+        near = [s for s in rest if s[0] >= threshold]
+        scored = near + excerpt + rest[len(near) :]
+    else:
+        scored.sort(key=lambda s: (-s[0], s[1]))
+    out: list[CheckMatch] = []
+    named: set[str] = set()
+    for sim, d, contained, reverse in scored:
         rec = held.records[d]
+        if rec.doc_id in named:
+            continue  # an earlier revision of an id already named, scoring no higher
+        if len(out) == k:
+            break
+        named.add(rec.doc_id)
         relation = Relation.NEAR_DUPLICATE if sim >= threshold else Relation.SIMILAR
+        if relation is Relation.SIMILAR and level and (contained or 0.0) >= level:
+            relation = Relation.EXCERPT
         out.append(
             CheckMatch(rec.doc_id, round(sim, 6), contained, reverse, rec.cluster_id, relation)
         )

@@ -21,9 +21,11 @@ from stream_dedup.core.match import I64, Expiry, Matches, match_batch
 from stream_dedup.core.payload import SetCache
 from stream_dedup.core.sketch import Sketch, sketch
 from stream_dedup.dedup.batch import BatchResult, BatchStats
+from stream_dedup.dedup.excerpts import find_excerpts
 from stream_dedup.dedup.kernels import COMPILING_NOTICE, kernels_cached
 from stream_dedup.dedup.reads import Held, Known, clocks, payloads, read_held, read_known
 from stream_dedup.dedup.writes import verdicts_and_writes
+from stream_dedup.index.backend import OrderedPuts
 from stream_dedup.index.bucket_records import bucket_puts
 from stream_dedup.index.store import DedupIndex, PendingCommit
 from stream_dedup.models import Document
@@ -114,16 +116,31 @@ class Deduplicator:
         doc_clock = clocks(docs, self.index.timeline.clock)
         queries = self._queries(sk)
         found = self._match(sk, known, held, epoch, doc_clock, queries)
+        relations = None
+        if self.config.containment:
+            relations = find_excerpts(
+                self.index, self.config, docs, sk, known.fresh, held, found, epoch, self.set_cache
+            )
         stats = BatchStats.of(found, sk.live, len(docs))
+        stats.excerpts = 0 if relations is None else relations.excerpts
         stats.untimed = sum(d.time is None for d in docs)
         stats.window_without_time = (
             bool(docs) and stats.untimed == len(docs) and bool(self.index.retention.window)
         )
-        verdicts, staged = verdicts_and_writes(docs, sk, known, held.records, found, queries, stats)
+        verdicts, staged = verdicts_and_writes(
+            docs, sk, known, held.records, found, queries, stats, relations
+        )
         self._remember(sk, found)
         ordered, written = bucket_puts(
             sk.bucket_keys, sk.bucket_order, held.slot, found, self.plan.bands
         )
+        fingerprints = sk.bucket_fingerprints[written]
+        if relations is not None and relations.puts.keys:
+            # Sampled keys are of the highest band: they sort after every band key.
+            ordered = OrderedPuts(
+                [*ordered.keys, *relations.puts.keys], [*ordered.values, *relations.puts.values]
+            )
+            fingerprints = np.concatenate([fingerprints, relations.fingerprints])
         clock = int(doc_clock[-1]) if len(docs) else self.index.timeline.clock
         return BatchResult(
             verdicts,
@@ -131,7 +148,7 @@ class Deduplicator:
             ordered,
             staged.counters,
             stats,
-            sk.bucket_fingerprints[written],
+            fingerprints,
             epoch,
             (found.points_doc, found.points_clock),
             clock,

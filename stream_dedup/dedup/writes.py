@@ -16,6 +16,7 @@ from stream_dedup.core.hashing import U32
 from stream_dedup.core.match import I64, Matches
 from stream_dedup.core.sketch import Sketch
 from stream_dedup.dedup.batch import BatchStats
+from stream_dedup.dedup.excerpts import Relations
 from stream_dedup.dedup.reads import Known
 from stream_dedup.index.staged import StagedWrite
 from stream_dedup.index.store import DocRecord
@@ -34,6 +35,7 @@ def verdicts_and_writes(
     found: Matches,
     queries: tuple[U32, I64, I64],
     stats: BatchStats,
+    relations: Relations | None = None,
 ) -> tuple[list[Verdict], StagedWrite]:
     """Each document's verdict, and the records and counters its commit writes.
 
@@ -41,7 +43,8 @@ def verdicts_and_writes(
     ``queries`` the batch's verification payloads as the matching pass took them (flat,
     start, length per live document), stored as they are unless the sketch holds the
     documents' compressed texts (exact verification), which are stored instead;
-    ``stats`` counts the replays and revisions.
+    ``stats`` counts the replays and revisions; ``relations`` are the live documents'
+    containment fields (:mod:`.excerpts`), ``None`` with containment off.
     """
     xkeys, live_pos, stored, repeats = sk.exact_keys, known.live_pos, known.stored, known.repeats
     matched, sims = found.match.tolist(), found.similarity.tolist()
@@ -91,6 +94,8 @@ def verdicts_and_writes(
                     revision=revision,
                     previous=previous,
                 )
+            if relations is not None:
+                verdict = with_relations(verdict, relations, p)
             num = given[p]
             if num >= 0:
                 if texts:
@@ -103,3 +108,23 @@ def verdicts_and_writes(
         staged.verdict(verdict, xkey, before)
         verdicts.append(verdict)
     return verdicts, staged
+
+
+def with_relations(verdict: Verdict, relations: Relations, p: int) -> Verdict:
+    """``verdict`` of live document ``p`` with its containment fields."""
+    rel = relations.relation.get(p)
+    contains = relations.contains.get(p)
+    if rel is None and contains is None:
+        return verdict
+    return Verdict(
+        verdict.id,
+        verdict.verdict,
+        verdict.duplicate_of,
+        verdict.similarity,
+        verdict.cluster_id,
+        revision=verdict.revision,
+        previous=verdict.previous,
+        relation=None if rel is None else rel[0],
+        containment=None if rel is None else rel[1],
+        contains=contains,
+    )

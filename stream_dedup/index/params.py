@@ -7,6 +7,7 @@ from dataclasses import asdict, dataclass, fields, replace
 from typing import Any
 
 from stream_dedup.core.config import DedupConfig, IndexPolicy, VerifyMode
+from stream_dedup.core.containment import SAMPLE_CAP, SAMPLE_RATE
 from stream_dedup.core.normalize import NORMALIZER_VERSION
 from stream_dedup.core.shingles import SHINGLER_VERSION
 from stream_dedup.core.signature import SIGNATURE_SCHEME
@@ -30,6 +31,9 @@ FORMAT_VERSION = 5
 #: parse.
 UPGRADABLE_FORMATS = (2, 3, 4)
 
+#: The parameters an index without containment does not write (read as 0).
+_CONTAINMENT = ("containment", "containment_rate", "containment_cap")
+
 
 @dataclass(frozen=True, slots=True)
 class IndexParams:
@@ -52,6 +56,12 @@ class IndexParams:
     verify: VerifyMode
     index_policy: IndexPolicy
     format_version: int = FORMAT_VERSION
+    #: Containment (``docs/containment.md``): the setting, the sampling rate of the
+    #: sampled-value keys and the members such a bucket takes. All 0 when off, and then
+    #: not written, so an index without containment stores the metadata it always did.
+    containment: float = 0.0
+    containment_rate: int = 0
+    containment_cap: int = 0
 
     @classmethod
     def of(cls, config: DedupConfig) -> IndexParams:
@@ -70,6 +80,9 @@ class IndexParams:
             threshold=config.threshold,
             verify=config.verify,
             index_policy=config.index_policy,
+            containment=config.containment,
+            containment_rate=SAMPLE_RATE if config.containment else 0,
+            containment_cap=SAMPLE_CAP if config.containment else 0,
         )
 
     def dedup_config(self, **overrides: object) -> DedupConfig:
@@ -84,6 +97,7 @@ class IndexParams:
             "rows": self.rows,
             "verify": self.verify,
             "index_policy": self.index_policy,
+            "containment": self.containment,
         }
         values.update(overrides)
         return DedupConfig(**values)  # type: ignore[arg-type]
@@ -96,13 +110,18 @@ class IndexParams:
         return replace(self, format_version=FORMAT_VERSION), True
 
     def to_bytes(self) -> bytes:
-        return json.dumps(asdict(self), sort_keys=True).encode()
+        values = asdict(self)
+        if not self.containment:
+            for name in _CONTAINMENT:
+                del values[name]
+        return json.dumps(values, sort_keys=True).encode()
 
     @classmethod
     def from_bytes(cls, raw: bytes) -> IndexParams:
         try:
             data: dict[str, Any] = json.loads(raw)
-            return cls(**{f.name: data[f.name] for f in fields(cls)})
+            given = {f.name: data[f.name] for f in fields(cls) if f.name not in _CONTAINMENT}
+            return cls(**given, **{n: data.get(n, 0) for n in _CONTAINMENT})
         except (ValueError, KeyError, TypeError) as exc:
             raise IndexCorruptError(f"index metadata does not parse: {exc}") from exc
 

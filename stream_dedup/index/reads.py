@@ -12,7 +12,6 @@ record encodings stay in this package.
 from __future__ import annotations
 
 import contextlib
-import threading
 from collections.abc import Callable, Iterator, Sequence
 
 import numpy as np
@@ -29,6 +28,7 @@ from stream_dedup.index.params import IndexParams
 from stream_dedup.index.records import decode_doc
 from stream_dedup.index.retention import Timeline
 from stream_dedup.index.staged import DocRecord, StoredVerdict
+from stream_dedup.index.state_lock import StateLock
 
 __all__ = ["IndexReads"]
 
@@ -43,7 +43,7 @@ class IndexReads:
     _counters: dict[str, int]
     _filters: EpochFilters
     _followed: FollowedFilters
-    _state_lock: threading.Lock
+    _state_lock: StateLock
 
     @contextlib.contextmanager
     def consistent(self) -> Iterator[None]:
@@ -57,11 +57,12 @@ class IndexReads:
         no read runs on a dropped epoch or on filters being changed. A reader may see a
         commit's write before its swap: the newest batch's buckets and records with the
         counters, cutoff and filters of the batch before (a view one batch older in
-        part, never a wrong one). The writer's own reads need no lock (it is the only one
-        to change the state). Hold it for the reads only, not for work on what they
-        return: the writer's swap waits.
+        part, never a wrong one). Readers share the lock (:class:`~.state_lock.StateLock`):
+        checks on several threads read at once and wait only for a swap. The writer's own
+        reads need no lock (it is the only one to change the state). Hold it for the reads
+        only, not for work on what they return: the writer's swap waits.
         """
-        with self._state_lock:
+        with self._state_lock.reading():
             yield
 
     def read(self, keys_: Sequence[bytes]) -> list[bytes | None]:

@@ -106,8 +106,21 @@ def encode_verdict(v: Verdict, exact_key: bytes | None = None) -> bytes:
     return (
         f'{{"k":"{"d" if v.is_duplicate else "u"}","of":{of},"s":{sim},'
         f'"c":{encode_basestring_ascii(v.cluster_id)},"e":{"true" if v.empty else "false"}'
-        f"{tag}}}"
+        f"{tag}{_containment_fields(v)}}}"
     ).encode()
+
+
+def _containment_fields(v: Verdict) -> str:
+    """The containment fields of a verdict record (relation ``r``, containment ``ct``,
+    contained document ``in``): nothing when containment is off, so such records are the
+    bytes they always were."""
+    out = ""
+    if v.relation is not None:
+        share = float.__repr__(float(v.containment or 0.0))
+        out += f',"r":{encode_basestring_ascii(v.relation)},"ct":{share}'
+    if v.contains is not None:
+        out += f',"in":[{encode_basestring_ascii(v.contains[0])},{float.__repr__(v.contains[1])}]'
+    return out
 
 
 #: Separates the revisions of one id in its verdict record.
@@ -143,6 +156,9 @@ def decode_revision(
             replayed=True,
             revision=revision,
             previous=previous,
+            relation=body.get("r"),
+            containment=body.get("ct"),
+            contains=tuple(body["in"]) if "in" in body else None,
         )
         text: str | None = EMPTY_TEXT if empty else body.get("t")
     except (ValueError, KeyError, TypeError, AttributeError) as exc:

@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import threading
 from collections.abc import Iterator, Mapping
 from dataclasses import replace
 from typing import TYPE_CHECKING
@@ -64,6 +63,7 @@ from stream_dedup.index.retention import (
     encode_points,
 )
 from stream_dedup.index.staged import COUNTERS, DocRecord, StoredVerdict
+from stream_dedup.index.state_lock import StateLock
 from stream_dedup.index.timeline_store import load_timeline, refresh_timeline, stored_epochs
 
 if TYPE_CHECKING:  # the Redis client is imported only where an index on it is opened
@@ -136,7 +136,7 @@ class DedupIndex(IndexReads):
         self._filters = EpochFilters(backend)  # loaded on first use: see load_filter
         self._followed = FollowedFilters(backend, self._filters)  # a shared index's
         self._tidied = False  # epochs the table does not list are dropped at the first commit
-        self._state_lock = threading.Lock()  # see IndexReads.consistent
+        self._state_lock = StateLock()  # see IndexReads.consistent
 
     def _load_state(self, since: int | None = None) -> None:
         """Counters, epochs and retention as committed (by anyone, for a shared index).
@@ -187,7 +187,7 @@ class DedupIndex(IndexReads):
             self._followed.before_lease(self._capacities)
         with self._backend.exclusive():
             if self._shared:
-                with self._state_lock:
+                with self._state_lock.writing():
                     self._load_state(since=self._counters["indexed"])
                     self._followed.in_lease(self._timeline.numbers(), self._new_filter_size())
                 self._writes += 1  # a commit prepared before this section is stale
@@ -314,7 +314,7 @@ class DedupIndex(IndexReads):
         if pending.after_writes != self._writes:
             raise RuntimeError("the index was written after this commit was prepared")
         self._backend.apply(pending.write)
-        with self._state_lock:
+        with self._state_lock.writing():
             self._swap(pending)
 
     def _swap(self, pending: PendingCommit) -> None:
@@ -406,7 +406,7 @@ class DedupIndex(IndexReads):
 
     def close(self) -> None:
         """Close the index; a writer saves its key filters first (see :meth:`load_filter`)."""
-        with self._state_lock:
+        with self._state_lock.writing():
             if self._filters.loaded:
                 self._filters.save()
             self._backend.close()

@@ -15,13 +15,14 @@ it is closing; 500 when the index cannot be read.
 Thread safety: requests are answered on the HTTP server's threads while the loop thread
 decides and commits batches on the same index object. The loop is the only writer; a
 check does its index reads inside :meth:`~stream_dedup.index.reads.IndexReads.consistent`,
-a lock that a commit (:meth:`~stream_dedup.index.store.DedupIndex.apply`) takes only to
-swap the index's in-memory state (counters, epochs, key filters: microseconds) and to
-drop the epochs retention let go, not for its write, which is atomic by itself. So a
-check never reads a dropped epoch or a half-changed filter, reads only committed data
-(never the batch being decided), and a commit waits at most for one check's reads (a
-batched read of its band buckets and candidate records: about a millisecond). The
-scoring runs outside the lock.
+a lock that checks share and that a commit
+(:meth:`~stream_dedup.index.store.DedupIndex.apply`) takes alone only to swap the index's
+in-memory state (counters, epochs, key filters: microseconds) and to drop the epochs
+retention let go, not for its write, which is atomic by itself. So a check never reads a
+dropped epoch or a half-changed filter, reads only committed data (never the batch being
+decided), never waits for another check, and a commit waits at most for the checks'
+reads under way (batched reads of their band buckets and candidate records). The scoring
+runs outside the lock.
 """
 
 from __future__ import annotations

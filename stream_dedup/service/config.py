@@ -172,7 +172,9 @@ class BatchConfig:
 @dataclass(frozen=True, slots=True)
 class ServiceSection:
     """How the loop runs: the delivery guarantee; the sketch worker; timeouts of delivery
-    confirmation, stop and broker outage backoff.
+    confirmation, stop and broker outage backoff; the interpreter's switch interval (how
+    long a check's thread waits for the loop's thread to hand over the interpreter lock,
+    :mod:`stream_dedup.service.switching`).
 
     ``delivery`` is ``"at-least-once"`` (a crash may emit one batch's events twice,
     identical) or ``"exactly-once"`` (events, dead letters and input offsets in one Kafka
@@ -187,8 +189,13 @@ class ServiceSection:
     shutdown_timeout_s: float = 30.0
     backoff_initial_s: float = 0.5
     backoff_max_s: float = 30.0
+    switch_interval_ms: float = 5.0
 
     def __post_init__(self) -> None:
+        if not 0 < self.switch_interval_ms <= 1000:
+            raise ConfigError(
+                "service.switch_interval_ms", "must be more than 0 and at most 1000 ms"
+            )
         if self.sketch_inline_max < 0:
             raise ConfigError("service.sketch_inline_max", "must not be negative")
         for name in ("flush_timeout_s", "shutdown_timeout_s", "backoff_initial_s"):

@@ -44,6 +44,7 @@ from stream_dedup.service.ordering import RecordTime
 from stream_dedup.service.prefetch.ahead import SketchAhead
 from stream_dedup.service.prefetch.worker import SketchWorkerError
 from stream_dedup.service.stopping import StartInterruptedError, StopRequest
+from stream_dedup.service.switching import switch_interval
 
 log = logging.getLogger("stream_dedup.service")
 
@@ -210,6 +211,10 @@ class Service:
 
     def run(self) -> int:
         """Consume until stopped; returns the exit code (0 after a clean stop)."""
+        with switch_interval(self.config.service.switch_interval_ms):
+            return self._run()
+
+    def _run(self) -> int:
         ahead = self._start_worker()
         try:
             self._warm_up()

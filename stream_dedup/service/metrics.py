@@ -20,6 +20,7 @@ stream_dedup_dead_letters_total{reason}         counter    messages sent to the 
 stream_dedup_refused_records_total{kind}        counter    records refused for good, replaced
 stream_dedup_replayed_documents_total           counter    ids decided before (stored verdict)
 stream_dedup_revisions_total                    counter    ids decided again on a new text
+stream_dedup_excerpts_total                     counter    duplicates found as excerpts
 stream_dedup_truncated_lookups_total            counter    lookups cut at max_candidates
 stream_dedup_time_field_missing_total           counter    input.time_field missing/unreadable
 stream_dedup_untimed_documents_total            counter    documents decided with no time
@@ -220,6 +221,7 @@ class Metrics:
         self.truncated = Counter(
             f"{p}_truncated_lookups", "Lookups cut at max_candidates.", registry=r
         )
+        self.excerpts = Counter(f"{p}_excerpts", "Duplicates found as excerpts.", registry=r)
         self.time_field_missing = Counter(
             f"{p}_time_field_missing",
             "Documents whose input.time_field was missing or unreadable (their time is the "
@@ -379,6 +381,7 @@ class Metrics:
         self.observe_decided_times(times_ms, now_s)
         self.replayed.inc(stats.replayed)
         self.revisions.inc(stats.revisions)
+        self.excerpts.inc(stats.excerpts)
         self.truncated.inc(stats.truncated_lookups)
 
     def observe_work(self, candidates: Sequence[int], verifications: Sequence[int]) -> None:

@@ -31,6 +31,7 @@ OTHER = {
     "revisions": "replay",
     "max_bucket_size": 17,
     "max_candidates": 7,
+    "containment": 0.75,
 }
 
 
@@ -54,11 +55,36 @@ def test_the_index_stores_exactly_the_stored_parameters(name: str) -> None:
     assert (changed != base) == FIELDS[name].metadata["stored"]
 
 
-def test_stored_parameters_come_back_from_the_index() -> None:
+@pytest.mark.parametrize("verify", ["signature", "exact"])
+def test_stored_parameters_come_back_from_the_index(verify: str) -> None:
+    # Containment counts shingles of stored texts: it needs exact verification.
     stored = {n: v for n, v in OTHER.items() if FIELDS[n].metadata["stored"]}
+    stored["verify"] = verify
+    if verify == "signature":
+        stored["containment"] = 0.0
     config = DedupConfig(**stored)  # type: ignore[arg-type]
     again = IndexParams.of(config).dedup_config()
     assert {n: getattr(again, n) for n in stored} == stored
+    assert IndexParams.from_bytes(IndexParams.of(config).to_bytes()) == IndexParams.of(config)
+
+
+@pytest.mark.parametrize("value", [-0.1, 1.5])
+def test_containment_outside_its_range_is_refused(value: float) -> None:
+    with pytest.raises(ConfigError, match=r"containment.*must be 0 \(off\) or in \(0, 1\]"):
+        DedupConfig(containment=value)
+
+
+def test_containment_needs_exact_verification() -> None:
+    with pytest.raises(ConfigError, match="verify = 'exact'"):
+        DedupConfig(containment=0.8, verify="signature")
+
+
+def test_an_index_without_containment_stores_the_metadata_it_always_did() -> None:
+    raw = IndexParams.of(DedupConfig()).to_bytes()
+    assert b"containment" not in raw
+    on = IndexParams.of(DedupConfig(containment=0.8))
+    assert (on.containment, on.containment_rate, on.containment_cap) == (0.8, 16, 64)
+    assert IndexParams.from_bytes(raw).containment_rate == 0
 
 
 def _flags_of(command: str) -> dict[str, argparse.Action]:

@@ -202,3 +202,23 @@ def test_checks_on_other_threads_while_batches_commit_and_epochs_expire(
     assert all(m.id in ids for a in answers for per_text in a for m in per_text)
     assert len(checked.index.timeline.epochs) > 1 or checked.index.cutoff() > 0
     assert verdicts == [plain.process(batch).verdicts for batch in batches]
+
+
+def test_an_id_with_two_revisions_is_named_once_by_its_closer_revision(
+    make_dedup: DedupFactory,
+) -> None:
+    """Each text an id is seen with is indexed as its own revision; a check near both
+    names the id once, with the similarity of the revision closer to the text, and fills
+    ``k`` with other ids."""
+    dedup = make_dedup(threshold=0.5)
+    story = article(11, words=300)
+    dedup.process([Document("x", story)])
+    second = dedup.process([Document("x", edit(story, 8, seed=1))]).verdicts[0]
+    assert second.revision == 2  # indexed as a second document under the same id
+    dedup.process([Document("y", edit(story, 12, seed=2))])
+    assert dedup.index.stats().indexed == 3
+    asked = edit(story, 2, seed=3)
+    found = check(dedup, [asked], k=2)[0]
+    assert [m.id for m in found] == ["x", "y"]
+    assert found[0].similarity == pytest.approx(brute(asked, story)[0], abs=0.01)
+    assert [m.id for m in check(dedup, [asked], k=5)[0]] == ["x", "y"]

@@ -128,3 +128,24 @@ def test_a_revision_event_carries_its_number_and_the_previous_text() -> None:
     for broken in ({"revision": 2}, {"previous": "ab"}, {"revision": 1, "previous": "ab"}):
         with pytest.raises(jsonschema.ValidationError):
             jsonschema.validate({**json.loads(plain.value or b""), **broken}, SCHEMA)
+
+
+def test_containment_fields_in_events() -> None:
+    excerpt = Verdict(
+        "x", VerdictKind.DUPLICATE, "s", 0.41, "s", relation="excerpt", containment=0.93
+    )
+    rec = event(excerpt, SOURCE, None, "news.duplicates")
+    assert rec.value is not None and rec.value.startswith(
+        b'{"id":"x","verdict":"duplicate","duplicate_of":"s","similarity":0.41,'
+        b'"relation":"excerpt","containment":0.93,"cluster_id":"s",'
+    )
+    jsonschema.validate(json.loads(rec.value), SCHEMA)
+    holder = Verdict("h", VerdictKind.UNIQUE, None, None, "h", contains=("s", 0.97))
+    body = json.loads(event(holder, SOURCE, None, "news.unique").value or b"")
+    jsonschema.validate(body, SCHEMA)
+    assert body["contains"] == {"id": "s", "containment": 0.97}
+    # relation and containment come together
+    for dropped in ("relation", "containment"):
+        body = {k: v for k, v in json.loads(rec.value).items() if k != dropped}
+        with pytest.raises(jsonschema.ValidationError):
+            jsonschema.validate(body, SCHEMA)

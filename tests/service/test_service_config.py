@@ -165,6 +165,8 @@ def test_environment_and_flags_are_parsed_into_the_settings_types() -> None:
         ({"http": {"health_max_age_s": float("inf")}}, "http.health_max_age_s"),
         ({"http": {"host": ""}}, "http.host"),
         ({"service": {"flush_timeout_s": 0.0}}, "service.flush_timeout_s"),
+        ({"service": {"switch_interval_ms": 0.0}}, "service.switch_interval_ms"),
+        ({"service": {"switch_interval_ms": 5000.0}}, "service.switch_interval_ms"),
         ({"service": {"shutdown_timeout_s": -1.0}}, "service.shutdown_timeout_s"),
         ({"service": {"backoff_initial_s": 0}}, "service.backoff_initial_s"),
         ({"service": {"backoff_initial_s": 5.0, "backoff_max_s": 1.0}}, "service.backoff_max_s"),

@@ -1,0 +1,242 @@
+"""Containment: which verification values a document is indexed under for excerpts.
+
+An excerpt D of an earlier document E (most of D's shingles are in E, but E is much
+longer) has a low Jaccard with E, so the band buckets, tuned for Jaccard at the
+threshold, seldom bring E up. Containment needs candidates of its own. The index uses
+*consistent hash sampling*: a verification value v (a shingle hash's high 32 bits, see
+:mod:`.verify`) is *sampled* when ``splitmix64(v ^ salt)`` has its low ``log2 rate`` bits
+zero. The choice depends on v alone, so every shingle of D that E holds and that is
+sampled for D is sampled for E too: D shares about ``C * |D| / rate`` sampled values with
+a document that contains a share C of it, and about ``C' * |D| / rate`` with a stranger
+that shares C' of its shingles. Counting shared sampled values ranks the containing
+document first; the exact containment, computed from the stored text, decides.
+
+A sampled value is stored as a bucket key of the reserved band :data:`SAMPLE_BAND` (the
+layout of :mod:`.lookup_keys`, ``b <band u16> <hash u64>``), so every backend, the key
+filter, retention and Redis hold it with no machinery of its own. ``docs/containment.md``
+has the design and the measurements.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import numpy.typing as npt
+
+from stream_dedup.core import jit
+from stream_dedup.core.hashing import U32, U64
+from stream_dedup.core.jit import kernel
+
+I64 = npt.NDArray[np.int64]
+
+#: The band number of sampled-value keys: above any band a signature can have (K <= 4096).
+SAMPLE_BAND = 0xFFFF
+#: Multiplies each value before sampling (Knuth's multiplicative hash): the sample is
+#: then decided by bits of the product that mix all of the value's bits, not by the high
+#: bits that also choose the value's signature bin.
+_GOLDEN = np.uint32(0x9E3779B1)
+
+
+def _keep(values: U32, rate: int, seed: int) -> npt.NDArray[np.bool_]:
+    """Which values are sampled at 1/``rate`` (a power of two) for ``seed``."""
+    shift = np.uint32(32 - (rate.bit_length() - 1))
+    salted = values ^ np.uint32((seed * 0x85EBCA6B) & 0xFFFFFFFF)
+    keep: npt.NDArray[np.bool_] = ((salted * _GOLDEN) >> shift) == 0
+    return keep
+
+
+def sampled(values: U32, rate: int, seed: int) -> U64:
+    """The values of one verification set that are sampled at 1/``rate`` (a power of
+    two), as the 64-bit band hashes of their keys, in the set's (ascending) order."""
+    picked: U64 = values[_keep(values.astype(np.uint32), rate, seed)].astype(np.uint64)
+    return picked
+
+
+#: Sampling rate (1 value in :data:`SAMPLE_RATE`) and the members a sampled bucket holds
+#: before its value counts as common: stored in the index with the containment setting
+#: (they decide which keys it holds). Measured in ``docs/containment.md``.
+SAMPLE_RATE = 16
+SAMPLE_CAP = 64
+#: Shared sampled values that make an earlier document a candidate.
+MIN_VOTES = 2
+#: Candidates verified per document whatever their votes (most votes first): a document
+#: that the new one contains shares few of the new one's values, yet is most often among
+#: the first few.
+ALWAYS = 3
+#: Standard deviations below its expected votes that a container is still verified: a
+#: document holding a share ``c`` of D's shingles shares about ``Binomial(s, c)`` of
+#: D's ``s`` voting values, so one at the containment setting falls below this many
+#: standard deviations less than 0.2 % of the time (``docs/containment.md``).
+SIGMAS = 3.0
+
+
+def min_votes(voting: I64, level: float) -> I64:
+    """The votes a container at containment ``level`` reaches with near certainty, per
+    document with ``voting`` voting values (at least :data:`MIN_VOTES`)."""
+    mean = level * voting
+    spread = SIGMAS * np.sqrt(voting * level * (1.0 - level))
+    floor: I64 = np.maximum(MIN_VOTES, np.floor(mean - spread)).astype(np.int64)
+    return floor
+
+
+def sample_keys(
+    flat: U32, at: npt.NDArray[np.int64], length: npt.NDArray[np.int64], rate: int, seed: int
+) -> tuple[npt.NDArray[np.int64], U64]:
+    """The sampled values of a batch's verification sets (set ``p`` at ``flat[at[p]:][:
+    length[p]]``, one after another), as ``(position, value)`` arrays in set order."""
+    keep = np.flatnonzero(_keep(flat.astype(np.uint32, copy=False), rate, seed))
+    owner = np.searchsorted(np.cumsum(length), keep, side="right").astype(np.int64)
+    return owner, flat[keep].astype(np.uint64)
+
+
+def spans(starts: npt.NDArray[np.int64], lengths: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
+    """``concatenate([arange(s, s + n) for s, n in zip(starts, lengths)])``, vectorised."""
+    total = int(lengths.sum())
+    if not total:
+        return np.empty(0, dtype=np.int64)
+    ends = np.cumsum(lengths)
+    steps = np.ones(total, dtype=np.int64)
+    nonzero = lengths > 0
+    first = (ends - lengths)[nonzero]
+    steps[0] = starts[nonzero][0]
+    prev_end = (starts + lengths - 1)[nonzero][:-1]
+    steps[first[1:]] = starts[nonzero][1:] - prev_end
+    return np.cumsum(steps)
+
+
+@dataclass(frozen=True, slots=True)
+class SampledBuckets:
+    """What the index holds under a batch's distinct sampled keys (one entry per key).
+
+    ``held_at``/``held_len``/``held`` are each key's live members (every live epoch,
+    expired ones left out), ``mine_len`` how many of them the bucket of the epoch the
+    batch writes to holds: that bucket grows to :data:`SAMPLE_CAP` members, then stops.
+    """
+
+    held_at: npt.NDArray[np.int64]
+    held_len: npt.NDArray[np.int64]
+    held: npt.NDArray[np.int64]
+    mine_len: npt.NDArray[np.int64]
+
+
+@dataclass(frozen=True, slots=True)
+class Votes:
+    """Candidates per document and the sampled buckets' growth.
+
+    ``pos``/``docnum``/``votes``: each (document position, earlier docnum) pair with at
+    least :data:`MIN_VOTES` shared sampled values, at most ``limit`` per position, most
+    votes first (ties: the earliest docnum). ``appended``: per occurrence (in ``key``
+    order of the input), whether its document joins that key's bucket.
+    """
+
+    pos: npt.NDArray[np.int64]
+    docnum: npt.NDArray[np.int64]
+    votes: npt.NDArray[np.int64]
+    appended: npt.NDArray[np.bool_]
+
+
+def vote(
+    occ_pos: npt.NDArray[np.int64],
+    occ_key: npt.NDArray[np.int64],
+    buckets: SampledBuckets,
+    docnum: npt.NDArray[np.int64],
+    voting: npt.NDArray[np.bool_],
+    cap: int,
+    limit: int,
+    level: float,
+) -> Votes:
+    """Count, for each voting document, the earlier documents sharing its sampled values.
+
+    ``occ_pos``/``occ_key``: each sampled value of the batch as (live position, distinct
+    key number); ``docnum`` each position's docnum (-1: not indexed), ``voting`` whether
+    it looks for a container. Documents are taken in batch order, as if one by one: a
+    bucket holding ``cap`` members (held, or added earlier in the batch) is common and
+    does not vote, and its epoch's bucket takes no more members. A candidate is kept
+    among the first :data:`ALWAYS` by votes, or with at least :func:`min_votes` for
+    containment ``level``; at most ``limit`` per document.
+    """
+    order = np.lexsort((occ_pos, occ_key))  # by key, each key's documents in batch order
+    pos, key = occ_pos[order], occ_key[order]
+    indexed = docnum[pos] >= 0
+    group_start = np.ones(key.size, dtype=bool)
+    group_start[1:] = key[1:] != key[:-1]
+    run = np.cumsum(indexed)
+    before: I64 = run - indexed  # indexed occurrences before each one, from the batch's start
+    base = np.maximum.accumulate(np.where(group_start, before, 0))
+    rank = before - base  # ... before it within its key
+    appended = indexed & (buckets.mine_len[key] + rank < cap)
+    votes_ok = voting[pos] & (buckets.held_len[key] + rank < cap)
+    # Held members of each voting occurrence.
+    v = np.flatnonzero(votes_ok)
+    lens = buckets.held_len[key[v]]
+    held_idx = spans(buckets.held_at[key[v]], lens)
+    p_held = np.repeat(pos[v], lens)
+    d_held = buckets.held[held_idx]
+    # Earlier batch members: the first ``rank`` indexed occurrences of the key.
+    ind_occ = np.flatnonzero(indexed)
+    first_indexed = np.searchsorted(ind_occ, np.flatnonzero(group_start))
+    group_no = np.cumsum(group_start) - 1
+    r = rank[v]
+    batch_idx = ind_occ[spans(first_indexed[group_no[v]].astype(np.int64), r)]
+    p_batch = np.repeat(pos[v], r)
+    d_batch = docnum[pos[batch_idx]]
+    p_all = np.concatenate([p_held, p_batch])
+    d_all = np.concatenate([d_held, d_batch])
+    back = np.empty(order.size, dtype=bool)
+    back[order] = appended
+    if not p_all.size:
+        empty = np.empty(0, dtype=np.int64)
+        return Votes(empty, empty, empty, back)
+    code = (p_all << 40) | d_all
+    pairs, counts = np.unique(code, return_counts=True)
+    keep = counts >= MIN_VOTES
+    pairs, counts = pairs[keep], counts[keep]
+    p_c, d_c = pairs >> 40, pairs & ((1 << 40) - 1)
+    best = np.lexsort((d_c, -counts, p_c))
+    p_c, d_c, counts = p_c[best], d_c[best], counts[best]
+    starts = np.ones(p_c.size, dtype=bool)
+    starts[1:] = p_c[1:] != p_c[:-1]
+    at = np.arange(p_c.size) - np.maximum.accumulate(np.where(starts, np.arange(p_c.size), 0))
+    voters = np.bincount(pos[votes_ok], minlength=voting.size).astype(np.int64)
+    top = (at < limit) & ((at < ALWAYS) | (counts >= min_votes(voters, level)[p_c]))
+    return Votes(p_c[top], d_c[top], counts[top].astype(np.int64), back)
+
+
+@kernel
+def intersections(
+    a_flat: U32, a_at: I64, a_len: I64, b_flat: U32, b_at: I64, b_len: I64, need: I64, out: I64
+) -> None:
+    """``out[i] = |A_i ∩ B_i|`` for pairs of sorted sets of distinct values (a merge),
+    given up as soon as it cannot reach ``need[i]`` (then some count below it)."""
+    for i in range(out.size):
+        x, x_end = a_at[i], a_at[i] + a_len[i]
+        y, y_end = b_at[i], b_at[i] + b_len[i]
+        n = 0
+        while x < x_end and y < y_end:
+            if n + min(x_end - x, y_end - y) < need[i]:
+                break
+            u, w = a_flat[x], b_flat[y]
+            if u == w:
+                n += 1
+                x += 1
+                y += 1
+            elif u < w:
+                x += 1
+            else:
+                y += 1
+        out[i] = n
+
+
+def pair_intersections(
+    a_flat: U32, a_at: I64, a_len: I64, b_flat: U32, b_at: I64, b_len: I64, need: I64 | None = None
+) -> I64:
+    """:func:`intersections`, compiled when the work repays loading numba (``need``:
+    none by default, every count exact)."""
+    out = np.zeros(a_at.size, dtype=np.int64)
+    if need is None:
+        need = np.zeros(a_at.size, dtype=np.int64)
+    if out.size:
+        run = jit.choose(intersections, items=int(a_len.sum() + b_len.sum()))
+        run(a_flat, a_at, a_len, b_flat, b_at, b_len, need, out)
+    return out
