@@ -134,9 +134,10 @@ def one_run(
     docs: list[dict[str, Any]],
     kafka: Mapping[str, str],
     order: bool = True,
-) -> tuple[float, list[float], float | None]:
-    """docs/s of one run, each instance's share of the run spent holding the lease, and
-    the Redis CPU per document (microseconds, all nodes together)."""
+) -> tuple[float, list[float], float | None, float]:
+    """docs/s of one run, each instance's share of the run spent holding the lease, the
+    Redis CPU per document (microseconds, all nodes together), and the lease held per
+    document (microseconds, all instances together: the service's own metric)."""
     topic = f"bench-{uuid.uuid4().hex[:8]}"
     create_topics(bootstrap, [topic], partitions=args.partitions)
     create_topics(bootstrap, [f"{topic}.unique", f"{topic}.duplicates", f"{topic}.dlq"])
@@ -189,7 +190,8 @@ def one_run(
                 cpu = None
                 if redis_url and cpu_start is not None:
                     cpu = (redis_cpu_s(redis_url) - cpu_start) / len(docs) * 1e6
-                return len(docs) / (end - first), held, cpu
+                lease = sum(m.get("stream_dedup_index_lease_held_seconds_sum", 0.0) for m in seen)
+                return len(docs) / (end - first), held, cpu, lease / len(docs) * 1e6
             time.sleep(0.01 if first is None else 0.5)
         raise RuntimeError("the run did not finish")
     finally:
@@ -318,21 +320,24 @@ def run_setups(
     """Each setup ``--repeats`` times, alternated (round r runs every setup once, on the
     same documents); returns the median docs/s per setup."""
     runs: dict[str, dict[str, list[Any]]] = {
-        s[0]: {"docs_per_s": [], "lease_held_share": [], "redis_cpu_us": []} for s in setups
+        s[0]: {"docs_per_s": [], "lease_held_share": [], "redis_cpu_us": [], "lease_us_per_doc": []}
+        for s in setups
     }
     for r in range(args.repeats):
         docs = documents(args.documents, r)
         for name, backend, kind, instances, order in setups:
             url = urls[kind] if kind else None
-            rate, held, cpu = one_run(
+            rate, held, cpu, lease_us = one_run(
                 bootstrap, work, args, backend, url, instances, docs, kafka, order
             )
-            for key, value in zip(runs[name], (rate, held, cpu), strict=True):
+            for key, value in zip(runs[name], (rate, held, cpu, lease_us), strict=True):
                 runs[name][key].append(value)
             lease = (
                 ""
                 if backend != "redis"
-                else "; lease held " + " / ".join(f"{100 * h:.0f}%" for h in held)
+                else "; lease held "
+                + " / ".join(f"{100 * h:.0f}%" for h in held)
+                + f", {lease_us:.1f} us/doc"
             )
             redis_cpu = "" if cpu is None else f"; Redis CPU {cpu:.0f} us/doc"
             print(f"  {name} run {r + 1}: {rate:,.0f} docs/s{lease}{redis_cpu}", flush=True)
@@ -341,7 +346,17 @@ def run_setups(
         medians[name] = statistics.median(run["docs_per_s"])
         results[name] = run
         known = [c for c in run["redis_cpu_us"] if c is not None]
-        per_doc = f", Redis CPU median {statistics.median(known):.0f} us/doc" if known else ""
+        per_doc = ""
+        if known:
+            lease_med, cpu_med = (
+                statistics.median(run["lease_us_per_doc"]),
+                statistics.median(known),
+            )
+            per_doc = (
+                f", lease {lease_med:.1f} us/doc, Redis CPU {cpu_med:.0f} us/doc; "
+                f"projection: {1e6 / lease_med:,.0f} docs/s per index (the lease), "
+                f"{1e6 / cpu_med:,.0f} docs/s per Redis core"
+            )
         print(f"{name}: median {medians[name]:,.0f} docs/s{per_doc}")
     return medians
 

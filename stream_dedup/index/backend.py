@@ -26,7 +26,9 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import Any, ClassVar, NamedTuple, Protocol
+from typing import Any, ClassVar, NamedTuple, Protocol, runtime_checkable
+
+from stream_dedup.core.hashing import U64
 
 #: A write built by :meth:`Backend.prepare`, opaque to everything but its backend.
 PreparedWrite = Any
@@ -72,6 +74,7 @@ class Backend(Protocol):
         puts: Mapping[bytes, bytes],
         ordered: OrderedPuts = NO_ORDERED_PUTS,
         epoch: int = 0,
+        changed: U64 | None = None,
     ) -> PreparedWrite:
         """Build the atomic write of ``puts`` without applying it (nothing becomes visible);
         the records that belong to an epoch go to ``epoch``.
@@ -80,6 +83,11 @@ class Backend(Protocol):
         ``puts``: the band buckets, most of a batch's keys, which need no sorting.
 
         ``puts`` may not change until the write is applied.
+
+        ``changed`` are the key-filter fingerprints of the look-up keys the write holds
+        (:func:`~stream_dedup.index.pending.written_fingerprints`). A shared backend
+        publishes them with the write, so that the other instances' key filters learn
+        its keys (``None``: unknown, their filters are rebuilt); the others ignore them.
         """
         ...
 
@@ -127,4 +135,26 @@ class Backend(Protocol):
 
     def close(self) -> None:
         """Release resources; further calls are errors."""
+        ...
+
+
+@runtime_checkable
+class ChangeFeed(Protocol):
+    """What a shared backend tells about the other instances' writes, so that an
+    instance's key filters stay complete (:mod:`stream_dedup.index.redis_log`)."""
+
+    @property
+    def following(self) -> bool:
+        """Whether :meth:`follow_changes` was called and its position still holds."""
+        ...
+
+    def follow_changes(self) -> None:
+        """Start following from the writes committed now: call it just before building
+        the key filters from a scan, so that a write during the scan is heard of too."""
+        ...
+
+    def changes(self) -> list[tuple[int, Any]] | None:
+        """Inside :meth:`Backend.exclusive`: every other instance's write since the last
+        call, as (epoch, fingerprints of its look-up keys), oldest first; ``None`` when
+        they cannot all be told (following stops: build the filters again)."""
         ...

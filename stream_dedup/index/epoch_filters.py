@@ -151,6 +151,14 @@ class EpochFilters:
             filt = self._filters[epoch] = KeyFilter(capacity)
         filt.add(fps)
 
+    def clear(self) -> None:
+        """Forget every filter (they are to be built again)."""
+        self._filters.clear()
+
+    def numbers(self) -> list[int]:
+        """The epochs that have a filter."""
+        return list(self._filters)
+
     def drop(self, epoch: int) -> None:
         self._filters.pop(epoch, None)
         self._unlink(epoch)

@@ -7,6 +7,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import ClassVar
 
+from stream_dedup.core.hashing import U64
 from stream_dedup.index.backend import NO_ORDERED_PUTS, OrderedPuts
 from stream_dedup.index.keys import SCOPED
 
@@ -48,6 +49,7 @@ class MemoryBackend:
         puts: Mapping[bytes, bytes],
         ordered: OrderedPuts = NO_ORDERED_PUTS,
         epoch: int = 0,
+        changed: U64 | None = None,
     ) -> tuple[int, dict[bytes, bytes]]:
         prepared = dict(puts)
         prepared.update(zip(ordered.keys, ordered.values, strict=True))

@@ -23,6 +23,7 @@ from stream_dedup.index.backend import Backend
 from stream_dedup.index.bucket_records import Members, held_members, joined_members
 from stream_dedup.index.epoch_filters import LOOKUP_KINDS, EpochFilters
 from stream_dedup.index.filter import bucket_fingerprints, key_fingerprints
+from stream_dedup.index.followed import FollowedFilters
 from stream_dedup.index.params import IndexParams
 from stream_dedup.index.records import decode_doc
 from stream_dedup.index.retention import Timeline
@@ -41,6 +42,7 @@ class IndexReads:
     _timeline: Timeline
     _counters: dict[str, int]
     _filters: EpochFilters
+    _followed: FollowedFilters
     _state_lock: StateLock
 
     @contextlib.contextmanager
@@ -178,7 +180,7 @@ class IndexReads:
         out: list[tuple[int, list[int], list[bytes]]] = []
         everything = list(range(len(wanted)))
         for epoch in self._timeline.numbers():
-            if self._shared:  # no filter knows the other instances' keys
+            if self._shared and not self._followed.current:  # see FollowedFilters
                 where = everything
             else:
                 where = np.flatnonzero(self.load_filter().may_hold(epoch, fingerprints)).tolist()
@@ -200,7 +202,9 @@ class IndexReads:
         other one). Every later write adds its lookup keys (:meth:`apply`), so a filter
         never misses a committed key. ``progress`` is called with the keys added so far
         after every chunk of a scan (a fraction of a second each), so a long build can
-        be reported and kept alive. A shared index keeps no filter (nothing is loaded).
+        be reported and kept alive. A shared index's filters are built and kept in step
+        by :meth:`~stream_dedup.index.store.DedupIndex.exclusive` instead (nothing is
+        loaded here).
         """
         if not self._filters.loaded and not self._shared:
             self._filters.load(self._capacities(), progress)

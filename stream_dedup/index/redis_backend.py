@@ -40,6 +40,7 @@ from typing import Any, ClassVar, NamedTuple
 import redis
 from redis.cluster import RedisCluster
 
+from stream_dedup.core.hashing import U64
 from stream_dedup.errors import IndexLeaseLostError, IndexUnreachableError
 from stream_dedup.index.backend import NO_ORDERED_PUTS, OrderedPuts
 from stream_dedup.index.keys import SCOPED
@@ -53,7 +54,17 @@ from stream_dedup.index.redis_layout import (
     glob_escaped,
     redacted,
 )
+from stream_dedup.index.redis_log import (
+    COMMIT,
+    LOG_ENTRIES,
+    READ,
+    TAKE,
+    ChangeCursor,
+    Changes,
+    encode_entry,
+)
 from stream_dedup.index.redis_members import compact_buckets, widen_buckets
+from stream_dedup.index.redis_wire import Wire
 
 __all__ = ["DEFAULT_NAMESPACE", "RedisBackend", "redacted"]
 
@@ -62,16 +73,12 @@ __all__ = ["DEFAULT_NAMESPACE", "RedisBackend", "redacted"]
 _CHUNK = 1000
 _DOC = ord("d")
 
-#: Goes on only while ``token`` holds the lease, and extends it; stores the redo record
-#: when one is given.
+#: Goes on only while ``token`` holds the lease, and extends it.
 _FENCED = """
 if redis.call('GET', KEYS[1]) ~= ARGV[1] then
   return redis.error_reply('LEASE lost: another instance holds the index')
 end
 redis.call('PEXPIRE', KEYS[1], ARGV[2])
-if ARGV[3] ~= '' then
-  redis.call('SET', KEYS[2], ARGV[3])
-end
 return 1
 """
 #: Releases the lease only if ``token`` holds it.
@@ -84,12 +91,14 @@ return 0
 
 
 class _Write(NamedTuple):
-    """A prepared write: the document records, the rest, and the rest's redo record."""
+    """A prepared write: the document records, the rest, the rest's redo record, and
+    its change log entry."""
 
     epoch: int
     docs: Groups
     rest: Groups
     redo: bytes
+    entry: bytes
 
 
 class RedisBackend:
@@ -119,6 +128,8 @@ class RedisBackend:
         self.cluster = isinstance(self._client, RedisCluster)
         self._own, self._lock, self._redo = layout.own, layout.lock, layout.redo
         self._epoch_set = layout.epoch_set
+        self._log_keys = [layout.version, layout.log]
+        self._cursor = ChangeCursor()
         self._lock_ttl_ms = lock_ttl_ms
         self._token: bytes | None = None
         #: A lease this instance could not release (Redis was unreachable): released at
@@ -128,6 +139,10 @@ class RedisBackend:
         self._writes = 0
         self._fenced = self._client.register_script(_FENCED)
         self._release = self._client.register_script(_RELEASE)
+        self._wire = Wire(self._client)
+        self._take = self._client.register_script(TAKE)
+        self._commit = self._client.register_script(COMMIT)
+        self._read_log = self._client.register_script(READ)
         with self.exclusive():  # finishes a write a crash left half done
             pass
 
@@ -166,17 +181,17 @@ class RedisBackend:
             raise ValueError("only keys that belong to an epoch are read from one")
         out: list[bytes | None] = [None] * len(keys)
         places: list[list[int]] = []
+        commands: list[tuple[bytes, ...]] = []
         with self._failing("reading"):
-            pipe = self._client.pipeline(transaction=False)
             for name, (fields, positions) in self._keys.grouped(keys, None, epoch).items():
                 for start in range(0, len(fields), _CHUNK):
                     part = fields[start : start + _CHUNK]
                     if name:
-                        pipe.execute_command("HMGET", name, *part)
+                        commands.append((b"HMGET", name, *part))
                     else:
-                        pipe.execute_command("MGET", *part)
+                        commands.append((b"MGET", *part))
                     places.append(positions[start : start + _CHUNK])
-            for where, found in zip(places, pipe.execute(), strict=True):
+            for where, found in zip(places, self._wire.run(commands), strict=True):
                 for i, value in zip(where, found, strict=True):
                     out[i] = value
         widen_buckets(keys, out)
@@ -231,6 +246,7 @@ class RedisBackend:
         puts: Mapping[bytes, bytes],
         ordered: OrderedPuts = NO_ORDERED_PUTS,
         epoch: int = 0,
+        changed: U64 | None = None,
     ) -> _Write:
         docs = {k: v for k, v in puts.items() if k[0] == _DOC}
         rest = [k for k in puts if k[0] != _DOC]
@@ -241,41 +257,40 @@ class RedisBackend:
             entry[0].extend(fields)
             entry[1].extend(values)
         doc_groups = self._keys.grouped(list(docs), list(docs.values()), epoch)
-        return _Write(epoch, doc_groups, groups, encode_redo(epoch, groups))
+        redo = encode_redo(epoch, groups)
+        return _Write(epoch, doc_groups, groups, redo, encode_entry(epoch, changed))
 
     def apply(self, prepared: _Write) -> None:
+        token = self._token or b""
         with self._failing("writing"):
-            if self._token is not None:
-                self._fenced(
-                    keys=[self._lock, self._redo], args=[self._token, self._lock_ttl_ms, b""]
-                )
+            if token:
+                self._fenced(keys=[self._lock], args=[token, self._lock_ttl_ms])
             self._put(prepared.epoch, prepared.docs)  # nothing names them before the redo
-            if self._token is not None:
-                self._fenced(
-                    keys=[self._lock, self._redo],
-                    args=[self._token, self._lock_ttl_ms, prepared.redo],
-                )
-            else:
-                self._client.set(self._redo, prepared.redo)
+            version = self._commit(  # the commit point: redo record and log entry
+                keys=[self._lock, self._redo, *self._log_keys],
+                args=[token, self._lock_ttl_ms, prepared.redo, prepared.entry, LOG_ENTRIES],
+            )
             self._put(prepared.epoch, prepared.rest)
             self._client.delete(self._redo)
+        self._cursor.own(int(version))  # only once the write is whole: see ChangeCursor
         self._writes += 1
 
     def _put(self, epoch: int, groups: Groups) -> None:
-        pipe = self._client.pipeline(transaction=False)
+        commands: list[tuple[Any, ...]] = []
         if epoch:
-            pipe.sadd(self._epoch_set, epoch)
+            commands.append((b"SADD", self._epoch_set, epoch))
         for name, (fields, values) in groups.items():
             for start in range(0, len(fields), _CHUNK):
                 end = start + _CHUNK
-                pairs = [
-                    x for kv in zip(fields[start:end], values[start:end], strict=True) for x in kv
-                ]
+                part = fields[start:end]
+                pairs: list[Any] = [None] * (2 * len(part))
+                pairs[::2] = part
+                pairs[1::2] = values[start:end]
                 if name:
-                    pipe.execute_command("HSET", name, *pairs)
+                    commands.append((b"HSET", name, *pairs))
                 else:
-                    pipe.execute_command("MSET", *pairs)
-        pipe.execute()
+                    commands.append((b"MSET", *pairs))
+        self._wire.run(commands)
 
     def _recover(self) -> None:
         """Apply a write that a crash left between its redo record and its end."""
@@ -315,12 +330,22 @@ class RedisBackend:
             if self._unreleased is not None:
                 self._release(keys=[self._lock], args=[self._unreleased])
                 self._unreleased = None
-            while not self._client.set(self._lock, token, nx=True, px=self._lock_ttl_ms):
+            if self._cursor.at is not None:  # most of the log, read before the wait
+                self._cursor.read(self._read_log(keys=self._log_keys, args=[self._cursor.at]))
+            taken_keys = [self._lock, self._redo, *self._log_keys]
+            while True:
+                args: list[bytes | int] = [token, self._lock_ttl_ms, self._cursor.position]
+                taken = self._take(keys=taken_keys, args=args)
+                if taken:
+                    break
                 time.sleep(pause)
                 pause = min(2 * pause, 0.01)
         self._token = token
         try:
-            self._recover()
+            redo_waits, *since = taken
+            self._cursor.read(since)
+            if redo_waits:
+                self._recover()
             yield
         finally:
             self._token = None
@@ -328,6 +353,20 @@ class RedisBackend:
                 self._release(keys=[self._lock], args=[token])
             except (redis.RedisError, OSError):
                 self._unreleased = token
+
+    # -- the change log (ChangeFeed) ----------------------------------------------------
+
+    @property
+    def following(self) -> bool:
+        return self._cursor.at is not None
+
+    def follow_changes(self) -> None:
+        with self._failing("reading the change log"):
+            version = self._client.get(self._log_keys[0])
+        self._cursor.follow(int(version or 0))
+
+    def changes(self) -> Changes | None:
+        return self._cursor.drain()
 
     def group_heads(self, scope: str) -> GroupHeads:
         """The heads ``scope`` (a consumer group) shares on this index: the group-wide time

@@ -12,6 +12,7 @@ from __future__ import annotations
 import re
 import zlib
 from collections.abc import Sequence
+from itertools import chain
 from operator import itemgetter
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
@@ -62,6 +63,9 @@ class RedisLayout:
         self.lock = b"{" + ns + b"}!lock"
         self.redo = b"{" + ns + b"}!redo"
         self.epoch_set = b"{" + ns + b"}!epochs"
+        #: The change log (:mod:`.redis_log`): the index's version and the last entries.
+        self.version = b"{" + ns + b"}!version"
+        self.log = b"{" + ns + b"}!log"
         self._records = ns + b":"
 
     def hash(self, epoch: int, tag: int) -> bytes:
@@ -74,28 +78,43 @@ class RedisLayout:
         fast = self._grouped_buckets(keys, values, epoch)
         if fast is not None:
             return fast
-        by_tag: dict[int, tuple[list[bytes], list[Any]]] = {}
-        second: Sequence[Any] = range(len(keys)) if values is None else values
-        scoped, crc = SCOPED, zlib.crc32
-        for key, other in zip(keys, second, strict=True):
-            first = key[0]
-            if first not in scoped:
-                tag = -1
-            elif first == _VERDICT:
-                tag = crc(key) & 255  # ids are not uniform; the others end in a hash byte
-            else:
-                tag = key[-1]
-            entry = by_tag.get(tag)
-            if entry is None:
-                entry = by_tag[tag] = ([], [])
-            entry[0].append(key)
-            entry[1].append(other)
+        scoped, crc, verdict = SCOPED, zlib.crc32, _VERDICT
+        # 256 for an own key (sorted last); ids are not uniform, the others end in a
+        # hash byte.
+        tags = [
+            256 if k[0] not in scoped else crc(k) & 255 if k[0] == verdict else k[-1] for k in keys
+        ]
+        groups = self._by_tag(np.array(tags, dtype=np.int64), keys, values, epoch, 257)
+        own = groups.pop(b"", None)
+        if own is not None:
+            groups[b""] = ([self.own + k for k in own[0]], own[1])
+        return groups
+
+    def _by_tag(
+        self,
+        tags: np.ndarray[Any, Any],
+        keys: Sequence[bytes],
+        values: Sequence[Any] | None,
+        epoch: int,
+        kinds: int = 256,
+    ) -> Groups:
+        """``keys`` (with ``values``, or their positions) by ``tags`` (256: own keys,
+        container ``b""``), each group in the keys' order; one sort, no step per key."""
+        order = np.argsort(tags, kind="stable")
+        bounds = np.concatenate(([0], np.cumsum(np.bincount(tags, minlength=kinds)))).tolist()
+        where = order.tolist()
+        if len(where) < 2:  # itemgetter of one position answers the item, not a tuple
+            fields: Sequence[Any] = list(keys)
+            second: Sequence[Any] = where if values is None else list(values)
+        else:
+            fields = itemgetter(*where)(keys)
+            second = where if values is None else itemgetter(*where)(values)
         groups: Groups = {}
-        for tag, entry in by_tag.items():
-            if tag < 0:
-                groups[b""] = ([self.own + k for k in entry[0]], entry[1])
-            else:
-                groups[self.hash(epoch, tag)] = entry
+        for tag in range(kinds):
+            a, b = bounds[tag], bounds[tag + 1]
+            if a < b:
+                name = b"" if tag == 256 else self.hash(epoch, tag)
+                groups[name] = (list(fields[a:b]), list(second[a:b]))
         return groups
 
     def _grouped_buckets(
@@ -111,26 +130,15 @@ class RedisLayout:
         rows = np.frombuffer(joined, dtype=np.uint8).reshape(-1, _BUCKET_KEY_SIZE)
         if not (rows[:, 0] == BUCKET[0]).all():
             return None
-        tags = rows[:, -1]
-        order = np.argsort(tags, kind="stable")
-        bounds = np.concatenate(([0], np.cumsum(np.bincount(tags, minlength=256)))).tolist()
-        where = order.tolist()
-        fields = itemgetter(*where)(keys)
-        second = where if values is None else itemgetter(*where)(values)
-        groups: Groups = {}
-        for tag in range(256):
-            a, b = bounds[tag], bounds[tag + 1]
-            if a < b:
-                groups[self.hash(epoch, tag)] = (list(fields[a:b]), list(second[a:b]))
-        return groups
+        return self._by_tag(rows[:, -1], keys, values, epoch)
 
 
 def encode_redo(epoch: int, groups: Groups) -> bytes:
     """One value holding a write: epoch, counts, containers with their number of fields,
     then every field's and value's length, then the bytes."""
     names = list(groups)
-    fields = [f for g in groups.values() for f in g[0]]
-    values = [v for g in groups.values() for v in g[1]]
+    fields = list(chain.from_iterable(g[0] for g in groups.values()))
+    values = list(chain.from_iterable(g[1] for g in groups.values()))
     parts = [names, fields, values]
     counts = np.array([epoch, len(names), len(fields)], dtype="<u8")
     sizes = np.array([len(g[0]) for g in groups.values()], dtype="<u4")

@@ -44,11 +44,19 @@ def compact_buckets(keys: Sequence[bytes], values: Sequence[bytes]) -> list[byte
     fast = _compact_ordered(keys, values)
     if fast is not None:
         return fast
-    out = list(values)
-    for i, (k, v) in enumerate(zip(keys, values, strict=True)):
-        if len(v) == 8 and v[4:] == _HIGH_ZEROS and _is_exact(k):
-            out[i] = v[:4]
-    picked = [i for i, (k, v) in enumerate(zip(keys, values, strict=True)) if v and _is_bucket(k)]
+    # One comprehension each, the tests inlined: a batch's ~4,000 verdicts and texts
+    # pass through here inside the shared index's lease.
+    exact, size, zeros = _EXACT, _EXACT_KEY_SIZE, _HIGH_ZEROS
+    out = [
+        v[:4] if len(v) == 8 and k[0] == exact and len(k) == size and v[4:] == zeros else v
+        for k, v in zip(keys, values, strict=True)
+    ]
+    bucket, key_size = _BUCKET, _KEY_SIZE
+    picked = [
+        i
+        for i, (k, v) in enumerate(zip(keys, values, strict=True))
+        if k[0] == bucket and len(k) == key_size and v
+    ]
     if not picked:
         return out
     raws = [values[i] for i in picked]

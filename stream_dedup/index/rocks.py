@@ -35,6 +35,7 @@ from typing import ClassVar, NamedTuple
 
 from rocksdict import AccessType, Options, Rdict, WriteBatch, WriteOptions
 
+from stream_dedup.core.hashing import U64
 from stream_dedup.errors import IndexStoreError
 from stream_dedup.index.backend import NO_ORDERED_PUTS, OrderedPuts
 from stream_dedup.index.keys import DOC, SCOPED
@@ -198,6 +199,7 @@ class RocksBackend:
         puts: Mapping[bytes, bytes],
         ordered: OrderedPuts = NO_ORDERED_PUTS,
         epoch: int = 0,
+        changed: U64 | None = None,
     ) -> PreparedBatch:
         # In key order: the memtable's skiplist then continues each insert from the last
         # one, which makes a batch of ~20k keys several times cheaper to apply.

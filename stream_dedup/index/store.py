@@ -23,8 +23,8 @@ dropped by the next commit.
 
 A shared backend (Redis) is written by other instances too: a batch is decided and
 stored inside :meth:`DedupIndex.exclusive`, which re-reads the counters and epochs at
-its start, and no key filter is kept (another instance's writes would be missing from
-it), so every look-up key is read.
+its start and brings the key filters up to date from the backend's change log
+(:mod:`.followed`), so that inside it only the keys they cannot rule out are read.
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ from __future__ import annotations
 import contextlib
 import json
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -43,6 +43,8 @@ from stream_dedup.index import keys
 from stream_dedup.index.backend import NO_ORDERED_PUTS, Backend, OrderedPuts
 from stream_dedup.index.bucket_records import Members
 from stream_dedup.index.epoch_filters import FILTER_FILE, EpochFilters
+from stream_dedup.index.followed import FollowedFilters
+from stream_dedup.index.index_stats import IndexStats
 from stream_dedup.index.params import IndexParams
 from stream_dedup.index.pending import (
     PendingCommit,
@@ -80,29 +82,6 @@ __all__ = [
 
 #: Input ranges of one batch: (topic, partition) -> (first offset, last offset + 1).
 Ranges = Mapping[tuple[str, int], tuple[int, int]]
-
-
-@dataclass(frozen=True, slots=True)
-class IndexStats:
-    """What ``stream-dedup stats`` prints."""
-
-    location: str
-    params: IndexParams
-    documents: int
-    indexed: int
-    duplicates: int
-    empty: int
-    size_bytes: int
-    #: Documents the index holds (indexed and not expired), and those expired so far.
-    held: int = 0
-    expired: int = 0
-    #: Unix time (seconds) of the oldest document held, and of the stream's clock
-    #: (``None``: no document time known).
-    oldest_time: int | None = None
-    clock: int | None = None
-    #: Live epochs, and the retention in force.
-    epochs: int = 1
-    retention: Retention = NO_RETENTION
 
 
 class DedupIndex(IndexReads):
@@ -155,6 +134,7 @@ class DedupIndex(IndexReads):
         self._intent_pending = self.intent() is not None
         self._writes = 0  # batch writes so far: a prepared commit is valid for one value
         self._filters = EpochFilters(backend)  # loaded on first use: see load_filter
+        self._followed = FollowedFilters(backend, self._filters)  # a shared index's
         self._tidied = False  # epochs the table does not list are dropped at the first commit
         self._state_lock = StateLock()  # see IndexReads.consistent
 
@@ -200,13 +180,21 @@ class DedupIndex(IndexReads):
     def exclusive(self) -> Iterator[None]:
         """Decide and store a batch of a shared index in here: the other instances wait,
         and the counters and epochs are re-read first (another instance may have
-        committed since). For a single-writer index it only marks the section."""
+        committed since) and the key filters brought up to date (built first, outside
+        the lease, when they are not kept yet). For a single-writer index it only marks
+        the section."""
+        if self._shared:
+            self._followed.before_lease(self._capacities)
         with self._backend.exclusive():
             if self._shared:
                 with self._state_lock.writing():
                     self._load_state(since=self._counters["indexed"])
+                    self._followed.in_lease(self._timeline.numbers(), self._new_filter_size())
                 self._writes += 1  # a commit prepared before this section is stale
-            yield
+            try:
+                yield
+            finally:
+                self._followed.after_lease()
 
     def group_heads(self, scope: str) -> GroupHeads | None:
         """A shared index's exchange of partition heads for consumer group ``scope``
@@ -309,7 +297,7 @@ class DedupIndex(IndexReads):
         # Every lookup key written reaches the filter, however it was handed in.
         fingerprints = written_fingerprints(batch, ordered, ordered_fingerprints)
         return PendingCommit(
-            self._backend.prepare(batch, ordered, epoch),
+            self._backend.prepare(batch, ordered, epoch, changed=fingerprints),
             new_counters,
             self._writes,
             fingerprints,

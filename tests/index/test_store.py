@@ -154,7 +154,11 @@ class RecordingBackend:
         self.inner.write(puts)
 
     def prepare(
-        self, puts: Mapping[bytes, bytes], ordered: OrderedPuts = NO_ORDERED_PUTS, epoch: int = 0
+        self,
+        puts: Mapping[bytes, bytes],
+        ordered: OrderedPuts = NO_ORDERED_PUTS,
+        epoch: int = 0,
+        changed: object = None,
     ) -> dict[bytes, bytes]:
         # A plain dict of the puts, as the in-memory backend prepares them (it keeps no
         # state for that); apply() then records and forwards it as one write.

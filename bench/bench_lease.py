@@ -1,0 +1,147 @@
+"""Time a shared Redis index's lease, phase by phase, without a broker.
+
+``--instances`` index objects (each its own connection, as separate service instances
+have) take turns on one index: each batch is sketched outside the lease (the service's
+worker does that), then decided and stored inside it exactly as the service's
+``SharedIndex`` strategy does. Printed per setup (a Redis node, a 3-master cluster): the
+lease held per document (what ``stream_dedup_index_lease_held_seconds`` measures), split
+into taking it (with the state re-read), deciding (the index reads), preparing the write
+and applying it; the work done before the lease per document; the Redis CPU per document;
+and the ceiling that the lease puts on one index, ``1 / lease per document`` (a
+projection: the other work of the instances runs in parallel). The first batch of each
+instance is not counted (its filter is built, its caches are cold).
+
+On a busy machine the wall-clock times swing with the other processes; the CPU time the
+process spends inside the lease (``time.process_time``) and the Redis servers' CPU time
+per document do not, and their sum is about the lease on an idle machine with Redis
+near the instance.
+
+    .venv/bin/python bench/bench_lease.py
+    .venv/bin/python bench/bench_lease.py -n 40000 --instances 2 --json lease.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from contextlib import ExitStack
+from pathlib import Path
+from typing import Any
+
+from bench_service import documents
+from bench_shared import redis_cpu_s
+
+from stream_dedup.core.config import DedupConfig
+from stream_dedup.dedup import Deduplicator
+from stream_dedup.index import DedupIndex
+from stream_dedup.index.params import IndexParams
+from stream_dedup.index.redis_backend import RedisBackend
+from stream_dedup.models import Document
+from stream_dedup.tools import redis_local
+
+PHASES = ("before", "take", "decide", "prepare", "apply")
+
+
+def _marker(wall: list[float], cpu: list[float]) -> Callable[[], None]:
+    """A function that appends the wall-clock and CPU time now to ``wall`` and ``cpu``."""
+
+    def mark() -> None:
+        wall.append(time.perf_counter())
+        cpu.append(time.process_time())
+
+    return mark
+
+
+def one_run(url: str, docs: list[Document], args: argparse.Namespace, run: int) -> dict[str, Any]:
+    """Phase times (seconds, summed over the counted batches) of one pass over ``docs``."""
+    config = DedupConfig()
+    namespace = f"bench-lease-{run}-{time.time_ns()}"
+    instances = [
+        Deduplicator(
+            DedupIndex(RedisBackend(url, namespace=namespace), IndexParams.of(config)), config
+        )
+        for _ in range(args.instances)
+    ]
+    for dedup in instances:
+        dedup.warm_up()  # the kernels load (or compile) outside any lease
+    size = args.batch
+    batches = [docs[i : i + size] for i in range(0, len(docs), size)]
+    totals = dict.fromkeys((*PHASES, *(p + "_cpu" for p in PHASES), "lease_cpu"), 0.0)
+    counted = 0
+    cpu_start = 0.0
+    try:
+        for b, batch in enumerate(batches):
+            if b == args.instances:  # every instance has warmed up
+                cpu_start = redis_cpu_s(url)
+            dedup = instances[b % len(instances)]
+            wall: list[float] = []
+            cpu: list[float] = []
+            mark = _marker(wall, cpu)
+            mark()
+            sketched = dedup.sketch(batch)
+            mark()
+            with dedup.index.exclusive():
+                mark()
+                result = dedup.decide(batch, sketched)
+                mark()
+                pending = dedup.prepare(result)
+                mark()
+                dedup.index.apply(pending)
+                mark()
+            if b >= args.instances:
+                counted += len(batch)
+                totals["lease_cpu"] += cpu[-1] - cpu[1]
+                for i, name in enumerate(PHASES):
+                    totals[name] += wall[i + 1] - wall[i]
+                    totals[name + "_cpu"] += cpu[i + 1] - cpu[i]
+        redis_cpu = (redis_cpu_s(url) - cpu_start) / counted
+    finally:
+        for dedup in instances:
+            dedup.index.close()
+    out: dict[str, Any] = {name: totals[name] / counted * 1e6 for name in totals}
+    out["lease"] = sum(out[name] for name in PHASES[1:])
+    out["redis_cpu"] = redis_cpu * 1e6
+    return out
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("-n", "--documents", type=int, default=20_000)
+    p.add_argument("--batch", type=int, default=2000, help="documents per batch (2000)")
+    p.add_argument("--instances", type=int, default=2, help="index objects taking turns (2)")
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--setups", default="node,cluster")
+    p.add_argument("--json", metavar="FILE", help="also write the results as JSON")
+    args = p.parse_args()
+    results: dict[str, Any] = {"documents": args.documents, "instances": args.instances}
+    with ExitStack() as stack, tempfile.TemporaryDirectory(prefix="bench-lease-") as tmp:
+        work = Path(tmp)
+        for kind in args.setups.split(","):
+            start = redis_local.single_node if kind == "node" else redis_local.cluster
+            url = stack.enter_context(start(work / kind))
+            runs = []
+            for r in range(args.repeats):
+                raw = documents(args.documents, r)
+                docs = [Document(d["id"], d["text"]) for d in raw]
+                runs.append(one_run(url, docs, args, r))
+            med = {k: statistics.median(run[k] for run in runs) for k in runs[0]}
+            results[kind] = {"runs": runs, "median": med}
+            parts = ", ".join(f"{k} {med[k]:.1f} (CPU {med[k + '_cpu']:.1f})" for k in PHASES[1:])
+            print(
+                f"{kind}: lease {med['lease']:.1f} us/doc ({parts}); before the lease "
+                f"{med['before']:.1f}; CPU in the lease: this process "
+                f"{med['lease_cpu']:.1f}, Redis {med['redis_cpu']:.1f} us/doc; "
+                f"ceiling per index (projection) {1e6 / med['lease']:,.0f} docs/s"
+            )
+    if args.json:
+        Path(args.json).write_text(json.dumps(results, indent=2), encoding="utf-8")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
