@@ -27,6 +27,7 @@ import logging
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping
+from typing import TypeVar
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 
@@ -47,6 +48,8 @@ from stream_dedup.service.refusals import Refused
 from stream_dedup.service.transactions import TransactionalProducer, intent_delivered
 
 log = logging.getLogger("stream_dedup.service.checkpoint")
+
+T = TypeVar("T")
 
 Offsets = Mapping[TpKey, int]
 
@@ -87,6 +90,12 @@ class CommitStrategy(ABC):
         """When the shared index's current outage began (monotonic clock), or None: the
         service is not ready meanwhile."""
         return None
+
+    def ride_out(self, operation: str, step: Callable[[], T]) -> T:
+        """``step()``, waiting out a shared index's outage as the commit's own steps do
+        (the group's heads exchange goes through it: an outage seen there first must make
+        the service unready and count against ``index.redis.outage_limit_s`` too)."""
+        return step()
 
     def stored_offsets(self) -> dict[TpKey, int]:
         """The next offset of each partition as the index stores it, read when partitions
@@ -257,6 +266,9 @@ class SharedIndex(CommitStrategy):
     @property
     def index_down_since(self) -> float | None:
         return self._outage.down_since
+
+    def ride_out(self, operation: str, step: Callable[[], T]) -> T:
+        return self._outage.call(operation, step)
 
     def stored_offsets(self) -> dict[TpKey, int]:
         return self._outage.call("reading offsets", self._index.offsets)

@@ -26,16 +26,24 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Iterable, Mapping
-from typing import NamedTuple
+from collections.abc import Callable, Iterable, Mapping
+from typing import NamedTuple, TypeVar
 
 from confluent_kafka import Consumer, KafkaException
 
-from stream_dedup.errors import IndexIOError
+from stream_dedup.errors import IndexIOError, IndexUnreachableError
 from stream_dedup.index.redis_heads import AT_END, EMPTY, HEAD, GroupHeads, Published
 from stream_dedup.logs import LogThrottle, fields
 
 log = logging.getLogger("stream_dedup.service")
+
+T = TypeVar("T")
+
+
+def _directly(_operation: str, step: Callable[[], T]) -> T:
+    """An exchange with no outage handling around it (a failure is held back and logged)."""
+    return step()
+
 
 TpKey = tuple[str, int]
 #: A record's place in the group's order: (time, (topic, partition)), as ``time_order``
@@ -104,8 +112,18 @@ def low_watermark(
 class GroupOrder:
     """This instance's side of the group's heads (see the module docstring)."""
 
-    def __init__(self, heads: GroupHeads, topics: Iterable[str], max_idle_ms: int) -> None:
+    def __init__(
+        self,
+        heads: GroupHeads,
+        topics: Iterable[str],
+        max_idle_ms: int,
+        ride_out: Callable[[str, Callable[[], Published]], Published] = _directly,
+    ) -> None:
         self._heads = heads
+        #: Runs the exchange through the commit strategy's outage handling, so Redis down
+        #: while this instance waits for the watermark makes it unready, is retried and
+        #: stops the service after ``index.redis.outage_limit_s``, as in a commit.
+        self._ride_out = ride_out
         self._max_idle_ms = max_idle_ms
         #: Topic -> number of partitions, from the broker's metadata at each assignment.
         self._partitions: dict[str, int] = dict.fromkeys(topics, 0)
@@ -175,7 +193,11 @@ class GroupOrder:
         for topic in topics:
             self._partitions.setdefault(topic, 0)
         try:
-            self._last = self._heads.exchange(topics, mine)
+            self._last = self._ride_out(
+                "exchanging the group's heads", lambda: self._heads.exchange(topics, mine)
+            )
+        except IndexUnreachableError:
+            raise  # the outage outlasted its limit: the service stops, as in a commit
         except IndexIOError as exc:
             self._last = None  # nothing known: hold back until Redis answers
             dropped = self._failed.admit("exchange")

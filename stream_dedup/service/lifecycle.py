@@ -84,7 +84,7 @@ class BatchLife:
         self._time_of = RecordTime(config.input.time_field)
         self._time_warnings = TimeWarnings(config.input.time_field, metrics)
         intent = strategy.stored_intent()  # waits out a shared index's outage
-        self._group = _group_order(config, index)
+        self._group = _group_order(config, index, strategy)
         self._batches = Batcher(
             config.batch, intent, stop, self._time_of, consumer, group=self._group
         )
@@ -282,7 +282,9 @@ class BatchLife:
         )
 
 
-def _group_order(config: ServiceConfig, index: DedupIndex) -> GroupOrder | None:
+def _group_order(
+    config: ServiceConfig, index: DedupIndex, strategy: CommitStrategy
+) -> GroupOrder | None:
     """The consumer group's time order on a shared index (``index.redis.group_order``),
     else None: one instance's partition merge orders its own partitions alone."""
     if not index.shared or not config.index.redis.group_order:
@@ -290,4 +292,6 @@ def _group_order(config: ServiceConfig, index: DedupIndex) -> GroupOrder | None:
     heads = index.group_heads(str(config.kafka.get("group.id", "")))
     if heads is None:
         return None
-    return GroupOrder(heads, config.input.topics, config.batch.max_idle_ms)
+    return GroupOrder(
+        heads, config.input.topics, config.batch.max_idle_ms, ride_out=strategy.ride_out
+    )
