@@ -16,6 +16,7 @@ import numpy as np
 
 from stream_dedup.core import jit
 from stream_dedup.core.config import DedupConfig
+from stream_dedup.core.containment import pair_intersections
 from stream_dedup.core.hashing import U32
 from stream_dedup.core.match import I64, Expiry, Matches, match_batch
 from stream_dedup.core.payload import SetCache
@@ -60,10 +61,21 @@ class Deduplicator:
         :func:`kernels_cached`), so a long silent pause is explained.
         """
         texts = ["warm-up text for the compiled kernels", "warm-up text for the kernels"]
-        if notice is not None and not kernels_cached():
+        containment = self.config.containment > 0
+        if notice is not None and not kernels_cached(containment):
             notice(COMPILING_NOTICE)
         with jit.forced(True):  # two documents would otherwise run the Python forms
             self.decide([Document(f"\x00warm-up {i}", t) for i, t in enumerate(texts)])
+            if containment:  # the pair above is a near-duplicate: nothing verified an excerpt
+                one = np.ones(1, dtype=np.int64)
+                pair_intersections(
+                    np.ones(1, dtype=np.uint32),
+                    one - 1,
+                    one,
+                    np.ones(1, dtype=np.uint32),
+                    one - 1,
+                    one,
+                )
 
     def process(
         self, docs: Sequence[Document], offsets: Mapping[tuple[str, int], int] | None = None
