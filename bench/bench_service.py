@@ -95,6 +95,7 @@ class Run:
         workdir: Path,
         args: argparse.Namespace,
         kafka: Mapping[str, str],
+        containment: float = 0.0,
     ) -> None:
         self.topic = f"bench-{uuid.uuid4().hex[:8]}"
         self.bootstrap = bootstrap
@@ -117,6 +118,8 @@ max_messages = {args.max_messages}
 max_wait_ms = {args.max_wait_ms}
 [service]
 delivery = "{args.delivery}"
+[dedup]
+containment = {containment}
 [log]
 level = "WARNING"
 [kafka]
@@ -176,15 +179,17 @@ def throughput(
     seed: int,
     kafka: Mapping[str, str],
     broker_pid: int | None,
+    containment: float = 0.0,
 ) -> tuple[float, dict[str, float | None]]:
-    """Sustained docs/s of one run, and the CPU per document of each part meanwhile.
+    """Sustained docs/s of one run (``dedup.containment`` as given), and the CPU per
+    document of each part meanwhile.
 
     The CPU is sampled when the first message is seen consumed and when the last batch
     is seen committed (up to a second later: the idle parts use next to nothing then, the
     broker's idle fetches ~1-2 us per document of a 50,000-document run).
     """
     docs = documents(args.documents, seed)
-    run = Run(bootstrap, workdir, args, kafka)
+    run = Run(bootstrap, workdir, args, kafka, containment)
     produce_all(bootstrap, run.topic, docs)
     run.start()
     assert run.proc is not None
@@ -336,6 +341,34 @@ def latency(
     return LatencyRun(received, cpu, seconds)
 
 
+def compare(
+    settings: list[float], by_setting: dict[float, list[tuple[float, dict[str, float | None]]]]
+) -> None:
+    """Each setting's median rate and service CPU per document (its loop, other threads
+    and sketch worker), and the ratios of the second to the first, by rate and by CPU."""
+    med: dict[float, tuple[float, float]] = {}
+    for c in settings:
+        runs = by_setting[c]
+        cpu = [
+            sum(v or 0.0 for k, v in parts.items() if k not in ("broker", "benchmark"))
+            for _, parts in runs
+        ]
+        med[c] = (statistics.median(r for r, _ in runs), statistics.median(cpu))
+        print(
+            f"containment {c}: median {med[c][0]:,.0f} docs/s, service CPU "
+            f"{med[c][1]:.0f} us/doc (runs: " + ", ".join(f"{r:,.0f}" for r, _ in runs) + ")"
+        )
+    (a_rate, a_cpu), (b_rate, b_cpu) = med[settings[0]], med[settings[1]]
+    paired = statistics.median(
+        b[0] / a[0] for a, b in zip(by_setting[settings[0]], by_setting[settings[1]], strict=True)
+    )
+    print(
+        f"containment {settings[1]} vs {settings[0]}: rate ratio of medians "
+        f"{b_rate / a_rate:.2f}, paired median {paired:.2f}; by service CPU "
+        f"{a_cpu / b_cpu:.2f}"
+    )
+
+
 def quantile(values: list[float], q: float) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
@@ -355,6 +388,12 @@ def main() -> int:
         choices=("at-least-once", "exactly-once"),
         default="at-least-once",
         help="service.delivery (at-least-once)",
+    )
+    p.add_argument(
+        "--containment",
+        default="0",
+        help="dedup.containment of the throughput runs; two values (0,0.8) are run "
+        "alternately in each repeat, the order flipped each time, and compared (0)",
     )
     p.add_argument("--skip-latency", action="store_true")
     p.add_argument("--skip-throughput", action="store_true")
@@ -382,12 +421,18 @@ def main() -> int:
             work = Path(tmp)
             if not args.skip_throughput:
                 pid = broker.pid if broker is not None else None
-                rates, cpus = [], []
+                settings = [float(c) for c in args.containment.split(",")]
+                rates, cpus, by_setting = [], [], {c: [] for c in settings}
                 for r in range(args.repeats):
-                    rate, cpu = throughput(bootstrap, work, args, r, kafka, pid)
-                    rates.append(rate)
-                    cpus.append(cpu)
-                    print(f"  throughput run {r + 1}: {rate:,.0f} docs/s; {render(cpu)}")
+                    for c in settings if r % 2 == 0 else settings[::-1]:
+                        rate, cpu = throughput(bootstrap, work, args, r, kafka, pid, c)
+                        rates.append(rate)
+                        cpus.append(cpu)
+                        by_setting[c].append((rate, cpu))
+                        print(
+                            f"  throughput run {r + 1} (containment {c}): {rate:,.0f} docs/s; "
+                            f"{render(cpu)}"
+                        )
                 results["throughput_docs_per_s"] = rates
                 results["throughput_cpu_us_per_document"] = cpus
                 print(
@@ -396,6 +441,8 @@ def main() -> int:
                     + ", ".join(f"{r:,.0f}" for r in rates)
                     + f")  {args.delivery} target >= {TARGETS[args.delivery]:,}"
                 )
+                if len(settings) == 2:
+                    compare(settings, by_setting)
             if not args.skip_latency:
                 p50s, p99s, thirds, shares = [], [], [], []
                 pid = broker.pid if broker is not None else None

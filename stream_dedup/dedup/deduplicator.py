@@ -16,7 +16,7 @@ import numpy as np
 
 from stream_dedup.core import jit
 from stream_dedup.core.config import DedupConfig
-from stream_dedup.core.containment import pair_intersections
+from stream_dedup.core.containment import load_kernels
 from stream_dedup.core.hashing import U32
 from stream_dedup.core.match import I64, Expiry, Matches, match_batch
 from stream_dedup.core.payload import SetCache
@@ -66,16 +66,8 @@ class Deduplicator:
             notice(COMPILING_NOTICE)
         with jit.forced(True):  # two documents would otherwise run the Python forms
             self.decide([Document(f"\x00warm-up {i}", t) for i, t in enumerate(texts)])
-            if containment:  # the pair above is a near-duplicate: nothing verified an excerpt
-                one = np.ones(1, dtype=np.int64)
-                pair_intersections(
-                    np.ones(1, dtype=np.uint32),
-                    one - 1,
-                    one,
-                    np.ones(1, dtype=np.uint32),
-                    one - 1,
-                    one,
-                )
+            if containment:  # the pair above is a near-duplicate: it verified no excerpt
+                load_kernels()
 
     def process(
         self, docs: Sequence[Document], offsets: Mapping[tuple[str, int], int] | None = None

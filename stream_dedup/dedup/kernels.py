@@ -25,9 +25,9 @@ def kernels_cached(containment: bool = False) -> bool:
     with :data:`COMPILING_NOTICE`. The check asks for the cache index (``*.nbi``) of the
     matching pass and of the key fingerprints, the two kernels every configuration runs,
     where numba's own locator puts it (``__pycache__`` beside the module, or under
-    ``NUMBA_CACHE_DIR``): one ``stat`` each. With ``containment`` (the setting is on) the
-    set intersections that verify excerpts are asked for too: they compile on the first
-    batch that verifies one. Should numba's internals move, it answers
+    ``NUMBA_CACHE_DIR``): one ``stat`` each. With ``containment`` (the setting is on),
+    the kernel that verifies excerpts too: they compile on the first batch
+    that looks for one. Should numba's internals move, it answers
     True, as a missing notice costs less than a false one on every run. Asking imports
     numba: ask only before a batch that runs compiled (:func:`.compiling_notice`).
     """
