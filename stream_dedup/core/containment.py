@@ -156,9 +156,7 @@ def vote(
     among the first :data:`ALWAYS` by votes, or with at least :func:`min_votes` for
     containment ``level``; at most ``limit`` per document.
     """
-    # By key, each key's documents in batch order: one sort of a combined number (each
-    # (key, position) occurs once: a set's values are distinct), cheaper than a lexsort.
-    order = np.argsort(occ_key * (voting.size + 1) + occ_pos, kind="stable")
+    order = np.lexsort((occ_pos, occ_key))  # by key, each key's documents in batch order
     pos, key = occ_pos[order], occ_key[order]
     indexed = docnum[pos] >= 0
     group_start = np.ones(key.size, dtype=bool)
@@ -205,23 +203,12 @@ def vote(
     return Votes(p_c[top], d_c[top], counts[top].astype(np.int64), back)
 
 
-#: Merge steps between two checks that a pair can still reach its ``need``: the check
-#: costs a branch per step, and a pair that cannot reach it stops a few steps late.
-_CHECK_EVERY = 64
-
-
 @kernel
 def intersections(
     a_flat: U32, a_at: I64, a_len: I64, b_flat: U32, b_at: I64, b_len: I64, need: I64, out: I64
 ) -> None:
     """``out[i] = |A_i ∩ B_i|`` for pairs of sorted sets of distinct values (a merge),
-    given up as soon as it cannot reach ``need[i]`` (then some count below it).
-
-    The merge steps without branching on the values (each step adds the comparisons
-    to the cursors), which the processor runs several times faster than a merge whose
-    branch it mispredicts at every other value; whether the pair can still reach its
-    ``need`` is checked every :data:`_CHECK_EVERY` steps.
-    """
+    given up as soon as it cannot reach ``need[i]`` (then some count below it)."""
     for i in range(out.size):
         x, x_end = a_at[i], a_at[i] + a_len[i]
         y, y_end = b_at[i], b_at[i] + b_len[i]
@@ -229,12 +216,15 @@ def intersections(
         while x < x_end and y < y_end:
             if n + min(x_end - x, y_end - y) < need[i]:
                 break
-            steps = min(_CHECK_EVERY, x_end - x, y_end - y)
-            for _ in range(steps):  # each step moves a cursor, so neither passes its end
-                u, w = a_flat[x], b_flat[y]
-                n += u == w
-                x += u <= w
-                y += w <= u
+            u, w = a_flat[x], b_flat[y]
+            if u == w:
+                n += 1
+                x += 1
+                y += 1
+            elif u < w:
+                x += 1
+            else:
+                y += 1
         out[i] = n
 
 
