@@ -30,6 +30,7 @@ exactly-once >= 7,000 docs/s.
     .venv/bin/python bench/bench_service.py
     .venv/bin/python bench/bench_service.py -n 50000 --rate 1000 --seconds 20 --repeats 3
     .venv/bin/python bench/bench_service.py -n 50000 --delivery exactly-once
+    .venv/bin/python bench/bench_service.py -n 20000 --containment 0,0.8 --skip-latency
 """
 
 from __future__ import annotations
@@ -55,6 +56,7 @@ from typing import Any
 
 from confluent_kafka import OFFSET_BEGINNING, Consumer, Producer, TopicPartition
 from proc_cpu import CpuSample, per_document_us, process_cpu_s, render
+from service_compare import compare
 
 from stream_dedup.tools.broker import (
     TANSU_CONSUMER_SETTINGS,
@@ -339,34 +341,6 @@ def latency(
     if len(received) < total:
         raise RuntimeError(f"only {len(received)} of {total} events arrived")
     return LatencyRun(received, cpu, seconds)
-
-
-def compare(
-    settings: list[float], by_setting: dict[float, list[tuple[float, dict[str, float | None]]]]
-) -> None:
-    """Each setting's median rate and service CPU per document (its loop, other threads
-    and sketch worker), and the ratios of the second to the first, by rate and by CPU."""
-    med: dict[float, tuple[float, float]] = {}
-    for c in settings:
-        runs = by_setting[c]
-        cpu = [
-            sum(v or 0.0 for k, v in parts.items() if k not in ("broker", "benchmark"))
-            for _, parts in runs
-        ]
-        med[c] = (statistics.median(r for r, _ in runs), statistics.median(cpu))
-        print(
-            f"containment {c}: median {med[c][0]:,.0f} docs/s, service CPU "
-            f"{med[c][1]:.0f} us/doc (runs: " + ", ".join(f"{r:,.0f}" for r, _ in runs) + ")"
-        )
-    (a_rate, a_cpu), (b_rate, b_cpu) = med[settings[0]], med[settings[1]]
-    paired = statistics.median(
-        b[0] / a[0] for a, b in zip(by_setting[settings[0]], by_setting[settings[1]], strict=True)
-    )
-    print(
-        f"containment {settings[1]} vs {settings[0]}: rate ratio of medians "
-        f"{b_rate / a_rate:.2f}, paired median {paired:.2f}; by service CPU "
-        f"{a_cpu / b_cpu:.2f}"
-    )
 
 
 def quantile(values: list[float], q: float) -> float:
