@@ -30,6 +30,7 @@ exactly-once >= 7,000 docs/s.
     .venv/bin/python bench/bench_service.py
     .venv/bin/python bench/bench_service.py -n 50000 --rate 1000 --seconds 20 --repeats 3
     .venv/bin/python bench/bench_service.py -n 50000 --delivery exactly-once
+    .venv/bin/python bench/bench_service.py -n 20000 --containment 0,0.8 --skip-latency
 """
 
 from __future__ import annotations
@@ -55,6 +56,7 @@ from typing import Any
 
 from confluent_kafka import OFFSET_BEGINNING, Consumer, Producer, TopicPartition
 from proc_cpu import CpuSample, per_document_us, process_cpu_s, render
+from service_compare import compare
 
 from stream_dedup.tools.broker import (
     TANSU_CONSUMER_SETTINGS,
@@ -95,6 +97,7 @@ class Run:
         workdir: Path,
         args: argparse.Namespace,
         kafka: Mapping[str, str],
+        containment: float = 0.0,
     ) -> None:
         self.topic = f"bench-{uuid.uuid4().hex[:8]}"
         self.bootstrap = bootstrap
@@ -117,6 +120,8 @@ max_messages = {args.max_messages}
 max_wait_ms = {args.max_wait_ms}
 [service]
 delivery = "{args.delivery}"
+[dedup]
+containment = {containment}
 [log]
 level = "WARNING"
 [kafka]
@@ -176,15 +181,17 @@ def throughput(
     seed: int,
     kafka: Mapping[str, str],
     broker_pid: int | None,
+    containment: float = 0.0,
 ) -> tuple[float, dict[str, float | None]]:
-    """Sustained docs/s of one run, and the CPU per document of each part meanwhile.
+    """Sustained docs/s of one run (``dedup.containment`` as given), and the CPU per
+    document of each part meanwhile.
 
     The CPU is sampled when the first message is seen consumed and when the last batch
     is seen committed (up to a second later: the idle parts use next to nothing then, the
     broker's idle fetches ~1-2 us per document of a 50,000-document run).
     """
     docs = documents(args.documents, seed)
-    run = Run(bootstrap, workdir, args, kafka)
+    run = Run(bootstrap, workdir, args, kafka, containment)
     produce_all(bootstrap, run.topic, docs)
     run.start()
     assert run.proc is not None
@@ -356,6 +363,12 @@ def main() -> int:
         default="at-least-once",
         help="service.delivery (at-least-once)",
     )
+    p.add_argument(
+        "--containment",
+        default="0",
+        help="dedup.containment of the throughput runs; two values (0,0.8) are run "
+        "alternately in each repeat, the order flipped each time, and compared (0)",
+    )
     p.add_argument("--skip-latency", action="store_true")
     p.add_argument("--skip-throughput", action="store_true")
     p.add_argument("--json", metavar="FILE", help="also write the results as JSON")
@@ -382,12 +395,18 @@ def main() -> int:
             work = Path(tmp)
             if not args.skip_throughput:
                 pid = broker.pid if broker is not None else None
-                rates, cpus = [], []
+                settings = [float(c) for c in args.containment.split(",")]
+                rates, cpus, by_setting = [], [], {c: [] for c in settings}
                 for r in range(args.repeats):
-                    rate, cpu = throughput(bootstrap, work, args, r, kafka, pid)
-                    rates.append(rate)
-                    cpus.append(cpu)
-                    print(f"  throughput run {r + 1}: {rate:,.0f} docs/s; {render(cpu)}")
+                    for c in settings if r % 2 == 0 else settings[::-1]:
+                        rate, cpu = throughput(bootstrap, work, args, r, kafka, pid, c)
+                        rates.append(rate)
+                        cpus.append(cpu)
+                        by_setting[c].append((rate, cpu))
+                        print(
+                            f"  throughput run {r + 1} (containment {c}): {rate:,.0f} docs/s; "
+                            f"{render(cpu)}"
+                        )
                 results["throughput_docs_per_s"] = rates
                 results["throughput_cpu_us_per_document"] = cpus
                 print(
@@ -396,6 +415,8 @@ def main() -> int:
                     + ", ".join(f"{r:,.0f}" for r in rates)
                     + f")  {args.delivery} target >= {TARGETS[args.delivery]:,}"
                 )
+                if len(settings) == 2:
+                    compare(settings, by_setting)
             if not args.skip_latency:
                 p50s, p99s, thirds, shares = [], [], [], []
                 pid = broker.pid if broker is not None else None

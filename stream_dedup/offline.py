@@ -238,7 +238,10 @@ def run_offline(
     with InterruptBetweenBatches() as interrupts:
         for batch in batched(read_documents(lines, fmt, summary, on_error, report), batch_size):
             interrupts.in_batch = True
-            if notice is not None and (said := compiling_notice(len(batch))) is not None:
+            if (
+                notice is not None
+                and (said := compiling_notice(len(batch), dedup.config.containment > 0)) is not None
+            ):
                 print(said, file=notice, flush=True)
             notice = None
             result = dedup.process(batch)

@@ -180,6 +180,34 @@ def test_kernels_cached_is_true_once_the_kernels_have_run() -> None:
 
 
 @pytest.mark.slow
+def test_containment_adds_its_kernel_to_the_cache_check(tmp_path: Path) -> None:
+    """In a fresh cache, a warm-up without containment leaves the intersections kernel
+    uncompiled: the check with containment still says False; a warm-up with it fills it."""
+    probe = textwrap.dedent(
+        """
+        from stream_dedup.core.config import DedupConfig
+        from stream_dedup.dedup import Deduplicator, kernels_cached
+        from stream_dedup.index import open_index
+        from stream_dedup.index.params import IndexParams
+
+        for c in (0.0, 0.8):
+            config = DedupConfig(containment=c)
+            Deduplicator(open_index(None, IndexParams.of(config)), config).warm_up(print)
+            print(kernels_cached(), kernels_cached(containment=True))
+        """
+    )
+    env = {**os.environ, "NUMBA_CACHE_DIR": str(tmp_path / "numba-cache")}
+    done = subprocess.run(
+        [sys.executable, "-c", probe], env=env, capture_output=True, text=True, check=True
+    )
+    assert done.stdout.splitlines() == [
+        COMPILING_NOTICE,
+        "True False",
+        COMPILING_NOTICE,
+        "True True",
+    ]
+
+
 @pytest.mark.slow
 def test_a_cold_cache_is_announced_and_filled_by_the_warm_up(tmp_path: Path) -> None:
     """In a fresh numba cache directory nothing is cached: the warm-up says so, compiles

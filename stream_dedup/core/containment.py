@@ -240,3 +240,12 @@ def pair_intersections(
         run = jit.choose(intersections, items=int(a_len.sum() + b_len.sum()))
         run(a_flat, a_at, a_len, b_flat, b_at, b_len, need, out)
     return out
+
+
+def load_kernels() -> None:
+    """Run containment's kernel once on a tiny input, in the form :func:`jit.choose`
+    picks (compiled under ``jit.forced(True)``): the warm-up's near-duplicate pair
+    verifies no excerpt, so it would not load them."""
+    one = np.ones(1, dtype=np.int64)
+    values = np.ones(1, dtype=np.uint32)
+    pair_intersections(values, one - 1, one, values, one - 1, one)

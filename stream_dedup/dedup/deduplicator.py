@@ -16,6 +16,7 @@ import numpy as np
 
 from stream_dedup.core import jit
 from stream_dedup.core.config import DedupConfig
+from stream_dedup.core.containment import load_kernels
 from stream_dedup.core.hashing import U32
 from stream_dedup.core.match import I64, Expiry, Matches, match_batch
 from stream_dedup.core.set_cache import SetCache
@@ -60,10 +61,13 @@ class Deduplicator:
         :func:`kernels_cached`), so a long silent pause is explained.
         """
         texts = ["warm-up text for the compiled kernels", "warm-up text for the kernels"]
-        if notice is not None and not kernels_cached():
+        containment = self.config.containment > 0
+        if notice is not None and not kernels_cached(containment):
             notice(COMPILING_NOTICE)
         with jit.forced(True):  # two documents would otherwise run the Python forms
             self.decide([Document(f"\x00warm-up {i}", t) for i, t in enumerate(texts)])
+            if containment:  # the pair above is a near-duplicate: it verified no excerpt
+                load_kernels()
 
     def process(
         self, docs: Sequence[Document], offsets: Mapping[tuple[str, int], int] | None = None

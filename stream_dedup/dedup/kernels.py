@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from stream_dedup.core import containment as _containment
 from stream_dedup.core import jit
 from stream_dedup.core import lookup_keys as _lookup_keys
 from stream_dedup.core import match as _match
@@ -16,7 +17,7 @@ COMPILING_NOTICE = (
 )
 
 
-def kernels_cached() -> bool:
+def kernels_cached(containment: bool = False) -> bool:
     """Whether numba's on-disk cache holds the kernels that every batch runs.
 
     When it does not (the first run after an install or upgrade, or a cleared cache), the
@@ -24,11 +25,15 @@ def kernels_cached() -> bool:
     with :data:`COMPILING_NOTICE`. The check asks for the cache index (``*.nbi``) of the
     matching pass and of the key fingerprints, the two kernels every configuration runs,
     where numba's own locator puts it (``__pycache__`` beside the module, or under
-    ``NUMBA_CACHE_DIR``): one ``stat`` each. Should numba's internals move, it answers
+    ``NUMBA_CACHE_DIR``): one ``stat`` each. With ``containment`` (the setting is on),
+    the kernel that verifies excerpts too: they compile on the first batch
+    that looks for one. Should numba's internals move, it answers
     True, as a missing notice costs less than a false one on every run. Asking imports
     numba: ask only before a batch that runs compiled (:func:`.compiling_notice`).
     """
     kernels: tuple[Any, ...] = (_match._match_batch, _lookup_keys._fingerprints)
+    if containment:
+        kernels += (_containment.intersections,)
     for kernel in kernels:
         try:
             index = Path(jit.compiled(kernel)._cache._cache_file._index_path)
@@ -39,13 +44,13 @@ def kernels_cached() -> bool:
     return True
 
 
-def compiling_notice(documents: int) -> str | None:
+def compiling_notice(documents: int, containment: bool = False) -> str | None:
     """:data:`COMPILING_NOTICE` if a batch of ``documents`` documents is about to compile the
     kernels, else None.
 
     A batch that runs the Python forms (:func:`stream_dedup.core.jit.runs_compiled`)
     compiles nothing and is not asked about: asking would load numba, which it avoids.
     """
-    if jit.runs_compiled(documents=documents) and not kernels_cached():
+    if jit.runs_compiled(documents=documents) and not kernels_cached(containment):
         return COMPILING_NOTICE
     return None

@@ -336,7 +336,7 @@ def test_the_sigint_handler_found_is_put_back(before: signal.Handlers, tmp_path:
 def test_the_first_compilation_is_announced(
     tmp_path: Path, capsys: Capsys, monkeypatch: pytest.MonkeyPatch, cached: bool
 ) -> None:
-    monkeypatch.setattr(dedup.kernels, "kernels_cached", lambda: cached)
+    monkeypatch.setattr(dedup.kernels, "kernels_cached", lambda containment=False: cached)
     src = write(tmp_path / "in.jsonl", jsonl(RECORDS * 3))
     with jit.forced(True):  # as a batch of more than jit.SMALL_BATCH documents would
         assert run("dedup", str(src), "-o", str(tmp_path / "out"), "--batch-size", "2")[0] == 0
@@ -350,7 +350,7 @@ def test_the_first_compilation_is_announced(
 def test_a_run_on_the_python_kernels_compiles_nothing_and_says_nothing(
     tmp_path: Path, capsys: Capsys, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(dedup.kernels, "kernels_cached", lambda: False)
+    monkeypatch.setattr(dedup.kernels, "kernels_cached", lambda containment=False: False)
     src = write(tmp_path / "in.jsonl", jsonl(RECORDS))
     with jit.forced(False):  # as a batch of at most jit.SMALL_BATCH documents would
         assert run("dedup", str(src), "-o", str(tmp_path / "out"))[0] == 0
