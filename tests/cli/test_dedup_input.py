@@ -332,6 +332,7 @@ def test_the_sigint_handler_found_is_put_back(before: signal.Handlers, tmp_path:
 # -- the first run's compilation --------------------------------------------------------
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("cached", [False, True])
 def test_the_first_compilation_is_announced(
     tmp_path: Path, capsys: Capsys, monkeypatch: pytest.MonkeyPatch, cached: bool

@@ -71,6 +71,7 @@ def test_random_unicode_matches_the_reference() -> None:
         assert_same(random_texts(400, seed), DedupConfig())
 
 
+@pytest.mark.slow
 def test_every_whitespace_character_collapses_like_str_split() -> None:
     texts = [f"a{chr(c)}{chr(c)}b{chr(c)}" for c in range(0x3001) if chr(c).isspace()]
     texts += [f"a{chr(c)}b" for c in range(0x3001)]

@@ -33,7 +33,9 @@ from .instances import (
 from .support import SLOW_COMMIT, Topics, offline_reference, read_topic, scrape, start_script
 from .test_process import wait_until
 
-pytestmark = [pytest.mark.broker, pytest.mark.slow]
+# Under `make soak`: `make test` keeps the group-order and exactly-once kill loops
+# (test_group_order.py, test_shared_exactly_once.py), which run several instances too.
+pytestmark = [pytest.mark.broker, pytest.mark.slow, pytest.mark.soak]
 
 DOCUMENTS = 1200
 PARTITIONS = 4
