@@ -99,8 +99,8 @@ class PrometheusServer:
             try:
                 if check():
                     return
-            except OSError:
-                pass  # not listening yet
+            except (OSError, ValueError):
+                pass  # not listening yet, or a 503 in plain text while it starts
             time.sleep(0.25)
         raise AssertionError(f"prometheus: {what} not within {timeout_s}s:\n{self.log()}")
 
