@@ -377,6 +377,7 @@ def run_in_batches(
     return out, (truncated, evicted)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "limits", [{}, {"max_bucket_size": 3, "max_candidates": 2}], ids=["default", "tight"]
 )
