@@ -23,12 +23,11 @@ from typing import Any
 
 import numpy as np
 import numpy.typing as npt
-import scipy.sparse as sp
 
 from stream_dedup.core.normalize import normalize
 from stream_dedup.tools.generate import StreamSpec, generate
+from tests.shingle_truth import shingle_matrix, string_shingles
 
-SHINGLE_K = 5
 #: Share of the original's text an excerpt keeps.
 EXCERPT_SHARE = (0.25, 0.65)
 
@@ -159,26 +158,9 @@ class ContainmentTruth:
         return np.asarray(share.max(axis=1))
 
 
-def string_shingles(text: str) -> frozenset[str]:
-    """Character 5-grams of normalised text as strings (the reference definition)."""
-    if not text:
-        return frozenset()
-    if len(text) < SHINGLE_K:
-        return frozenset((text,))
-    return frozenset(text[i : i + SHINGLE_K] for i in range(len(text) - SHINGLE_K + 1))
-
-
 def containment_truth(contents: list[str]) -> ContainmentTruth:
     """Brute force over string shingle sets: one sparse product, dense results."""
-    shingles = [string_shingles(normalize(c)) for c in contents]
-    columns: dict[str, int] = {}
-    indices = [columns.setdefault(g, len(columns)) for s in shingles for g in s]
-    sizes = np.fromiter((len(s) for s in shingles), dtype=np.int64, count=len(shingles))
-    indptr = np.concatenate(([0], np.cumsum(sizes)))
-    x = sp.csr_matrix(
-        (np.ones(len(indices), dtype=np.int32), np.asarray(indices, dtype=np.int64), indptr),
-        shape=(len(shingles), max(len(columns), 1)),
-    )
+    sizes, x = shingle_matrix([string_shingles(normalize(c)) for c in contents])
     inter = np.tril((x @ x.T).toarray().astype(np.float64), k=-1)
     with np.errstate(divide="ignore", invalid="ignore"):
         containment = np.where(sizes[:, None] > 0, inter / sizes[:, None], 0.0)

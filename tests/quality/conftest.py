@@ -33,9 +33,9 @@ from stream_dedup.core.shingles import shingle_batch
 from stream_dedup.core.signature import signatures
 from stream_dedup.tools.generate import StreamSpec, generate
 from tests.corpus import kijiji_contents
+from tests.shingle_truth import shingle_matrix, string_shingles
 
 THRESHOLD = 0.8
-SHINGLE_K = 5
 #: Pairs kept from the brute-force product: enough for the S-curve check below T.
 PAIR_FLOOR = 0.3
 NEWS_DOCUMENTS = 3000
@@ -69,15 +69,6 @@ def news_corpus(documents: int = NEWS_DOCUMENTS) -> Corpus:
     ids = [r["id"] for r in records]
     contents = [r["title"] + "\n" + r["text"] for r in records]
     return Corpus("news", ids, contents, records, "title,text")
-
-
-def string_shingles(text: str) -> frozenset[str]:
-    """Character k-grams of normalised text as strings (the reference definition)."""
-    if not text:
-        return frozenset()
-    if len(text) < SHINGLE_K:
-        return frozenset((text,))
-    return frozenset(text[i : i + SHINGLE_K] for i in range(len(text) - SHINGLE_K + 1))
 
 
 def string_jaccard(a: frozenset[str], b: frozenset[str]) -> float:
@@ -180,14 +171,7 @@ def build_truth(corpus: Corpus) -> GroundTruth:
     """Brute force: every pairwise intersection from one sparse product."""
     normalised = [normalize(c) for c in corpus.contents]
     shingles = [string_shingles(t) for t in normalised]
-    columns: dict[str, int] = {}
-    indices = [columns.setdefault(g, len(columns)) for s in shingles for g in s]
-    sizes = np.fromiter((len(s) for s in shingles), dtype=np.int64, count=len(shingles))
-    indptr = np.concatenate(([0], np.cumsum(sizes)))
-    x = sp.csr_matrix(
-        (np.ones(len(indices), dtype=np.int32), np.asarray(indices, dtype=np.int64), indptr),
-        shape=(len(shingles), max(len(columns), 1)),
-    )
+    sizes, x = shingle_matrix(shingles)
     pairs = sp.triu(x @ x.T, k=1).tocoo()
     left, right = pairs.row.astype(np.int64), pairs.col.astype(np.int64)
     inter = pairs.data.astype(np.int64)
