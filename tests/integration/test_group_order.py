@@ -6,7 +6,8 @@ service processes share one index (a single Redis node or the 3-master cluster),
 the kill runs are killed with -9 in turn. Whatever the lease order, the verdicts must be
 those of one instance deciding the stream in produce order: strict F1 against the exact
 ground truth >= 0.99, >= 99.5 % of ids equal to the offline run over the file, nothing
-lost, no id's events disagreeing (``docs/group-order.md``).
+lost, no id's events disagreeing (``docs/group-order.md``). In exactly-once runs a
+``read_committed`` reader must find exactly one event per id.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from stream_dedup.tools.broker import free_port
 from tests.conftest import fresh_namespace
 from tests.quality.conftest import GroundTruth, build_truth, news_corpus
 
+from .committed_reader import read_committed
 from .support import (
     Topics,
     process_config,
@@ -65,6 +67,8 @@ class Run:
     kills: int
     #: Documents per second while live.
     rate: float = 40.0
+    #: ``service.delivery``: in exactly-once runs the topics are read ``read_committed``.
+    delivery: str = "at-least-once"
 
 
 class Group:
@@ -89,6 +93,10 @@ class Group:
             settings["batch"] = {"max_messages": 50, "max_wait_ms": 20, "max_idle_ms": 15000}
             settings["kafka"]["partition.assignment.strategy"] = "cooperative-sticky"
             settings["kafka"]["session.timeout.ms"] = "3000"
+            if run.delivery == "exactly-once":
+                # one transactional.id per instance, the same across its restarts
+                settings["kafka"]["transactional.id"] = f"{topics.group}-{n}"
+                settings["service"]["delivery"] = run.delivery
             self.configs.append(write_toml(tmp_path / f"instance-{n}.toml", settings))
         self.procs = [self.start(n) for n in range(run.instances)]
 
@@ -137,6 +145,21 @@ class Group:
                 proc.wait()
 
 
+def read_events(bootstrap: str, topics: Topics, delivery: str) -> dict[str, list[dict[str, Any]]]:
+    """Every event on the output topics by id (only committed ones in exactly-once runs)."""
+    if delivery == "exactly-once":
+        logs = [read_committed(bootstrap, t) for t in (topics.unique, topics.duplicates)]
+        values = [v for log in logs for _k, v in log.committed]
+    else:
+        out = read_topic(bootstrap, topics.unique) + read_topic(bootstrap, topics.duplicates)
+        values = [msg.value() for msg in out]
+    by_id: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    for value in values:
+        event = json.loads(value or b"null")
+        by_id[event["id"]].append(event)
+    return by_id
+
+
 def run_group(bootstrap: str, tmp_path: Path, truth: GroundTruth, run: Run) -> None:
     corpus = truth.corpus
     reference = offline_verdicts(corpus, tmp_path)
@@ -168,12 +191,10 @@ def run_group(bootstrap: str, tmp_path: Path, truth: GroundTruth, run: Run) -> N
         group.kill_all()
     elapsed = time.monotonic() - started
 
-    out = read_topic(bootstrap, topics.unique) + read_topic(bootstrap, topics.duplicates)
-    by_id: dict[str, list[dict[str, Any]]] = defaultdict(list)
-    for msg in out:
-        event = json.loads(msg.value() or b"null")
-        by_id[event["id"]].append(event)
+    by_id = read_events(bootstrap, topics, run.delivery)
     assert set(by_id) == set(corpus.ids)  # nothing lost
+    if run.delivery == "exactly-once":  # one committed event per id, kills or not
+        assert {len(evs) for evs in by_id.values()} == {1}
     for doc_id, evs in by_id.items():  # repeats (at-least-once) never contradict
         assert all(e == evs[0] for e in evs), doc_id
     fields = ("verdict", "duplicate_of")
@@ -213,3 +234,11 @@ def test_two_instances_on_one_node_killed_in_turn_decide_a_backlog_in_time(
     bootstrap: str, redis_url: str, tmp_path: Path, truth: GroundTruth
 ) -> None:
     run_group(bootstrap, tmp_path, truth, Run(2, redis_url, live=False, kills=10))
+
+
+@pytest.mark.soak
+def test_two_instances_on_one_node_killed_in_turn_commit_each_event_once_in_time(
+    bootstrap: str, redis_url: str, tmp_path: Path, truth: GroundTruth
+) -> None:
+    run = Run(2, redis_url, live=True, kills=10, rate=12, delivery="exactly-once")
+    run_group(bootstrap, tmp_path, truth, run)
