@@ -94,6 +94,7 @@ def kill_in_turn(
     rng: random.Random,
     progress: str = "stream_dedup_commits_total",
     jitter_s: float = 0.4,
+    aim: Callable[[int], bool] | None = None,
 ) -> int:
     """``kill -9`` the instances in turn, each once its ``progress`` counter grew since the
     last look, at a random moment within ``jitter_s``, and start it again; returns the
@@ -103,6 +104,8 @@ def kill_in_turn(
     there (after the group's session timeout) or come back to it once restarted. With
     ``progress`` the messages consumed (counted as a batch starts), a kill lands inside
     that batch's commit: before its store, in its open transaction, or just after it.
+    With ``aim``, every third kill (the first included) waits instead until ``aim(n)``
+    holds and lands at once, so the moment it tests does not depend on the machine's pace.
     """
     kills_done = 0
     while kills_done < kills:
@@ -114,7 +117,12 @@ def kill_in_turn(
                 break
             assert time.monotonic() < deadline, f"instance {n} made no progress"
             time.sleep(0.01)
-        time.sleep(rng.uniform(0.0, jitter_s))
+        if aim is not None and kills_done % 3 == 0:
+            while not aim(n):
+                assert time.monotonic() < deadline + 40, f"instance {n} never reached its aim"
+                time.sleep(0.002)
+        else:
+            time.sleep(rng.uniform(0.0, jitter_s))
         procs[n].send_signal(signal.SIGKILL)
         procs[n].wait(timeout=10)
         kills_done += 1

@@ -293,23 +293,41 @@ def process_config(
 #: transaction is aborted, the batch replayed) and committed but not in the index (the
 #: batch is stored at restart without emitting it again). Everything else is the real
 #: service.
+#: While a transaction's events are produced and not yet committed, the file
+#: :func:`open_transaction_mark` names exists, so a test can aim a kill there.
 SLOW_COMMIT = """
-import sys, time
+import os, sys, time
 from stream_dedup.cli import main
 from stream_dedup.service import kafka, transactions
 
-def slowed(cls, name):
+MARK = sys.argv[sys.argv.index("--config") + 1] + ".open-transaction"
+if os.path.exists(MARK):  # left by a kill inside the transaction
+    os.remove(MARK)
+
+def slowed(cls, name, mark=False):
     original = getattr(cls, name)
     def slow(self, *args, **kwargs):
+        if mark:
+            open(MARK, "w").close()
         time.sleep(0.1)
-        original(self, *args, **kwargs)
+        try:
+            original(self, *args, **kwargs)
+        finally:
+            if mark and os.path.exists(MARK):
+                os.remove(MARK)
         time.sleep(0.1)
     setattr(cls, name, slow)
 
 slowed(kafka.EventProducer, "confirm")
-slowed(transactions.TransactionalProducer, "deliver")
+slowed(transactions.TransactionalProducer, "deliver", mark=True)
 sys.exit(main(sys.argv[1:]))
 """
+
+
+def open_transaction_mark(config: Path) -> Path:
+    """The file a :data:`SLOW_COMMIT` service started with ``config`` holds while a
+    transaction is open with its events produced."""
+    return config.with_name(config.name + ".open-transaction")
 
 
 def start_script(script: Path, config: Path, log: Path) -> subprocess.Popen[bytes]:

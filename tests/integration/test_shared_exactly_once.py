@@ -33,7 +33,14 @@ from .instances import (
     stop_all,
     up,
 )
-from .support import SLOW_COMMIT, Topics, offline_reference, scrape, start_script
+from .support import (
+    SLOW_COMMIT,
+    Topics,
+    offline_reference,
+    open_transaction_mark,
+    scrape,
+    start_script,
+)
 from .test_process import wait_until
 
 pytestmark = [pytest.mark.broker, pytest.mark.slow]
@@ -98,6 +105,8 @@ def test_two_instances_killed_in_turn_commit_each_event_once(
             random.Random(5),
             progress="stream_dedup_messages_consumed_total",  # kill inside a batch's commit
             jitter_s=0.3,
+            # and every third kill inside an open transaction: its replay is tested
+            aim=lambda n: open_transaction_mark(configs[n]).exists(),
         )
         feeder.join(timeout=120)
         assert not feeder.is_alive()
