@@ -30,10 +30,12 @@ from stream_dedup.core.containment import (
     spans,
     vote,
 )
+from stream_dedup.core.hashing import U64
 from stream_dedup.core.lookup_keys import band_bucket_keys
 from stream_dedup.core.match import I64, Matches
 from stream_dedup.core.set_cache import SetCache
 from stream_dedup.core.sketch import Sketch
+from stream_dedup.dedup.full_buckets import FullBuckets
 from stream_dedup.dedup.reads import Held, payloads
 from stream_dedup.index.backend import NO_ORDERED_PUTS, OrderedPuts
 from stream_dedup.index.bucket_records import Members
@@ -69,19 +71,26 @@ def find_excerpts(
     found: Matches,
     epoch: int,
     cache: SetCache,
+    full: FullBuckets | None = None,
 ) -> Relations:
     """Containment for a decided batch: changes ``found`` (an excerpt's match and
     similarity), adds the records it names to ``held.records``, and returns the relations
-    and the sampled buckets' writes (see the module docstring)."""
+    and the sampled buckets' writes (see the module docstring). ``full``: the values known
+    to be in full buckets, left unread (and kept up to date)."""
     params = index.params
     out = Relations()
     occ_pos, values = sample_keys(
         sk.set_flat, sk.set_at, sk.set_len, params.containment_rate, config.seed
     )
     uniq, occ_key = np.unique(values, return_inverse=True)
+    cutoff = index.cutoff()
+    if full is not None:
+        occ_pos, uniq, occ_key = _unknown(full.known(uniq, epoch, cutoff), occ_pos, uniq, occ_key)
     keys, fps = band_bucket_keys(SAMPLE_BAND, uniq)
     mine, older = index.read_bucket_members(keys, fps, epoch)
-    buckets = held_buckets(mine, older, index.cutoff())
+    if full is not None:
+        full.learn(uniq, mine)
+    buckets = held_buckets(mine, older, cutoff)
     voting = fresh & (found.match < 0) & (found.docnum >= 0)
     votes = vote(
         occ_pos, occ_key.astype(np.int64), buckets, found.docnum, voting,
@@ -110,6 +119,19 @@ def find_excerpts(
         keys, fps, occ_key, occ_pos, votes.appended, mine, found.docnum
     )
     return out
+
+
+def _unknown(
+    skip: npt.NDArray[np.bool_], occ_pos: I64, uniq: U64, occ_key: npt.NDArray[np.intp]
+) -> tuple[I64, U64, npt.NDArray[np.intp]]:
+    """The occurrences and distinct values left once the ``skip`` values (known full: no
+    vote, no member added) are taken out, the keys numbered anew."""
+    if not skip.any():
+        return occ_pos, uniq, occ_key
+    kept = ~skip
+    number = np.cumsum(kept) - 1
+    occ = kept[occ_key]
+    return occ_pos[occ], uniq[kept], number[occ_key[occ]]
 
 
 def held_buckets(mine: Members, older: Members | None, cutoff: int) -> SampledBuckets:
