@@ -80,8 +80,9 @@ def model(occ, held, mine_len, docnum, voting, cap, limit, level):  # type: igno
     return out, appended
 
 
+@pytest.mark.parametrize("compiled", [False, True])
 @pytest.mark.parametrize("seed", range(6))
-def test_votes_equal_the_one_by_one_model(seed: int) -> None:
+def test_votes_equal_the_one_by_one_model(seed: int, compiled: bool) -> None:
     rng = random.Random(seed)
     n_keys, n_docs, cap, limit = 12, 30, 5, 6
     held = {k: sorted(rng.sample(range(100), rng.randint(0, 6))) for k in range(n_keys)}
@@ -99,10 +100,19 @@ def test_votes_equal_the_one_by_one_model(seed: int) -> None:
     pos = np.array([p for p, _ in occ], dtype=np.int64)
     key = np.array([k for _, k in occ], dtype=np.int64)
     level = rng.choice([0.3, 0.8])
-    got = vote(pos, key, buckets, docnum.astype(np.int64), voting, cap, limit, level)
     want, appended = model(occ, held, mine_len, docnum.tolist(), voting.tolist(), cap, limit, level)
-    assert list(zip(got.pos.tolist(), got.docnum.tolist(), got.votes.tolist(), strict=True)) == want
-    assert {o for o, a in zip(occ, got.appended.tolist(), strict=True) if a} == appended
+    assert want  # the case votes at all
+    # Occurrences in batch order (as sampling gives them), and shuffled.
+    shuffled = list(range(len(occ)))
+    rng.shuffle(shuffled)
+    for order in (list(range(len(occ))), shuffled):
+        with jit.forced(compiled):
+            got = vote(
+                pos[order], key[order], buckets, docnum.astype(np.int64), voting, cap, limit, level
+            )
+        pairs = zip(got.pos.tolist(), got.docnum.tolist(), got.votes.tolist(), strict=True)
+        assert list(pairs) == want
+        assert {occ[o] for o, a in zip(order, got.appended.tolist(), strict=True) if a} == appended
 
 
 @pytest.mark.parametrize("compiled", [False, True])
