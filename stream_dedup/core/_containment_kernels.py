@@ -57,6 +57,7 @@ def count_votes(
     cap: int,
     limit: int,
     always: int,
+    always_votes: int,
     min_votes: int,
     level: float,
     sigmas: float,
@@ -134,7 +135,7 @@ def count_votes(
         order.sort()
         for at in range(min(n_c, limit)):
             votes = (1 << 22) - (order[at] >> 40)
-            if at < always or votes >= floor:
+            if (at < always and votes >= always_votes) or votes >= floor:
                 out_pos[n_out] = occ_pos[i]
                 out_doc[n_out] = order[at] & ((1 << 40) - 1)
                 out_votes[n_out] = votes

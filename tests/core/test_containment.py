@@ -12,6 +12,7 @@ import pytest
 from stream_dedup.core import jit
 from stream_dedup.core.containment import (
     ALWAYS,
+    ALWAYS_VOTES,
     MIN_VOTES,
     SIGMAS,
     SampledBuckets,
@@ -70,7 +71,7 @@ def model(occ, held, mine_len, docnum, voting, cap, limit, level):  # type: igno
         out += [
             (p, e, votes[e])
             for r, e in enumerate(ranked[:limit])
-            if r < ALWAYS or votes[e] >= floor
+            if (r < ALWAYS and votes[e] >= ALWAYS_VOTES) or votes[e] >= floor
         ]
         for k in by_pos[p]:
             if docnum[p] >= 0 and grown[k] < cap:
@@ -78,6 +79,26 @@ def model(occ, held, mine_len, docnum, voting, cap, limit, level):  # type: igno
                 grown[k] += 1
                 appended.add((p, k))
     return out, appended
+
+
+@pytest.mark.parametrize("compiled", [False, True])
+def test_below_the_floor_the_first_few_need_enough_votes(compiled: bool) -> None:
+    # One document with 20 voting values: a container at 0.8 shares >= 10 of them.
+    # Earlier document 1 shares 4 (kept: among the first ALWAYS, with ALWAYS_VOTES),
+    # document 2 shares 3 (left out), document 3 shares 12 (above the floor).
+    members = {1: range(4), 2: range(4, 7), 3: range(7, 19)}
+    held = [[d for d, keys in members.items() if k in keys] for k in range(20)]
+    lens = np.array([len(h) for h in held], dtype=np.int64)
+    buckets = SampledBuckets(
+        np.cumsum(lens) - lens, lens, np.array([d for h in held for d in h], dtype=np.int64), lens
+    )
+    pos, key = np.zeros(20, dtype=np.int64), np.arange(20, dtype=np.int64)
+    one = np.array([50], dtype=np.int64)
+    with jit.forced(compiled):
+        got = vote(pos, key, buckets, one, np.array([True]), 64, 20, 0.8)
+    assert ALWAYS_VOTES == 4
+    assert list(zip(got.docnum.tolist(), got.votes.tolist(), strict=True)) == [(3, 12), (1, 4)]
+    assert got.appended.all()
 
 
 @pytest.mark.parametrize("compiled", [False, True])
