@@ -19,7 +19,13 @@ import numpy.typing as npt
 from stream_dedup.core.jit import kernel
 
 I64 = npt.NDArray[np.int64]
+U32 = npt.NDArray[np.uint32]
+U64 = npt.NDArray[np.uint64]
 B = npt.NDArray[np.bool_]
+#: Sampling's multiplier (:data:`stream_dedup.core.containment._GOLDEN`) and the mask that
+#: keeps a 64-bit product to its low 32 bits, as numba's unsigned types want them.
+_GOLDEN = np.uint64(0x9E3779B1)
+_LOW32 = np.uint64(0xFFFFFFFF)
 
 
 @kernel
@@ -142,3 +148,24 @@ def count_votes(
                 n_out += 1
         i = j
     return n_out
+
+
+@kernel
+def sample_flat(
+    flat: U32, at: I64, length: I64, salt: np.uint64, below: np.uint64, pos: I64, values: U64
+) -> int:
+    """The sampled values of sets ``flat[at[p]:][:length[p]]`` (see
+    :func:`stream_dedup.core.containment.sample_keys`, whose rule this is: the top bits of
+    ``(v ^ salt) * 0x9E3779B1 mod 2^32`` zero, that is the product ``< below``) into
+    ``pos``/``values``; returns how many. One pass instead of numpy's five over every
+    value of the batch, in unsigned 64-bit arithmetic only (numba turns a comparison of
+    unsigned and signed integers into one of floats)."""
+    n = 0
+    for p in range(at.size):
+        for i in range(at[p], at[p] + length[p]):
+            v = np.uint64(flat[i])
+            if ((v ^ salt) * _GOLDEN) & _LOW32 < below:
+                pos[n] = p
+                values[n] = v
+                n += 1
+    return n

@@ -81,10 +81,19 @@ def sample_keys(
     flat: U32, at: npt.NDArray[np.int64], length: npt.NDArray[np.int64], rate: int, seed: int
 ) -> tuple[npt.NDArray[np.int64], U64]:
     """The sampled values of a batch's verification sets (set ``p`` at ``flat[at[p]:][:
-    length[p]]``, one after another), as ``(position, value)`` arrays in set order."""
-    keep = np.flatnonzero(_keep(flat.astype(np.uint32, copy=False), rate, seed))
-    owner = np.searchsorted(np.cumsum(length), keep, side="right").astype(np.int64)
-    return owner, flat[keep].astype(np.uint64)
+    length[p]]``, one after another), as ``(position, value)`` arrays in set order:
+    :func:`_keep`'s rule, in one compiled pass where the batch runs compiled
+    (:func:`._containment_kernels.sample_flat`), else in numpy's passes."""
+    if not jit.runs_compiled(documents=at.size, items=flat.size // 64):
+        keep = np.flatnonzero(_keep(flat.astype(np.uint32, copy=False), rate, seed))
+        owner = np.searchsorted(np.cumsum(length), keep, side="right").astype(np.int64)
+        return owner, flat[keep].astype(np.uint64)
+    pos = np.empty(flat.size, dtype=np.int64)
+    values = np.empty(flat.size, dtype=np.uint64)
+    salt = np.uint64((seed * 0x85EBCA6B) & 0xFFFFFFFF)
+    below = np.uint64(1 << (32 - (rate.bit_length() - 1)))
+    n = jit.compiled(_containment_kernels.sample_flat)(flat, at, length, salt, below, pos, values)
+    return pos[:n], values[:n]
 
 
 def spans(starts: npt.NDArray[np.int64], lengths: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:

@@ -36,9 +36,11 @@ def test_sampling_is_consistent_and_near_its_rate() -> None:
     assert sampled(big, 16, 2).tolist() != sampled(big, 16, 1).tolist()  # the seed counts
     at = np.array([0, 100], dtype=np.int64)
     length = np.array([100, big.size - 100], dtype=np.int64)
-    pos, values = sample_keys(big, at, length, 16, 1)
-    assert values.tolist() == sampled(big, 16, 1).tolist()
-    assert pos.tolist() == [0 if v in set(big[:100].tolist()) else 1 for v in values.tolist()]
+    for compiled in (False, True):  # numpy's passes, and the compiled one
+        with jit.forced(compiled):
+            pos, values = sample_keys(big, at, length, 16, 1)
+        assert values.tolist() == sampled(big, 16, 1).tolist()
+        assert pos.tolist() == [0 if v in set(big[:100].tolist()) else 1 for v in values.tolist()]
 
 
 def test_spans() -> None:
