@@ -30,7 +30,6 @@ from stream_dedup.core.containment import (
     spans,
     vote,
 )
-from stream_dedup.core.hashing import U64
 from stream_dedup.core.lookup_keys import band_bucket_keys
 from stream_dedup.core.match import I64, Matches
 from stream_dedup.core.set_cache import SetCache
@@ -82,10 +81,11 @@ def find_excerpts(
     occ_pos, values = sample_keys(
         sk.set_flat, sk.set_at, sk.set_len, params.containment_rate, config.seed
     )
-    uniq, occ_key = np.unique(values, return_inverse=True)
     cutoff = index.cutoff()
-    if full is not None:
-        occ_pos, uniq, occ_key = _unknown(full.known(uniq, epoch, cutoff), occ_pos, uniq, occ_key)
+    if full is not None:  # before the sort of np.unique: most occurrences go here
+        unknown = ~full.known(values, epoch, cutoff)
+        occ_pos, values = occ_pos[unknown], values[unknown]
+    uniq, occ_key = np.unique(values, return_inverse=True)
     keys, fps = band_bucket_keys(SAMPLE_BAND, uniq)
     mine, older = index.read_bucket_members(keys, fps, epoch)
     if full is not None:
@@ -119,19 +119,6 @@ def find_excerpts(
         keys, fps, occ_key, occ_pos, votes.appended, mine, found.docnum
     )
     return out
-
-
-def _unknown(
-    skip: npt.NDArray[np.bool_], occ_pos: I64, uniq: U64, occ_key: npt.NDArray[np.intp]
-) -> tuple[I64, U64, npt.NDArray[np.intp]]:
-    """The occurrences and distinct values left once the ``skip`` values (known full: no
-    vote, no member added) are taken out, the keys numbered anew."""
-    if not skip.any():
-        return occ_pos, uniq, occ_key
-    kept = ~skip
-    number = np.cumsum(kept) - 1
-    occ = kept[occ_key]
-    return occ_pos[occ], uniq[kept], number[occ_key[occ]]
 
 
 def held_buckets(mine: Members, older: Members | None, cutoff: int) -> SampledBuckets:

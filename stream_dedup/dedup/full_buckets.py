@@ -44,15 +44,16 @@ class FullBuckets:
         #: has not passed it.
         self._floor = np.iinfo(np.int64).max
         self._values: U64 = np.empty(0, dtype=np.uint64)
-        #: Distinct values left unread, summed over the batches since the start.
+        #: Sampled occurrences left unread (a value once per document), since the start.
         self.left_unread = 0
 
     def __len__(self) -> int:
         return int(self._values.size)
 
     def known(self, values: U64, epoch: int, cutoff: int) -> npt.NDArray[np.bool_]:
-        """Which of ``values`` (sorted) are known full for a batch writing to ``epoch``
-        with retention's ``cutoff``; forgets everything that may no longer hold."""
+        """Which of ``values`` (in any order, repeats allowed) are known full for a batch
+        writing to ``epoch`` with retention's ``cutoff``; forgets everything that may no
+        longer hold."""
         if epoch != self._epoch or cutoff > self._floor:
             self._epoch, self._floor = epoch, np.iinfo(np.int64).max
             self._values = np.empty(0, dtype=np.uint64)
