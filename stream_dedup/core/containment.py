@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
-from stream_dedup.core import jit
+from stream_dedup.core import _containment_kernels, jit
 from stream_dedup.core.hashing import U32, U64
 from stream_dedup.core.jit import kernel
 
@@ -64,30 +64,36 @@ MIN_VOTES = 2
 #: that the new one contains shares few of the new one's values, yet is most often among
 #: the first few.
 ALWAYS = 3
+#: The votes one of those first :data:`ALWAYS` needs when it is below the floor of
+#: :data:`SIGMAS`: pairs sharing 2 or 3 sampled values were a container or a contained
+#: document 12 times in 8,678 verifications on the news benchmark, and changed 2 verdicts
+#: of 10,000 (``docs/containment.md``), for half of the verifications.
+ALWAYS_VOTES = 4
 #: Standard deviations below its expected votes that a container is still verified: a
 #: document holding a share ``c`` of D's shingles shares about ``Binomial(s, c)`` of
 #: D's ``s`` voting values, so one at the containment setting falls below this many
-#: standard deviations less than 0.2 % of the time (``docs/containment.md``).
+#: standard deviations less than 0.2 % of the time (``docs/containment.md``): the floor is
+#: ``max(MIN_VOTES, floor(c·s − SIGMAS·sqrt(s·c·(1 − c))))``.
 SIGMAS = 3.0
-
-
-def min_votes(voting: I64, level: float) -> I64:
-    """The votes a container at containment ``level`` reaches with near certainty, per
-    document with ``voting`` voting values (at least :data:`MIN_VOTES`)."""
-    mean = level * voting
-    spread = SIGMAS * np.sqrt(voting * level * (1.0 - level))
-    floor: I64 = np.maximum(MIN_VOTES, np.floor(mean - spread)).astype(np.int64)
-    return floor
 
 
 def sample_keys(
     flat: U32, at: npt.NDArray[np.int64], length: npt.NDArray[np.int64], rate: int, seed: int
 ) -> tuple[npt.NDArray[np.int64], U64]:
     """The sampled values of a batch's verification sets (set ``p`` at ``flat[at[p]:][:
-    length[p]]``, one after another), as ``(position, value)`` arrays in set order."""
-    keep = np.flatnonzero(_keep(flat.astype(np.uint32, copy=False), rate, seed))
-    owner = np.searchsorted(np.cumsum(length), keep, side="right").astype(np.int64)
-    return owner, flat[keep].astype(np.uint64)
+    length[p]]``, one after another), as ``(position, value)`` arrays in set order:
+    :func:`_keep`'s rule, in one compiled pass where the batch runs compiled
+    (:func:`._containment_kernels.sample_flat`), else in numpy's passes."""
+    if not jit.runs_compiled(documents=at.size, items=flat.size // 64):
+        keep = np.flatnonzero(_keep(flat.astype(np.uint32, copy=False), rate, seed))
+        owner = np.searchsorted(np.cumsum(length), keep, side="right").astype(np.int64)
+        return owner, flat[keep].astype(np.uint64)
+    pos = np.empty(flat.size, dtype=np.int64)
+    values = np.empty(flat.size, dtype=np.uint64)
+    salt = np.uint64((seed * 0x85EBCA6B) & 0xFFFFFFFF)
+    below = np.uint64(1 << (32 - (rate.bit_length() - 1)))
+    n = jit.compiled(_containment_kernels.sample_flat)(flat, at, length, salt, below, pos, values)
+    return pos[:n], values[:n]
 
 
 def spans(starts: npt.NDArray[np.int64], lengths: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
@@ -153,54 +159,27 @@ def vote(
     it looks for a container. Documents are taken in batch order, as if one by one: a
     bucket holding ``cap`` members (held, or added earlier in the batch) is common and
     does not vote, and its epoch's bucket takes no more members. A candidate is kept
-    among the first :data:`ALWAYS` by votes, or with at least :func:`min_votes` for
-    containment ``level``; at most ``limit`` per document.
+    among the first :data:`ALWAYS` by votes with at least :data:`ALWAYS_VOTES`, or with at
+    least the floor of :data:`SIGMAS` for containment ``level``; at most ``limit`` per
+    document. One compiled pass over the
+    batch (:mod:`._containment_kernels`), the occurrences taken in batch order.
     """
-    order = np.lexsort((occ_pos, occ_key))  # by key, each key's documents in batch order
-    pos, key = occ_pos[order], occ_key[order]
-    indexed = docnum[pos] >= 0
-    group_start = np.ones(key.size, dtype=bool)
-    group_start[1:] = key[1:] != key[:-1]
-    run = np.cumsum(indexed)
-    before: I64 = run - indexed  # indexed occurrences before each one, from the batch's start
-    base = np.maximum.accumulate(np.where(group_start, before, 0))
-    rank = before - base  # ... before it within its key
-    appended = indexed & (buckets.mine_len[key] + rank < cap)
-    votes_ok = voting[pos] & (buckets.held_len[key] + rank < cap)
-    # Held members of each voting occurrence.
-    v = np.flatnonzero(votes_ok)
-    lens = buckets.held_len[key[v]]
-    held_idx = spans(buckets.held_at[key[v]], lens)
-    p_held = np.repeat(pos[v], lens)
-    d_held = buckets.held[held_idx]
-    # Earlier batch members: the first ``rank`` indexed occurrences of the key.
-    ind_occ = np.flatnonzero(indexed)
-    first_indexed = np.searchsorted(ind_occ, np.flatnonzero(group_start))
-    group_no = np.cumsum(group_start) - 1
-    r = rank[v]
-    batch_idx = ind_occ[spans(first_indexed[group_no[v]].astype(np.int64), r)]
-    p_batch = np.repeat(pos[v], r)
-    d_batch = docnum[pos[batch_idx]]
-    p_all = np.concatenate([p_held, p_batch])
-    d_all = np.concatenate([d_held, d_batch])
-    back = np.empty(order.size, dtype=bool)
-    back[order] = appended
-    if not p_all.size:
-        empty = np.empty(0, dtype=np.int64)
-        return Votes(empty, empty, empty, back)
-    code = (p_all << 40) | d_all
-    pairs, counts = np.unique(code, return_counts=True)
-    keep = counts >= MIN_VOTES
-    pairs, counts = pairs[keep], counts[keep]
-    p_c, d_c = pairs >> 40, pairs & ((1 << 40) - 1)
-    best = np.lexsort((d_c, -counts, p_c))
-    p_c, d_c, counts = p_c[best], d_c[best], counts[best]
-    starts = np.ones(p_c.size, dtype=bool)
-    starts[1:] = p_c[1:] != p_c[:-1]
-    at = np.arange(p_c.size) - np.maximum.accumulate(np.where(starts, np.arange(p_c.size), 0))
-    voters = np.bincount(pos[votes_ok], minlength=voting.size).astype(np.int64)
-    top = (at < limit) & ((at < ALWAYS) | (counts >= min_votes(voters, level)[p_c]))
-    return Votes(p_c[top], d_c[top], counts[top].astype(np.int64), back)
+    if occ_pos.size > 1 and (occ_pos[1:] < occ_pos[:-1]).any():
+        order = np.argsort(occ_pos, kind="stable")  # batch order, as the vote runs
+        votes = vote(occ_pos[order], occ_key[order], buckets, docnum, voting, cap, limit, level)
+        back = np.empty(order.size, dtype=bool)
+        back[order] = votes.appended
+        return Votes(votes.pos, votes.docnum, votes.votes, back)
+    appended = np.empty(occ_pos.size, dtype=bool)
+    most = int(np.count_nonzero(voting)) * limit
+    out = [np.empty(most, dtype=np.int64) for _ in range(3)]
+    run = jit.choose(_containment_kernels.count_votes, items=occ_pos.size)
+    n = run(
+        occ_pos, occ_key, docnum[occ_pos], voting[occ_pos],
+        buckets.held_at, buckets.held_len, buckets.held, buckets.mine_len,
+        cap, limit, ALWAYS, ALWAYS_VOTES, MIN_VOTES, level, SIGMAS, appended, *out,
+    )  # fmt: skip
+    return Votes(out[0][:n], out[1][:n], out[2][:n], appended)
 
 
 @kernel
@@ -243,9 +222,11 @@ def pair_intersections(
 
 
 def load_kernels() -> None:
-    """Run containment's kernel once on a tiny input, in the form :func:`jit.choose`
+    """Run containment's kernels once on a tiny input, in the form :func:`jit.choose`
     picks (compiled under ``jit.forced(True)``): the warm-up's near-duplicate pair
     verifies no excerpt, so it would not load them."""
     one = np.ones(1, dtype=np.int64)
     values = np.ones(1, dtype=np.uint32)
     pair_intersections(values, one - 1, one, values, one - 1, one)
+    buckets = SampledBuckets(one - 1, one, one, one)
+    vote(one - 1, one - 1, buckets, one, np.ones(1, dtype=bool), SAMPLE_CAP, 1, 0.8)

@@ -23,6 +23,7 @@ from stream_dedup.core.set_cache import SetCache
 from stream_dedup.core.sketch import Sketch, sketch
 from stream_dedup.dedup.batch import BatchResult, BatchStats
 from stream_dedup.dedup.excerpts import find_excerpts
+from stream_dedup.dedup.full_buckets import FullBuckets
 from stream_dedup.dedup.kernels import COMPILING_NOTICE, kernels_cached
 from stream_dedup.dedup.reads import Held, Known, clocks, payloads, read_held, read_known
 from stream_dedup.dedup.writes import verdicts_and_writes
@@ -48,6 +49,10 @@ class Deduplicator:
         #: Verification sets of recent candidates and indexed documents, rebuilt from the
         #: texts the index stores (see :mod:`stream_dedup.core.payload`).
         self.set_cache = SetCache(SET_CACHE_BYTES, config)
+        #: Sampled values whose buckets are full, not read again (containment on).
+        self.full_buckets = (
+            FullBuckets(index.params.containment_cap) if config.containment else None
+        )
 
     def warm_up(self, notice: Callable[[str], None] | None = None) -> None:
         """Load the compiled kernels now, so the first batch does not wait for them.
@@ -123,8 +128,9 @@ class Deduplicator:
         relations = None
         if self.config.containment:
             relations = find_excerpts(
-                self.index, self.config, docs, sk, known.fresh, held, found, epoch, self.set_cache
-            )
+                self.index, self.config, docs, sk, known.fresh, held, found, epoch, self.set_cache,
+                self.full_buckets,
+            )  # fmt: skip
         stats = BatchStats.of(found, sk.live, len(docs))
         stats.excerpts = 0 if relations is None else relations.excerpts
         stats.untimed = sum(d.time is None for d in docs)

@@ -34,6 +34,7 @@ from stream_dedup.core.lookup_keys import band_bucket_keys
 from stream_dedup.core.match import I64, Matches
 from stream_dedup.core.set_cache import SetCache
 from stream_dedup.core.sketch import Sketch
+from stream_dedup.dedup.full_buckets import FullBuckets
 from stream_dedup.dedup.reads import Held, payloads
 from stream_dedup.index.backend import NO_ORDERED_PUTS, OrderedPuts
 from stream_dedup.index.bucket_records import Members
@@ -69,19 +70,27 @@ def find_excerpts(
     found: Matches,
     epoch: int,
     cache: SetCache,
+    full: FullBuckets | None = None,
 ) -> Relations:
     """Containment for a decided batch: changes ``found`` (an excerpt's match and
     similarity), adds the records it names to ``held.records``, and returns the relations
-    and the sampled buckets' writes (see the module docstring)."""
+    and the sampled buckets' writes (see the module docstring). ``full``: the values known
+    to be in full buckets, left unread (and kept up to date)."""
     params = index.params
     out = Relations()
     occ_pos, values = sample_keys(
         sk.set_flat, sk.set_at, sk.set_len, params.containment_rate, config.seed
     )
+    cutoff = index.cutoff()
+    if full is not None:  # before the sort of np.unique: most occurrences go here
+        unknown = ~full.known(values, epoch, cutoff)
+        occ_pos, values = occ_pos[unknown], values[unknown]
     uniq, occ_key = np.unique(values, return_inverse=True)
     keys, fps = band_bucket_keys(SAMPLE_BAND, uniq)
     mine, older = index.read_bucket_members(keys, fps, epoch)
-    buckets = held_buckets(mine, older, index.cutoff())
+    if full is not None:
+        full.learn(uniq, mine)
+    buckets = held_buckets(mine, older, cutoff)
     voting = fresh & (found.match < 0) & (found.docnum >= 0)
     votes = vote(
         occ_pos, occ_key.astype(np.int64), buckets, found.docnum, voting,

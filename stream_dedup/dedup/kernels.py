@@ -5,8 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from stream_dedup.core import _containment_kernels, jit
 from stream_dedup.core import containment as _containment
-from stream_dedup.core import jit
 from stream_dedup.core import lookup_keys as _lookup_keys
 from stream_dedup.core import match as _match
 
@@ -26,14 +26,18 @@ def kernels_cached(containment: bool = False) -> bool:
     matching pass and of the key fingerprints, the two kernels every configuration runs,
     where numba's own locator puts it (``__pycache__`` beside the module, or under
     ``NUMBA_CACHE_DIR``): one ``stat`` each. With ``containment`` (the setting is on),
-    the kernel that verifies excerpts too: they compile on the first batch
+    the kernels that sample, vote for and verify excerpts too: they compile on the first batch
     that looks for one. Should numba's internals move, it answers
     True, as a missing notice costs less than a false one on every run. Asking imports
     numba: ask only before a batch that runs compiled (:func:`.compiling_notice`).
     """
     kernels: tuple[Any, ...] = (_match._match_batch, _lookup_keys._fingerprints)
     if containment:
-        kernels += (_containment.intersections,)
+        kernels += (
+            _containment.intersections,
+            _containment_kernels.count_votes,
+            _containment_kernels.sample_flat,
+        )
     for kernel in kernels:
         try:
             index = Path(jit.compiled(kernel)._cache._cache_file._index_path)

@@ -12,6 +12,7 @@ import pytest
 from stream_dedup.core import jit
 from stream_dedup.core.containment import (
     ALWAYS,
+    ALWAYS_VOTES,
     MIN_VOTES,
     SIGMAS,
     SampledBuckets,
@@ -35,9 +36,11 @@ def test_sampling_is_consistent_and_near_its_rate() -> None:
     assert sampled(big, 16, 2).tolist() != sampled(big, 16, 1).tolist()  # the seed counts
     at = np.array([0, 100], dtype=np.int64)
     length = np.array([100, big.size - 100], dtype=np.int64)
-    pos, values = sample_keys(big, at, length, 16, 1)
-    assert values.tolist() == sampled(big, 16, 1).tolist()
-    assert pos.tolist() == [0 if v in set(big[:100].tolist()) else 1 for v in values.tolist()]
+    for compiled in (False, True):  # numpy's passes, and the compiled one
+        with jit.forced(compiled):
+            pos, values = sample_keys(big, at, length, 16, 1)
+        assert values.tolist() == sampled(big, 16, 1).tolist()
+        assert pos.tolist() == [0 if v in set(big[:100].tolist()) else 1 for v in values.tolist()]
 
 
 def test_spans() -> None:
@@ -70,7 +73,7 @@ def model(occ, held, mine_len, docnum, voting, cap, limit, level):  # type: igno
         out += [
             (p, e, votes[e])
             for r, e in enumerate(ranked[:limit])
-            if r < ALWAYS or votes[e] >= floor
+            if (r < ALWAYS and votes[e] >= ALWAYS_VOTES) or votes[e] >= floor
         ]
         for k in by_pos[p]:
             if docnum[p] >= 0 and grown[k] < cap:
@@ -80,8 +83,29 @@ def model(occ, held, mine_len, docnum, voting, cap, limit, level):  # type: igno
     return out, appended
 
 
+@pytest.mark.parametrize("compiled", [False, True])
+def test_below_the_floor_the_first_few_need_enough_votes(compiled: bool) -> None:
+    # One document with 20 voting values: a container at 0.8 shares >= 10 of them.
+    # Earlier document 1 shares 4 (kept: among the first ALWAYS, with ALWAYS_VOTES),
+    # document 2 shares 3 (left out), document 3 shares 12 (above the floor).
+    members = {1: range(4), 2: range(4, 7), 3: range(7, 19)}
+    held = [[d for d, keys in members.items() if k in keys] for k in range(20)]
+    lens = np.array([len(h) for h in held], dtype=np.int64)
+    buckets = SampledBuckets(
+        np.cumsum(lens) - lens, lens, np.array([d for h in held for d in h], dtype=np.int64), lens
+    )
+    pos, key = np.zeros(20, dtype=np.int64), np.arange(20, dtype=np.int64)
+    one = np.array([50], dtype=np.int64)
+    with jit.forced(compiled):
+        got = vote(pos, key, buckets, one, np.array([True]), 64, 20, 0.8)
+    assert ALWAYS_VOTES == 4
+    assert list(zip(got.docnum.tolist(), got.votes.tolist(), strict=True)) == [(3, 12), (1, 4)]
+    assert got.appended.all()
+
+
+@pytest.mark.parametrize("compiled", [False, True])
 @pytest.mark.parametrize("seed", range(6))
-def test_votes_equal_the_one_by_one_model(seed: int) -> None:
+def test_votes_equal_the_one_by_one_model(seed: int, compiled: bool) -> None:
     rng = random.Random(seed)
     n_keys, n_docs, cap, limit = 12, 30, 5, 6
     held = {k: sorted(rng.sample(range(100), rng.randint(0, 6))) for k in range(n_keys)}
@@ -99,10 +123,19 @@ def test_votes_equal_the_one_by_one_model(seed: int) -> None:
     pos = np.array([p for p, _ in occ], dtype=np.int64)
     key = np.array([k for _, k in occ], dtype=np.int64)
     level = rng.choice([0.3, 0.8])
-    got = vote(pos, key, buckets, docnum.astype(np.int64), voting, cap, limit, level)
     want, appended = model(occ, held, mine_len, docnum.tolist(), voting.tolist(), cap, limit, level)
-    assert list(zip(got.pos.tolist(), got.docnum.tolist(), got.votes.tolist(), strict=True)) == want
-    assert {o for o, a in zip(occ, got.appended.tolist(), strict=True) if a} == appended
+    assert want  # the case votes at all
+    # Occurrences in batch order (as sampling gives them), and shuffled.
+    shuffled = list(range(len(occ)))
+    rng.shuffle(shuffled)
+    for order in (list(range(len(occ))), shuffled):
+        with jit.forced(compiled):
+            got = vote(
+                pos[order], key[order], buckets, docnum.astype(np.int64), voting, cap, limit, level
+            )
+        pairs = zip(got.pos.tolist(), got.docnum.tolist(), got.votes.tolist(), strict=True)
+        assert list(pairs) == want
+        assert {occ[o] for o, a in zip(order, got.appended.tolist(), strict=True) if a} == appended
 
 
 @pytest.mark.parametrize("compiled", [False, True])
