@@ -55,7 +55,9 @@ class DictionaryTrainer:
         self._texts.extend(decode_text(p) for p in sk.payloads)
         if len(self._texts) < self.train_documents:
             return
-        texts, self._texts = self._texts, []
+        # The first documents exactly, whatever the batches: the same stream trains the
+        # same dictionary.
+        texts, self._texts = self._texts[: self.train_documents], []
         stored = self._index.payload_dictionary()
         if stored is not None:
             self.dictionary = payload_dictionary.known(stored)
