@@ -7,22 +7,10 @@ start when they exist (RocksDB requires every family to be opened) and created w
 epoch's first batch is prepared. An expired epoch's families are dropped whole; epoch 0's
 records are deleted by key ranges instead, since its families also hold the index's own
 keys.
-
-**An epoch closed is compacted once.** While an epoch is written, its small records'
-family holds several sorted runs (universal compaction merges them only past
-``_SORTED_RUNS``): older versions of band buckets written again, and runs compressed with
-LZ4 rather than zstd. An epoch that is no longer written keeps them until it is dropped,
-eight epochs later: measured at 300,000 documents with a 100,000-document window, ~1.7 MB
-of each closed epoch's ~7 MB, 124 bytes per held document. So when the next epoch opens,
-the closed one's family is compacted into one zstd run, once, on a thread of its own
-(RocksDB releases the interpreter lock while it compacts; ~0.16 s of CPU per epoch of
-12,500 news articles).
 """
 
 from __future__ import annotations
 
-import logging
-import threading
 from typing import Any
 
 from rocksdict import Rdict
@@ -42,8 +30,6 @@ from stream_dedup.index.rocks_families import (
 #: An epoch's records family, documents family, and their handles (``None``: the default
 #: family) for a write batch.
 Families = tuple[Rdict, Rdict, Any, Any]
-
-log = logging.getLogger("stream_dedup.index")
 
 #: Key ranges of the records that belong to an epoch, in the default family (epoch 0).
 _SCOPED_RANGES = [(bytes([k]), bytes([k + 1])) for k in sorted(SCOPED) if bytes([k]) != DOC]
@@ -67,9 +53,6 @@ class EpochFamilies:
             number = epoch_number(name)
             if number is not None and number not in self._by_epoch:
                 self._open(number)
-        #: Epochs closed and compacted (or found at opening: compacted when they closed).
-        self._compacted = set(self._by_epoch)
-        self._compacting: threading.Thread | None = None
 
     def _open(self, epoch: int) -> Families:
         """The families of ``epoch``, created if they do not exist yet."""
@@ -113,7 +96,6 @@ class EpochFamilies:
     def drop(self, epoch: int) -> None:
         """Delete every record of ``epoch``: its families dropped whole, or, for epoch 0,
         range deletes of the kinds that belong to an epoch (compaction reclaims them)."""
-        self.settle()
         if epoch == 0:
             for lo, hi in _SCOPED_RANGES:
                 self._db.delete_range(lo, hi)
@@ -129,37 +111,18 @@ class EpochFamilies:
         self._db.drop_column_family(epoch_docs_family(epoch))
 
     def flush_idle(self, current: int) -> None:
-        """Start flushing the memtables of epochs no longer written, and compacting the
-        small records of those just closed (not waiting for either).
+        """Start flushing the memtables of epochs no longer written (not waiting for it).
 
         An epoch's families stop receiving writes when the next epoch opens; what their
         memtables hold would otherwise keep every write-ahead log file since their last
         write from being recycled, up to :data:`~.rocks_families.MAX_WAL_BYTES` of log.
-        Compaction: see the module docstring.
         """
-        closed: list[Rdict] = []
         for epoch, (small, docs, _, _) in self._by_epoch.items():
             if epoch in (0, current):
                 continue
             for family in (small, docs):
                 if family.property_int_value("rocksdb.num-entries-active-mem-table"):
                     family.flush(wait=False)
-            if epoch not in self._compacted:
-                self._compacted.add(epoch)
-                closed.append(small)
-        if closed and not self._read_only:
-            self.settle()
-            self._compacting = threading.Thread(
-                target=_compact, args=(closed, self._path), name="epoch-compaction", daemon=True
-            )
-            self._compacting.start()
-
-    def settle(self) -> None:
-        """Wait for the compaction of a closed epoch, if one runs: before a family is
-        dropped or closed under it."""
-        if self._compacting is not None:
-            self._compacting.join()
-            self._compacting = None
 
     def families(self) -> list[Rdict]:
         """Every family held, each once (epoch 0's may be the default family alone)."""
@@ -172,7 +135,6 @@ class EpochFamilies:
 
     def close(self) -> None:
         """Close every family but the default one, and let go of their handles."""
-        self.settle()
         for epoch, (small, docs, _, _) in self._by_epoch.items():
             if docs is not small:
                 docs.close()
@@ -181,14 +143,3 @@ class EpochFamilies:
         # A column family handle keeps the database open, lock included, while it lives.
         self._by_epoch.clear()
         self.docs_handle = None
-
-
-def _compact(families: list[Rdict], path: str) -> None:
-    """Compact each of ``families`` into one run (a closed epoch's: see the module
-    docstring); a failure loses only bytes, so it is logged, not raised."""
-    for family in families:
-        try:
-            family.compact_range(None, None)
-        except Exception as exc:  # rocksdict raises plain Exception with RocksDB's text
-            fields = {"path": path, "error": str(exc)}
-            log.warning("compacting a closed epoch failed", extra={"fields": fields})
