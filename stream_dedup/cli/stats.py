@@ -25,6 +25,7 @@ _PAYLOADS = {
     3: "verification sets",
     4: "compressed text",
     5: "compressed text",
+    6: "compressed text",
 }
 
 
@@ -53,9 +54,12 @@ def open_for_reading(args: argparse.Namespace) -> DedupIndex:
 
 
 def cmd_stats(args: argparse.Namespace, out: IO[str], err: IO[str]) -> int:
+    from stream_dedup.core.payload_dictionary import dictionary_id
+
     index = open_for_reading(args)
     try:
         s = index.stats()
+        dictionary = index.payload_dictionary()
     finally:
         index.close()
     p = s.params
@@ -68,6 +72,12 @@ def cmd_stats(args: argparse.Namespace, out: IO[str], err: IO[str]) -> int:
         ("bands x rows", f"{p.bands} x {p.rows}"),
         ("threshold", p.threshold),
         ("verification", p.verify),
+        (
+            "payload dictionary",
+            "none (yet)"
+            if dictionary is None
+            else f"{dictionary_id(dictionary):#010x}, {len(dictionary):,} bytes",
+        ),
         ("index policy", p.index_policy),
         ("documents", s.documents),
         ("indexed", s.indexed),

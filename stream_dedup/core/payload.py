@@ -14,9 +14,12 @@ sequence, say), since everything a set holds is a function of it.
 Payload bytes: ``u8 codec | body``; :data:`ZSTD` (1, index format 4) is a zstd frame
 without a dictionary, its content size in the frame header; :data:`ZSTD_MAGICLESS` (2,
 written from format 5) the same frame without zstd's 4-byte magic number, which the
-codec byte already says (4 bytes of ~640 per news document, on every backend). Other
-codec values are reserved (a trained dictionary, say), so a reader meeting one it does
-not know fails loudly instead of misreading it.
+codec byte already says (4 bytes of ~640 per news document, on every backend);
+:data:`ZSTD_DICTIONARY` (3, format 6) ``u32 LE dictionary id | magicless frame``, the
+frame compressed with a dictionary trained on the index's own first documents
+(:mod:`.payload_dictionary`): a third less again on news, half on short ads. Other codec
+values are reserved, so a reader meeting one it does not know fails loudly instead of
+misreading it.
 
 Rebuilding costs a decompression (a few microseconds) and the hashing and sort a sketch
 does: :class:`~stream_dedup.core.set_cache.SetCache` keeps the sets of recent candidates
@@ -29,6 +32,7 @@ from __future__ import annotations
 import itertools
 import threading
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import numpy as np
 import zstandard
@@ -41,10 +45,16 @@ from stream_dedup.core.shingles import I64, char_gram_constants, shingle_sets
 from stream_dedup.core.verify import verification_sets
 from stream_dedup.errors import IndexCorruptError
 
+if TYPE_CHECKING:
+    from stream_dedup.core.payload_dictionary import Dictionary
+
 #: Codec byte of a zstd frame without a dictionary (index format 4; read, not written).
 ZSTD = 1
 #: Codec byte of a zstd frame without a dictionary or magic number (written).
 ZSTD_MAGICLESS = 2
+#: Codec byte of a zstd frame without magic number, made with a trained dictionary whose
+#: id follows the codec byte (``u32`` little-endian; format 6).
+ZSTD_DICTIONARY = 3
 #: zstd's level: levels 1 to 9 give the same size on news within 1% (609 bytes at 1, 611
 #: at 3 for 1,155 characters), and level 1 compresses fastest (~11 against ~15 µs).
 _LEVEL = 1
@@ -77,20 +87,37 @@ class _Codecs(threading.local):
 _codecs = _Codecs()
 
 
-def encode_texts(utf8: bytes, starts: Sequence[int], lengths: Sequence[int]) -> list[bytes]:
-    """The payload of each normalised text ``utf8[starts[i] : starts[i] + lengths[i]]``."""
-    compress = _codecs.compressor.compress
-    return [_CODEC + compress(utf8[s : s + n]) for s, n in zip(starts, lengths, strict=True)]
+def encode_texts(
+    utf8: bytes,
+    starts: Sequence[int],
+    lengths: Sequence[int],
+    dictionary: Dictionary | None = None,
+) -> list[bytes]:
+    """The payload of each normalised text ``utf8[starts[i] : starts[i] + lengths[i]]``,
+    compressed with ``dictionary`` when given (the index's; see :mod:`.payload_dictionary`)."""
+    if dictionary is not None:
+        head, compress = dictionary.header, dictionary.compressor().compress
+    else:
+        head, compress = _CODEC, _codecs.compressor.compress
+    return [head + compress(utf8[s : s + n]) for s, n in zip(starts, lengths, strict=True)]
 
 
 def decode_text(payload: bytes) -> str:
     """The normalised text a payload holds."""
-    decompressor = _codecs.decompressors.get(payload[0]) if payload else None
+    codec = payload[0] if payload else None
+    body = payload[1:]
+    decompressor: zstandard.ZstdDecompressor | None
+    if codec == ZSTD_DICTIONARY:
+        from stream_dedup.core.payload_dictionary import find_dictionary
+
+        decompressor = find_dictionary(int.from_bytes(body[:4], "little")).decompressor()
+        body = body[4:]
+    else:
+        decompressor = _codecs.decompressors.get(codec) if codec is not None else None
     if decompressor is None:
-        codec = payload[0] if payload else None
         raise IndexCorruptError(f"unknown verification payload codec {codec!r}")
     try:
-        raw = decompressor.decompress(payload[1:])
+        raw = decompressor.decompress(body)
     except zstandard.ZstdError as exc:
         raise IndexCorruptError(f"verification payload does not decompress: {exc}") from exc
     return raw.decode("utf-8", "surrogatepass")

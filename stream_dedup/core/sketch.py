@@ -38,6 +38,7 @@ from stream_dedup.core.lookup_keys import (
 )
 from stream_dedup.core.normalize import normalize
 from stream_dedup.core.payload import encode_texts
+from stream_dedup.core.payload_dictionary import Dictionary
 from stream_dedup.core.shingles import char_gram_constants, shingle_sets
 from stream_dedup.core.signature import SIG_DTYPE, densify, signatures
 from stream_dedup.core.verify import verification_sets
@@ -90,9 +91,12 @@ _NO_SETS: tuple[U32, npt.NDArray[np.int64]] = (
 )
 
 
-def sketch(texts: Sequence[str], config: DedupConfig, plan: BandPlan) -> Sketch:
-    """The :class:`Sketch` of a batch of raw document contents."""
-    return unpack(sketch_packed(texts, config, plan))
+def sketch(
+    texts: Sequence[str], config: DedupConfig, plan: BandPlan, dictionary: Dictionary | None = None
+) -> Sketch:
+    """The :class:`Sketch` of a batch of raw document contents; the payloads compressed
+    with the index's ``dictionary``, if it has one (:mod:`.payload_dictionary`)."""
+    return unpack(sketch_packed(texts, config, plan, dictionary))
 
 
 #: A :class:`Sketch` as plain values for a pipe: the verification sets as one array and
@@ -114,7 +118,9 @@ PackedSketch = tuple[
 ]
 
 
-def sketch_packed(texts: Sequence[str], config: DedupConfig, plan: BandPlan) -> PackedSketch:
+def sketch_packed(
+    texts: Sequence[str], config: DedupConfig, plan: BandPlan, dictionary: Dictionary | None = None
+) -> PackedSketch:
     """:func:`sketch` as the plain values the sketch worker sends (see :func:`unpack`).
 
     A few large arrays pickle and unpickle at memory speed, where a batch's ~36,000 bucket
@@ -126,7 +132,7 @@ def sketch_packed(texts: Sequence[str], config: DedupConfig, plan: BandPlan) -> 
         live, flat, sizes, sigs, digests, texts_at = _sketch_char(texts, config)
     else:
         live, flat, sizes, sigs, digests, texts_at = _sketch_numpy(texts, config)
-    payloads = encode_texts(*texts_at) if config.verify == "exact" else []
+    payloads = encode_texts(*texts_at, dictionary) if config.verify == "exact" else []
     hashes = band_hashes(sigs, plan, config.seed)
     order = bucket_order(hashes)
     return (

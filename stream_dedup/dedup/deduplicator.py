@@ -22,6 +22,7 @@ from stream_dedup.core.match import I64, Expiry, Matches, match_batch
 from stream_dedup.core.set_cache import SetCache
 from stream_dedup.core.sketch import Sketch, sketch
 from stream_dedup.dedup.batch import BatchResult, BatchStats
+from stream_dedup.dedup.dictionary import DictionaryTrainer
 from stream_dedup.dedup.excerpts import find_excerpts
 from stream_dedup.dedup.full_buckets import FullBuckets
 from stream_dedup.dedup.kernels import COMPILING_NOTICE, kernels_cached
@@ -53,6 +54,9 @@ class Deduplicator:
         self.full_buckets = (
             FullBuckets(index.params.containment_cap) if config.containment else None
         )
+        #: The payload dictionary, loaded from the index or trained on its first texts.
+        self.payload_dictionary = DictionaryTrainer(index, self._exact)
+        self._warming = False
 
     def warm_up(self, notice: Callable[[str], None] | None = None) -> None:
         """Load the compiled kernels now, so the first batch does not wait for them.
@@ -69,10 +73,14 @@ class Deduplicator:
         containment = self.config.containment > 0
         if notice is not None and not kernels_cached(containment):
             notice(COMPILING_NOTICE)
-        with jit.forced(True):  # two documents would otherwise run the Python forms
-            self.decide([Document(f"\x00warm-up {i}", t) for i, t in enumerate(texts)])
-            if containment:  # the pair above is a near-duplicate: it verified no excerpt
-                load_kernels()
+        self._warming = True  # the throw-away texts are no sample for a dictionary
+        try:
+            with jit.forced(True):  # two documents would otherwise run the Python forms
+                self.decide([Document(f"\x00warm-up {i}", t) for i, t in enumerate(texts)])
+                if containment:  # the pair above is a near-duplicate: it verified no excerpt
+                    load_kernels()
+        finally:
+            self._warming = False
 
     def process(
         self, docs: Sequence[Document], offsets: Mapping[tuple[str, int], int] | None = None
@@ -105,7 +113,8 @@ class Deduplicator:
 
     def sketch(self, docs: Sequence[Document]) -> Sketch:
         """The index-independent part of deciding ``docs`` (see :mod:`stream_dedup.core.sketch`)."""
-        return sketch([d.content for d in docs], self.config, self.plan)
+        dictionary = self.payload_dictionary.dictionary
+        return sketch([d.content for d in docs], self.config, self.plan, dictionary)
 
     def decide(self, docs: Sequence[Document], sketched: Sketch | None = None) -> BatchResult:
         """Verdicts for ``docs`` in order; see :mod:`stream_dedup.dedup` for the rules.
@@ -141,6 +150,8 @@ class Deduplicator:
             docs, sk, known, held.records, found, queries, stats, relations
         )
         self._remember(sk, found)
+        if not self._warming:
+            self.payload_dictionary.gather(sk)
         ordered, written = bucket_puts(
             sk.bucket_keys, sk.bucket_order, held.slot, found, self.plan.bands
         )

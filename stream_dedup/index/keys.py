@@ -12,6 +12,8 @@
     E                                   -> epoch table and stream clock (retention.py), JSON
     R                                   -> the retention in force (retention.py), JSON
     k <first docnum of a batch: u64 BE> -> the batch's clock change points (retention.py)
+    Z                                   -> id of the dictionary new payloads use, u32 LE
+    Z <id: u32 BE>                      -> a trained payload dictionary (dictionaries.py)
 
 The kinds ``b``, ``d``, ``k``, ``v`` and ``x`` belong to a document, and live in the epoch
 the document was decided in (:data:`SCOPED`; see :mod:`stream_dedup.index.retention`); the
@@ -38,6 +40,7 @@ from stream_dedup.core.lookup_keys import (
 __all__ = [
     "BUCKET",
     "COUNTER",
+    "DICTIONARY",
     "DOC",
     "EPOCHS",
     "EXACT",
@@ -52,6 +55,7 @@ __all__ = [
     "bucket_order",
     "bucket_shared",
     "counter_key",
+    "dictionary_key",
     "doc_key",
     "exact_key",
     "offset_key",
@@ -71,6 +75,7 @@ INTENT = b"i"
 EPOCHS = b"E"
 RETENTION = b"R"
 POINTS = b"k"
+DICTIONARY = b"Z"
 #: First bytes of the kinds of record that belong to an epoch.
 SCOPED = frozenset(b"bdkvx")
 
@@ -81,6 +86,10 @@ def points_key(first_docnum: int) -> bytes:
 
 def counter_key(name: str) -> bytes:
     return COUNTER + name.encode()
+
+
+def dictionary_key(ident: int) -> bytes:
+    return DICTIONARY + ident.to_bytes(4, "big")
 
 
 def doc_key(docnum: int) -> bytes:

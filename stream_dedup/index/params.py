@@ -19,17 +19,20 @@ from stream_dedup.errors import IndexCorruptError
 #: (``docs/payload.md``).
 #: 5: on Redis, band buckets hold their members in 4 bytes each where they fit
 #: (:mod:`.redis_members`); RocksDB and memory indexes store what format 4 does.
-FORMAT_VERSION = 5
+#: 6: payloads may be compressed with a dictionary the index stores (payload codec 3,
+#: :mod:`stream_dedup.core.payload_dictionary`).
+FORMAT_VERSION = 6
 
 #: Older versions this one reads as they are and upgrades: a format 2 verdict record is a
 #: format 3 record of one revision; a document record of format 2 or 3 holds a
 #: verification set, read as it is, where one of format 4 holds text (marked in the
 #: record, so both kinds can sit in one index); a bucket of format 4 or older holds 8-byte
-#: members, told from a 4-byte one by its length. The first commit stores the new
-#: version, so that an older stream-dedup then refuses the index (it could not read a
-#: second revision, or a 4-byte bucket) instead of failing on the first record it cannot
-#: parse.
-UPGRADABLE_FORMATS = (2, 3, 4)
+#: members, told from a 4-byte one by its length; a payload of format 5 or older has no
+#: dictionary, told by its codec byte. The first commit stores the new version, so that an
+#: older stream-dedup then refuses the index (it could not read a second revision, a
+#: 4-byte bucket or a dictionary's payload) instead of failing on the first record it
+#: cannot parse.
+UPGRADABLE_FORMATS = (2, 3, 4, 5)
 
 #: The parameters an index without containment does not write (read as 0).
 _CONTAINMENT = ("containment", "containment_rate", "containment_cap")

@@ -21,6 +21,7 @@ from stream_dedup.errors import IndexCorruptError
 from stream_dedup.index import keys
 from stream_dedup.index.backend import Backend
 from stream_dedup.index.bucket_records import Members, held_members, joined_members
+from stream_dedup.index.dictionaries import PayloadDictionaries
 from stream_dedup.index.epoch_filters import LOOKUP_KINDS, EpochFilters
 from stream_dedup.index.filter import bucket_fingerprints, key_fingerprints
 from stream_dedup.index.followed import FollowedFilters
@@ -33,8 +34,9 @@ from stream_dedup.index.state_lock import StateLock
 __all__ = ["IndexReads"]
 
 
-class IndexReads:
-    """Typed reads over the state of an open index (see the module docstring)."""
+class IndexReads(PayloadDictionaries):
+    """Typed reads over the state of an open index (see the module docstring), and its
+    payload dictionaries (:mod:`.dictionaries`)."""
 
     _backend: Backend
     _shared: bool

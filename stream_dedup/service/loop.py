@@ -300,6 +300,7 @@ class Service:
             self._inputs,
             self._worker_failed,
             cfg.service.sketch_inline_max,
+            lambda: self.dedup.payload_dictionary.dictionary,
         )
         return ahead
 

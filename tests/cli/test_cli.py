@@ -301,7 +301,8 @@ def test_stats_prints_parameters_counts_and_size(tmp_path: Path) -> None:
     size_line = next(line for line in out.splitlines() if line.startswith("size on disk"))
     size = int(size_line.split()[3].replace(",", ""))
     assert size > 1000
-    assert "format version      5 (compressed text)\n" in out
+    assert "format version      6 (compressed text)\n" in out
+    assert "payload dictionary  none (yet)\n" in out
     per_doc = next(line for line in out.splitlines() if line.startswith("bytes/document"))
     assert per_doc == f"bytes/document      {size / 5:,.0f} per held document"
 

@@ -6,7 +6,7 @@ import random
 import string
 import subprocess
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
 import numpy as np
@@ -381,6 +381,18 @@ def run_in_batches(
 ONE_BY_ONE = 900
 
 
+def comparable(records: Iterable[tuple[bytes, bytes]]) -> list[tuple[bytes, object]]:
+    """An index's records, a document record as its ids and text, whatever compressed it."""
+    out: list[tuple[bytes, object]] = []
+    for key, value in records:
+        if key.startswith(keys.DOC):
+            doc = decode_doc(value)
+            out.append((key, (doc.doc_id, doc.cluster_id, decode_text(doc.payload))))
+        else:
+            out.append((key, value))
+    return out
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize(
     "limits", [{}, {"max_bucket_size": 3, "max_candidates": 2}], ids=["default", "tight"]
@@ -404,8 +416,10 @@ def test_verdicts_do_not_depend_on_batch_size(
     assert runs[1] == runs[ONE_BY_ONE]
     assert runs[1][0] == reference[:ONE_BY_ONE]  # a verdict depends on earlier documents only
     # The whole index too: a batch's own appends to shared buckets (many of them in
-    # batches of 1000 reposts) end exactly as one document per batch leaves them.
-    contents = {size: list(d.index._backend.scan_prefix(b"")) for size, d in dedups.items()}
+    # batches of 1000 reposts) end exactly as one document per batch leaves them. Document
+    # records compared by their text: the first batch after the payload dictionary is
+    # trained (on the first 2,000 texts) is the first compressed with it.
+    contents = {size: comparable(d.index._backend.scan_prefix(b"")) for size, d in dedups.items()}
     assert contents[7] == contents[1000]
     assert contents[1] == contents[ONE_BY_ONE]
     assert sum(k.startswith(keys.BUCKET) for k, _ in contents[1]) > 5_000

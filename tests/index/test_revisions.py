@@ -186,7 +186,7 @@ def test_an_index_of_format_2_opens_and_its_first_commit_upgrades_it(
     backend = backend_factory()
     config = DedupConfig()
     params = IndexParams.of(config)
-    assert params.format_version == FORMAT_VERSION == 5
+    assert params.format_version == FORMAT_VERSION == 6
     old = dataclasses.replace(params, format_version=2)
     backend.write({keys.META: old.to_bytes()})
     backend.write({keys.verdict_key("a"): b'{"k":"u","of":null,"s":null,"c":"a","e":false}'})

@@ -17,6 +17,9 @@ import pytest
 
 from stream_dedup.core.bands import band_hashes
 from stream_dedup.core.config import DedupConfig
+from stream_dedup.core.normalize import normalize
+from stream_dedup.core.payload import ZSTD_MAGICLESS, decode_text
+from stream_dedup.core.payload_dictionary import train
 from stream_dedup.core.sketch import Sketch, sketch, sketch_packed, unpack
 from stream_dedup.decode import MessageFormat, decode_messages
 from stream_dedup.index.keys import bucket_keys
@@ -341,3 +344,42 @@ def test_take_back_returns_the_undecided_batch() -> None:
         assert seen and seen[0] is not None and seen[0].size == 1
     finally:
         ahead.close()
+
+
+def test_the_worker_compresses_with_the_dictionary_it_is_handed(
+    kijiji_ads: list[tuple[str, str]],
+) -> None:
+    """Payloads from the worker: without a dictionary until it is handed one, then with it,
+    equal to the in-process sketch's; a restarted worker is handed it again."""
+    trained = train([normalize(c) for _, c in kijiji_ads[:1500]])
+    assert trained is not None
+    texts = [c for _, c in kijiji_ads[1500:1700]]
+    values: list[bytes | None] = [record(f"k{i}", c) for i, c in enumerate(texts)]
+    plan = CONFIG.band_plan()
+    w = SketchWorker(CONFIG)
+    try:
+        w.use_dictionary(None)
+        w.submit(values)
+        _, plain = w.result()
+        w.use_dictionary(trained)
+        w.submit(values)
+        _, with_dictionary = w.result()
+        assert plain is not None and with_dictionary is not None
+        assert plain.payloads == sketch(texts, CONFIG, plan).payloads
+        assert with_dictionary.payloads == sketch(texts, CONFIG, plan, trained).payloads
+        assert all(p[0] == ZSTD_MAGICLESS for p in plain.payloads)
+        assert all(p.startswith(trained.header) for p in with_dictionary.payloads)
+        assert sum(map(len, with_dictionary.payloads)) < 0.7 * sum(map(len, plain.payloads))
+        assert [decode_text(p) for p in with_dictionary.payloads] == [
+            decode_text(p) for p in plain.payloads
+        ]
+        pid = w.pid
+        assert pid is not None
+        os.kill(pid, signal.SIGKILL)
+        time.sleep(0.2)
+        w.submit(values)  # started again, with the dictionary
+        _, again = w.result()
+        assert w.pid != pid
+        assert again is not None and again.payloads == with_dictionary.payloads
+    finally:
+        w.close()

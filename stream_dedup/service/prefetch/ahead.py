@@ -30,6 +30,7 @@ from collections.abc import Callable
 from confluent_kafka import Message
 
 from stream_dedup.core.config import DedupConfig
+from stream_dedup.core.payload_dictionary import Dictionary
 from stream_dedup.core.sketch import Sketch
 from stream_dedup.service.inputs import Decoded, InputDecoder, MessageBatch
 from stream_dedup.service.prefetch.worker import SketchWorker, SketchWorkerError
@@ -49,15 +50,19 @@ class SketchAhead:
         decoder: InputDecoder,
         on_failure: Callable[[SketchWorkerError], None],
         inline_max: int = 0,
+        dictionary: Callable[[], Dictionary | None] = lambda: None,
     ) -> None:
         """``config`` None: no worker; every batch is processed as soon as it is handed in.
 
         A batch handed in while no batch is held is processed here at once: all of it if
         it has at most ``inline_max`` messages, else its first third, the rest going to
         the worker (0: every batch goes to the worker whole). The worker starts loading
-        at once (a second or so), while the caller starts up.
+        at once (a second or so), while the caller starts up. ``dictionary`` gives the
+        payload dictionary in use when a batch is handed over (it changes once, when the
+        index trains one: :mod:`stream_dedup.dedup.dictionary`).
         """
         self._decoder = decoder
+        self._dictionary = dictionary
         self._on_failure = on_failure
         self._inline_max = inline_max
         self._worker: SketchWorker | None = None
@@ -127,6 +132,7 @@ class SketchAhead:
         if self._worker is None:
             return False
         try:
+            self._worker.use_dictionary(self._dictionary())
             self._worker.submit(*self._decoder.request(records))
         except SketchWorkerError as exc:
             self._on_failure(exc)

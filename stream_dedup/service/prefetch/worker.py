@@ -41,6 +41,7 @@ from multiprocessing.connection import Connection
 
 from stream_dedup.core import jit
 from stream_dedup.core.config import DedupConfig
+from stream_dedup.core.payload_dictionary import Dictionary, known
 from stream_dedup.core.sketch import PackedSketch, Sketch, sketch, sketch_packed, unpack
 from stream_dedup.decode import DecodeOutcome, MessageFormat, decode_messages
 from stream_dedup.errors import StreamDedupError
@@ -63,7 +64,9 @@ def _serve(conn: Connection, region: SharedRegion, requests: SharedRegion) -> No
     """The worker's loop: its settings, then records in, documents and sketches out, until EOF.
 
     A batch's records arrive through the shared ``requests`` region and its reply goes
-    through ``region`` (:mod:`.shared_memory`); the pipe only points at them.
+    through ``region`` (:mod:`.shared_memory`); the pipe only points at them. A
+    ``("dictionary", bytes)`` message in between sets the payload dictionary the next
+    sketches compress with (the index's, once it has one), and has no reply.
     """
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
@@ -80,15 +83,20 @@ def _serve(conn: Connection, region: SharedRegion, requests: SharedRegion) -> No
         conn.send(("ready", None))
     except OSError:
         return  # the service is gone already
+    dictionary: Dictionary | None = None
     while True:
         try:
-            values, keys, positions = requests.take(conn.recv())
+            message = conn.recv()
+            if message[0] == "dictionary":
+                dictionary = known(message[1])
+                continue
+            values, keys, positions = requests.take(message)
         except (EOFError, OSError):
             return
         try:
             decoded = decode_messages(values, keys, positions, records)
             contents = decoded[1]
-            packed = sketch_packed(contents, config, plan) if contents else None
+            packed = sketch_packed(contents, config, plan, dictionary) if contents else None
             reply: tuple[str, object] = ("ok", region.put((decoded, packed)))
         except Exception as exc:
             reply = ("error", f"{type(exc).__name__}: {exc}")
@@ -115,6 +123,7 @@ class SketchWorker:
         self._proc: subprocess.Popen[bytes] | None = None
         self._ready = False
         self._busy = False
+        self._dictionary: bytes | None = None  # the payload dictionary to sketch with
         self._start()
 
     def _start(self) -> None:
@@ -141,6 +150,8 @@ class SketchWorker:
         finally:
             child.close()
         parent.send((self._config, self._records))
+        if self._dictionary is not None:
+            parent.send(("dictionary", self._dictionary))
         self._conn, self._proc, self._ready, self._busy = parent, proc, False, False
         self._region, self._requests = region, requests
 
@@ -152,6 +163,19 @@ class SketchWorker:
     def busy(self) -> bool:
         """Whether a submitted batch's result has not been taken yet."""
         return self._busy
+
+    def use_dictionary(self, dictionary: Dictionary | None) -> None:
+        """Compress the payloads of the batches submitted from now on with ``dictionary``
+        (see :mod:`stream_dedup.dedup.dictionary`); sent to the worker once."""
+        raw = None if dictionary is None else dictionary.raw
+        if raw == self._dictionary:
+            return
+        self._dictionary = raw
+        if raw is not None and self._conn is not None:
+            try:
+                self._conn.send(("dictionary", raw))
+            except OSError:  # a dead worker: started again, and sent it, at the next submit
+                self._stop()
 
     def submit(
         self,

@@ -1,0 +1,99 @@
+"""Payloads compressed with a dictionary the index trains (index format 6): verdicts as
+without one, far fewer bytes, and every record readable by a process that never saw the
+dictionary trained."""
+
+from __future__ import annotations
+
+import pytest
+
+from stream_dedup.core import payload_dictionary
+from stream_dedup.core.payload import ZSTD_DICTIONARY, ZSTD_MAGICLESS, decode_text
+from stream_dedup.core.payload_dictionary import dictionary_id
+from stream_dedup.dedup import Deduplicator
+from stream_dedup.errors import IndexCorruptError
+from stream_dedup.index import keys
+from stream_dedup.index.params import IndexParams
+from stream_dedup.index.records import decode_doc
+from stream_dedup.index.store import DedupIndex
+from stream_dedup.models import Document
+from tests.conftest import BackendFactory
+from tests.index.test_payload_format import CONFIG, FORMAT_2_DIGEST, decide, digest, stream
+
+
+def payload_sizes(backend_records: dict[bytes, bytes]) -> dict[int, list[int]]:
+    """Payload bytes of the document records by codec."""
+    out: dict[int, list[int]] = {}
+    for raw in backend_records.values():
+        record = decode_doc(raw)
+        assert record.text
+        out.setdefault(record.payload[0], []).append(len(record.payload))
+    return out
+
+
+def test_a_trained_dictionary_keeps_verdicts_and_cuts_payloads(
+    backend_factory: BackendFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    backend = backend_factory()
+    index = DedupIndex(backend, IndexParams.of(CONFIG))
+    dedup = Deduplicator(index, CONFIG)
+    assert dedup.payload_dictionary.dictionary is None  # a new index has none
+    dedup.payload_dictionary.train_documents = 1000
+    verdicts = decide(dedup, stream())
+    assert digest(verdicts) == FORMAT_2_DIGEST  # as with stored sets (format 2)
+    trained = dedup.payload_dictionary.dictionary
+    assert trained is not None
+    assert index.payload_dictionary() == trained.raw
+    assert dictionary_id(index.dictionary_bytes(trained.id) or b"") == trained.id
+
+    sizes = payload_sizes(dict(backend.scan_prefix(keys.DOC)))
+    # The first two batches (1,000 documents) trained it; the next four used it.
+    assert set(sizes) == {ZSTD_MAGICLESS, ZSTD_DICTIONARY}
+    assert len(sizes[ZSTD_MAGICLESS]) + len(sizes[ZSTD_DICTIONARY]) == len(
+        dict(backend.scan_prefix(keys.DOC))
+    )
+    plain = sum(sizes[ZSTD_MAGICLESS]) / len(sizes[ZSTD_MAGICLESS])
+    with_dictionary = sum(sizes[ZSTD_DICTIONARY]) / len(sizes[ZSTD_DICTIONARY])
+    assert with_dictionary < 0.75 * plain, (plain, with_dictionary)
+
+    # Another process: no dictionary loaded; it finds the one its records name in the index.
+    monkeypatch.setattr(payload_dictionary, "_known", {})
+    reopened = DedupIndex(backend, IndexParams.of(CONFIG))
+    again = Deduplicator(reopened, CONFIG)
+    loaded = again.payload_dictionary.dictionary
+    assert loaded is not None and loaded.id == trained.id
+    monkeypatch.setattr(payload_dictionary, "_known", {})
+    records = [decode_doc(v) for v in dict(backend.scan_prefix(keys.DOC)).values()]
+    assert all(decode_text(r.payload) for r in records)
+
+
+def test_a_second_deduplicator_takes_the_stored_dictionary(backend_factory: BackendFactory) -> None:
+    """Two deciders of one index (a shared one's instances) that gather texts at once: the
+    second to reach its sample size uses the dictionary the first stored."""
+    backend = backend_factory()
+    docs = stream()
+    first = Deduplicator(DedupIndex(backend, IndexParams.of(CONFIG)), CONFIG)
+    second = Deduplicator(DedupIndex(backend, IndexParams.of(CONFIG)), CONFIG)
+    for dedup in (first, second):
+        dedup.payload_dictionary.train_documents = 1000
+    decide(first, docs[:1000])
+    assert second.payload_dictionary.dictionary is None
+    second.payload_dictionary.gather(second.sketch(docs[1000:2000]))
+    assert first.payload_dictionary.dictionary is not None
+    assert second.payload_dictionary.dictionary is first.payload_dictionary.dictionary
+
+
+def test_too_little_text_trains_none(backend_factory: BackendFactory) -> None:
+    index = DedupIndex(backend_factory(), IndexParams.of(CONFIG))
+    dedup = Deduplicator(index, CONFIG)
+    dedup.payload_dictionary.train_documents = 20
+    docs = [Document(f"d{i}", f"short text number {i}") for i in range(40)]
+    dedup.process(docs)
+    assert dedup.payload_dictionary.dictionary is None
+    assert dedup.payload_dictionary.train_documents == 0  # not tried again
+    assert index.payload_dictionary() is None
+
+
+def test_a_payload_naming_an_unknown_dictionary_is_refused() -> None:
+    payload = bytes([ZSTD_DICTIONARY]) + (0x5EED).to_bytes(4, "little") + b"\x00" * 8
+    with pytest.raises(IndexCorruptError, match="dictionary 0x00005eed"):
+        decode_text(payload)
