@@ -112,7 +112,9 @@ def main() -> int:
         index = open_index(path, IndexParams.of(config), retention=retention)
         dedup = Deduplicator(index, config)
         # A checkout from before the payload (format 2, ``PYTHONPATH``) has no set cache.
-        cache = getattr(dedup, "set_cache", None) or SimpleNamespace(asked=0, rebuilt=0)
+        cache = getattr(dedup, "set_cache", None)
+        if cache is None:  # not `or`: an empty SetCache is falsy (it has a length)
+            cache = SimpleNamespace(asked=0, rebuilt=0)
         if args.set_cache_mb:
             cache.max_bytes = args.set_cache_mb << 20
         dedup.warm_up()
