@@ -36,7 +36,7 @@ from stream_dedup.models import Document
 #: Bytes of verification sets the deduplicator keeps: about 30,000 news articles' sets.
 #: Sized by the hit rates measured on a growing index without a window (docs/benchmarks.md,
 #: 2026-11-26): 32 MiB found 49% of candidates' sets at 0-100k documents and 26% at
-#: 200-300k, 128 MiB 79% and 49%, for ~130 MB more resident memory.
+#: 200-300k, 128 MiB 79% and 49%, for 40-120 MB more resident memory as it fills.
 SET_CACHE_BYTES = 128 << 20
 
 
