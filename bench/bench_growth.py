@@ -11,9 +11,11 @@ log on, batches of ``--batch``) and prints, for every ``--every`` documents:
 * ``background``: CPU of every other thread of the process per document: RocksDB's flushes
   and compactions;
 * candidates and verifications per document, and the index's size on disk;
-* ``hit``/``rebuilt``: the share of candidates' verification sets found in the set cache
+* ``hit``/``rebuilt``/``skipped``: the share of candidates' verification sets found in the set cache
   (:class:`~stream_dedup.core.set_cache.SetCache`, sized with ``--set-cache-mb``) and the
-  sets rebuilt from compressed text per document.
+  sets rebuilt from compressed text per document; ``skipped``: candidates per document
+  whose set was not needed, their text too short to reach the threshold
+  (:mod:`stream_dedup.dedup.prune`).
 
 Sketching is done here too but not counted (the service does it in its worker process).
 CPU is read per thread from ``/proc`` (Linux), so other load on the machine inflates the
@@ -43,6 +45,7 @@ import threading
 import time
 from datetime import UTC, datetime
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 from stream_dedup.core.config import DedupConfig
@@ -108,20 +111,23 @@ def main() -> int:
         retention = Retention(parse_duration(args.retention), args.max_documents)
         index = open_index(path, IndexParams.of(config), retention=retention)
         dedup = Deduplicator(index, config)
+        # A checkout from before the payload (format 2, ``PYTHONPATH``) has no set cache.
+        cache = getattr(dedup, "set_cache", None)
+        if cache is None:  # not `or`: an empty SetCache is falsy (it has a length)
+            cache = SimpleNamespace(asked=0, rebuilt=0)
         if args.set_cache_mb:
-            dedup.set_cache.max_bytes = args.set_cache_mb << 20
+            cache.max_bytes = args.set_cache_mb << 20
         dedup.warm_up()
-        cache = dedup.set_cache
         print(
             f"{'documents':>10} {'main us/doc':>12} {'background':>11} {'candidates':>11} "
             f"{'verified':>9} {'index MB':>9} {'held':>9} {'epochs':>6} {'rss MB':>7} "
-            f"{'hit':>6} {'rebuilt':>8}"
+            f"{'hit':>6} {'rebuilt':>8} {'skipped':>8}"
         )
         done = 0
         main_cpu = candidates = verified = 0.0
         started = time.time()
         last_other, last_main = other_threads_cpu(), 0.0
-        last_asked = last_rebuilt = 0
+        last_asked = last_rebuilt = last_skipped = 0
         gc_tuning.enter()
         try:
             while batch := list(itertools.islice(stream, args.batch)):
@@ -157,8 +163,12 @@ def main() -> int:
                             3,
                         ),
                         "rebuilt_per_doc": round((cache.rebuilt - last_rebuilt) / n, 2),
+                        "skipped_per_doc": round(
+                            (getattr(cache, "skipped", 0) - last_skipped) / n, 2
+                        ),
                     }
                     last_asked, last_rebuilt = cache.asked, cache.rebuilt
+                    last_skipped = getattr(cache, "skipped", 0)
                     rows.append(row)
                     last_other, last_main, candidates, verified = other, main_cpu, 0.0, 0.0
                     print(
@@ -166,7 +176,8 @@ def main() -> int:
                         f"{row['background_us_per_doc']:>11} {row['candidates_per_doc']:>11} "
                         f"{row['verifications_per_doc']:>9} {row['index_mb']:>9} "
                         f"{row['held']:>9,} {row['epochs']:>6} {row['rss_mb']:>7} "
-                        f"{row['set_cache_hit']:>6} {row['rebuilt_per_doc']:>8}",
+                        f"{row['set_cache_hit']:>6} {row['rebuilt_per_doc']:>8} "
+                        f"{row['skipped_per_doc']:>8}",
                         flush=True,
                     )
         finally:

@@ -69,7 +69,7 @@ def instrument() -> None:
         import stream_dedup.core.set_cache as cache_module
     except ImportError:  # a checkout from before the cache by generation
         import stream_dedup.core.payload as cache_module
-    for name in ("rebuild_flat", "rebuild_sets"):
+    for name in ("payload_sets", "rebuild_flat", "rebuild_sets"):
         if hasattr(cache_module, name):
             timed(cache_module, name, "rebuild")
     if hasattr(cache_module, "decode_text"):

@@ -121,7 +121,7 @@ max_wait_ms = {args.max_wait_ms}
 [service]
 delivery = "{args.delivery}"
 [dedup]
-containment = {containment}
+{f"containment = {containment}" if containment else ""}
 [log]
 level = "WARNING"
 [kafka]

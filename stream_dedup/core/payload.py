@@ -38,10 +38,11 @@ import numpy as np
 import zstandard
 
 from stream_dedup.core import _kernels as kernels
+from stream_dedup.core import _rebuild_kernels as rebuild_kernels
 from stream_dedup.core import jit
 from stream_dedup.core.config import DedupConfig
 from stream_dedup.core.hashing import POLY, U32
-from stream_dedup.core.shingles import I64, char_gram_constants, shingle_sets
+from stream_dedup.core.shingles import I64, ShingleSpec, char_gram_constants, shingle_sets
 from stream_dedup.core.verify import verification_sets
 from stream_dedup.errors import IndexCorruptError
 
@@ -85,6 +86,12 @@ class _Codecs(threading.local):
 
 
 _codecs = _Codecs()
+#: The zstd frame format of each codec, to read a frame's header.
+_FRAME_FORMATS = {
+    ZSTD: zstandard.FORMAT_ZSTD1,
+    ZSTD_MAGICLESS: zstandard.FORMAT_ZSTD1_MAGICLESS,
+    ZSTD_DICTIONARY: zstandard.FORMAT_ZSTD1_MAGICLESS,
+}
 
 
 def encode_texts(
@@ -104,6 +111,11 @@ def encode_texts(
 
 def decode_text(payload: bytes) -> str:
     """The normalised text a payload holds."""
+    return decode_utf8(payload).decode("utf-8", "surrogatepass")
+
+
+def decode_utf8(payload: bytes) -> bytes:
+    """The normalised text a payload holds, as the UTF-8 bytes it was compressed from."""
     codec = payload[0] if payload else None
     body = payload[1:]
     decompressor: zstandard.ZstdDecompressor | None
@@ -117,10 +129,39 @@ def decode_text(payload: bytes) -> str:
     if decompressor is None:
         raise IndexCorruptError(f"unknown verification payload codec {codec!r}")
     try:
-        raw = decompressor.decompress(body)
+        return decompressor.decompress(body)
     except zstandard.ZstdError as exc:
         raise IndexCorruptError(f"verification payload does not decompress: {exc}") from exc
-    return raw.decode("utf-8", "surrogatepass")
+
+
+def set_size_bounds(payloads: Sequence[bytes], shingle: ShingleSpec) -> I64:
+    """The most distinct shingles each payload's text can have, from its zstd frame header
+    alone (no decompression): its UTF-8 byte count bounds its code points, and so its
+    shingles. What :mod:`stream_dedup.dedup.prune` rules candidates out with; a frame
+    that does not state its content size (none written here) gets no bound."""
+    unknown = np.iinfo(np.int64).max
+    sizes = np.empty(len(payloads), dtype=np.int64)
+    params = zstandard.get_frame_parameters
+    for i, payload in enumerate(payloads):
+        frame_format = _FRAME_FORMATS.get(payload[0]) if payload else None
+        if frame_format is None:
+            codec = payload[0] if payload else None
+            raise IndexCorruptError(f"unknown verification payload codec {codec!r}")
+        # a dictionary's frame follows its id (u32)
+        frame = payload[5:] if payload[0] == ZSTD_DICTIONARY else payload[1:]
+        try:
+            size = params(frame, format=frame_format).content_size
+        except zstandard.ZstdError as exc:
+            raise IndexCorruptError(f"verification payload has no frame header: {exc}") from exc
+        sizes[i] = unknown if size == zstandard.CONTENTSIZE_UNKNOWN else size
+    known = sizes != unknown
+    # char k-grams: n - k + 1 of n >= k code points, else 1; word k-grams: at most one per
+    # space-separated word, and a text of L bytes splits into at most L + 1 of them.
+    if shingle.kind == "char":
+        sizes[known] = np.maximum(sizes[known] - shingle.k + 1, 1)
+    else:
+        sizes[known] += 1
+    return sizes
 
 
 def rebuild_sets(texts: Sequence[str], config: DedupConfig) -> list[U32]:
@@ -135,6 +176,30 @@ def rebuild_sets(texts: Sequence[str], config: DedupConfig) -> list[U32]:
     flat, sizes = rebuild_flat(texts, config)
     ends = np.cumsum(sizes).tolist()
     return [flat[e - s : e] for e, s in zip(ends, sizes.tolist(), strict=True)]
+
+
+def payload_sets(payloads: Sequence[bytes], config: DedupConfig) -> tuple[U32, I64]:
+    """The verification sets of the texts ``payloads`` hold, as :func:`rebuild_flat` gives
+    them (end to end, and each one's size).
+
+    When the sketch would run compiled, character shingles are hashed straight from the
+    decompressed UTF-8 by :func:`~stream_dedup.core._rebuild_kernels.text_gram_highs`
+    (no ``str`` made, no signature bins filled), then sorted by numpy and their repeats
+    dropped: ~half the CPU of decoding the texts and running the sketch's kernel.
+    """
+    raws = [decode_utf8(p) for p in payloads]
+    if config.shingle.kind != "char" or not jit.runs_compiled(documents=len(raws)):
+        return rebuild_flat([r.decode("utf-8", "surrogatepass") for r in raws], config)
+    utf8 = np.frombuffer(b"".join(raws), dtype=np.uint8)
+    lengths = np.fromiter(map(len, raws), dtype=np.int64, count=len(raws))
+    seed_mix, bias = char_gram_constants(config.shingle.k, config.seed)
+    high, runs = jit.compiled(rebuild_kernels.text_gram_highs)(
+        utf8, np.cumsum(lengths) - lengths, lengths, config.shingle.k, POLY, bias, seed_mix
+    )
+    for lo, hi in itertools.pairwise(runs.tolist()):
+        high[lo:hi].sort()
+    flat, sizes = jit.compiled(kernels.drop_repeats)(high, runs)
+    return flat, sizes.astype(np.int64, copy=False)
 
 
 def rebuild_flat(texts: Sequence[str], config: DedupConfig) -> tuple[U32, I64]:

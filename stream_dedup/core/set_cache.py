@@ -28,7 +28,7 @@ import numpy as np
 
 from stream_dedup.core.config import DedupConfig
 from stream_dedup.core.hashing import U32
-from stream_dedup.core.payload import decode_text, rebuild_flat
+from stream_dedup.core.payload import payload_sets
 from stream_dedup.core.shingles import I64
 
 
@@ -54,9 +54,12 @@ class SetCache:
         self.config = config
         self._generations: list[_Generation] = []  # oldest first
         self._bytes = 0
-        #: Sets asked for, and those rebuilt (not in the cache), since the start.
+        #: Sets asked for, and those rebuilt (not in the cache), since the start; and the
+        #: candidates' sets not asked for, their text too short to verify
+        #: (:mod:`stream_dedup.dedup.prune`, counted by its callers).
         self.asked = 0
         self.rebuilt = 0
+        self.skipped = 0
 
     def __len__(self) -> int:
         return sum(g.docnums.size for g in self._generations)
@@ -101,8 +104,7 @@ class SetCache:
         self.rebuilt += len(missing)
         rebuilt: U32 | None = None
         if missing:
-            texts = [decode_text(payloads[i]) for i in missing]
-            rebuilt, sizes = rebuild_flat(texts, self.config)
+            rebuilt, sizes = payload_sets([payloads[i] for i in missing], self.config)
             ends = np.cumsum(sizes).tolist()
             for i, e, n in zip(missing, ends, sizes.tolist(), strict=True):
                 found[i] = rebuilt[e - n : e]

@@ -19,6 +19,7 @@ from stream_dedup.core.config import DedupConfig
 from stream_dedup.core.containment import load_kernels
 from stream_dedup.core.hashing import U32
 from stream_dedup.core.match import I64, Expiry, Matches, match_batch
+from stream_dedup.core.payload import payload_sets
 from stream_dedup.core.set_cache import SetCache
 from stream_dedup.core.sketch import Sketch, sketch
 from stream_dedup.dedup.batch import BatchResult, BatchStats
@@ -26,6 +27,7 @@ from stream_dedup.dedup.dictionary import DictionaryTrainer
 from stream_dedup.dedup.excerpts import find_excerpts
 from stream_dedup.dedup.full_buckets import FullBuckets
 from stream_dedup.dedup.kernels import COMPILING_NOTICE, kernels_cached
+from stream_dedup.dedup.prune import needed_records
 from stream_dedup.dedup.reads import Held, Known, clocks, payloads, read_held, read_known
 from stream_dedup.dedup.writes import verdicts_and_writes
 from stream_dedup.index.backend import OrderedPuts
@@ -33,9 +35,11 @@ from stream_dedup.index.bucket_records import bucket_puts
 from stream_dedup.index.store import DedupIndex, PendingCommit
 from stream_dedup.models import Document
 
-#: Bytes of verification sets the deduplicator keeps: about 7,000 news articles' sets,
-#: a few batches of documents and the candidates they bring.
-SET_CACHE_BYTES = 32 << 20
+#: Bytes of verification sets the deduplicator keeps: about 30,000 news articles' sets.
+#: Sized by the hit rates measured on a growing index without a window (docs/benchmarks.md,
+#: 2026-11-26): 32 MiB found 49% of candidates' sets at 0-100k documents and 26% at
+#: 200-300k, 128 MiB 79% and 49%, for 40-120 MB more resident memory as it fills.
+SET_CACHE_BYTES = 128 << 20
 
 
 class Deduplicator:
@@ -73,10 +77,14 @@ class Deduplicator:
         containment = self.config.containment > 0
         if notice is not None and not kernels_cached(containment):
             notice(COMPILING_NOTICE)
+        docs = [Document(f"\x00warm-up {i}", t) for i, t in enumerate(texts)]
         self._warming = True  # the throw-away texts are no sample for a dictionary
         try:
             with jit.forced(True):  # two documents would otherwise run the Python forms
-                self.decide([Document(f"\x00warm-up {i}", t) for i, t in enumerate(texts)])
+                sk = self.sketch(docs)
+                self.decide(docs, sk)
+                if sk.payloads:  # no candidate here is rebuilt from its text: load that kernel
+                    payload_sets(sk.payloads, self.config)
                 if containment:  # the pair above is a near-duplicate: it verified no excerpt
                     load_kernels()
         finally:
@@ -214,6 +222,7 @@ class Deduplicator:
         """The compiled matching pass over what :meth:`decide` read, with retention's
         expiry measured on each document's clock (``doc_clock``)."""
         cfg, index = self.config, self.index
+        needed = needed_records(held, sk.set_len, known.fresh, self.plan.bands, cfg)
         first_docnum = index.counter("indexed")
         timeline, retention, live = index.timeline, index.retention, sk.live
         expiry = Expiry(
@@ -238,7 +247,7 @@ class Deduplicator:
             index_all=cfg.index_policy == "all",
             first_docnum=first_docnum,
             payloads=queries,
-            records=payloads(held.records, self.set_cache),
+            records=payloads(held.records, self.set_cache, needed),
             older=held.older,
             expiry=expiry,
         )

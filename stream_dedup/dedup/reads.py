@@ -132,14 +132,18 @@ def clocks(docs: Sequence[Document], committed: int) -> I64:
 
 
 def payloads(
-    records: dict[int, DocRecord], cache: SetCache | None = None
+    records: dict[int, DocRecord],
+    cache: SetCache | None = None,
+    needed: npt.NDArray[np.bool_] | None = None,
 ) -> tuple[npt.NDArray[np.uint64], U32, I64, I64]:
     """The verification payloads of ``records`` as :func:`match_batch` takes them (docnums
     ascending: ``records`` is filled in that order).
 
     A record holding compressed text (index format 4) gives the verification set rebuilt
     from it, through ``cache`` (:class:`~stream_dedup.core.set_cache.SetCache`); one holding
-    a set or a signature gives it as stored.
+    a set or a signature gives it as stored. A text record that ``needed`` (per record)
+    leaves out gives an empty set, not rebuilt: :mod:`.prune` has shown it cannot reach
+    the threshold with any document that meets it.
     """
     docnums = np.fromiter(records, dtype=np.uint64, count=len(records))
     held = list(records.values())
@@ -151,9 +155,20 @@ def payloads(
         return docnums, flat, np.cumsum(lengths) - lengths, lengths
     if cache is None:
         raise ValueError("records hold compressed texts: a SetCache must rebuild their sets")
-    text_docnums = [d for d, r in records.items() if r.text]
+    if needed is None:
+        wanted = [r.text for r in held]
+    else:
+        wanted = [r.text and bool(w) for r, w in zip(held, needed.tolist(), strict=True)]
+        n_texts = len(texts)
+        texts = [r.payload for r, w in zip(held, wanted, strict=True) if w]
+        cache.skipped += n_texts - len(texts)
+    text_docnums = [d for d, w in zip(records, wanted, strict=True) if w]
     rebuilt = iter(cache.sets(text_docnums, texts))
-    arrays = [next(rebuilt) if r.text else np.frombuffer(r.payload, dtype="<u4") for r in held]
+    empty = np.empty(0, dtype="<u4")
+    arrays = [
+        next(rebuilt) if w else empty if r.text else np.frombuffer(r.payload, dtype="<u4")
+        for r, w in zip(held, wanted, strict=True)
+    ]
     lengths = np.fromiter((a.size for a in arrays), dtype=np.int64, count=len(arrays))
     flat = np.concatenate(arrays).astype("<u4", copy=False) if arrays else np.empty(0, "<u4")
     return docnums, flat, np.cumsum(lengths) - lengths, lengths

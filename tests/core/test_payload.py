@@ -6,14 +6,19 @@ import numpy as np
 import pytest
 import zstandard
 
+from stream_dedup.core import jit
 from stream_dedup.core.config import DedupConfig
 from stream_dedup.core.payload import (
     ZSTD,
+    ZSTD_DICTIONARY,
     ZSTD_MAGICLESS,
     decode_text,
     encode_texts,
+    payload_sets,
     rebuild_sets,
+    set_size_bounds,
 )
+from stream_dedup.core.payload_dictionary import train
 from stream_dedup.core.set_cache import SetCache
 from stream_dedup.core.sketch import sketch
 from stream_dedup.errors import IndexCorruptError
@@ -39,6 +44,58 @@ def test_rebuilt_sets_are_the_sketch_sets(config: DedupConfig) -> None:
     for mine, theirs in zip(rebuilt, sk.sets, strict=True):
         assert mine.dtype == theirs.dtype
         assert np.array_equal(mine, theirs)
+
+
+@pytest.mark.parametrize("compiled", [True, False], ids=["compiled", "python"])
+@pytest.mark.parametrize(
+    "config",
+    [DedupConfig(), DedupConfig(shingle_size=3), DedupConfig(shingle_kind="word")],
+    ids=["char-5", "char-3", "word-3"],
+)
+def test_sets_rebuilt_from_payloads_are_the_sketch_sets(
+    config: DedupConfig, compiled: bool
+) -> None:
+    """The fused rebuild (UTF-8 hashed in the kernel, lone surrogates included) and the
+    reference path give the sketch's sets, and the bounds from the frame headers hold."""
+    texts = EDGE_CASES + random_texts(300, 2) + news(100)
+    sk = sketch(texts, config, config.band_plan())
+    with jit.forced(compiled):
+        flat, sizes = payload_sets(sk.payloads, config)
+    assert sizes.tolist() == sk.set_len.tolist()
+    assert flat.dtype == sk.set_flat.dtype
+    assert np.array_equal(flat, np.concatenate(sk.sets))
+    bounds = set_size_bounds(sk.payloads, config.shingle)
+    assert (bounds >= sizes).all()
+    if config.shingle.kind == "char":  # tight for ASCII texts of distinct grams
+        abc = sketch(["abcdefghij"], config, config.band_plan())
+        assert set_size_bounds(abc.payloads, config.shingle).tolist() == abc.set_len.tolist()
+
+
+def test_size_bounds_read_both_codecs_and_refuse_others() -> None:
+    text = "a story of a ship \ud800 and a storm"
+    raw = text.encode("utf-8", "surrogatepass")
+    (payload,) = encode_texts(raw, [0], [len(raw)])
+    old = bytes([ZSTD]) + zstandard.ZstdCompressor(level=1).compress(raw)
+    spec = DedupConfig().shingle
+    assert set_size_bounds([payload, old], spec).tolist() == [len(raw) - 4] * 2
+    with pytest.raises(IndexCorruptError, match="codec"):
+        set_size_bounds([b"\x07abc"], spec)
+    with pytest.raises(IndexCorruptError, match="frame header"):
+        set_size_bounds([bytes([ZSTD]) + b"not a frame"], spec)
+
+
+def test_size_bounds_and_rebuilt_sets_read_dictionary_payloads() -> None:
+    config = DedupConfig()
+    texts = news(400)
+    dictionary = train(texts[:300])
+    assert dictionary is not None
+    sk = sketch(texts[300:], config, config.band_plan(), dictionary)
+    assert all(p[0] == ZSTD_DICTIONARY for p in sk.payloads)
+    bounds = set_size_bounds(sk.payloads, config.shingle)
+    flat, sizes = payload_sets(sk.payloads, config)
+    assert sizes.tolist() == sk.set_len.tolist()
+    assert np.array_equal(flat, np.concatenate(sk.sets))
+    assert (bounds >= sizes).all() and (bounds < 4 * sizes).all()
 
 
 def test_payload_is_a_fraction_of_the_set() -> None:
