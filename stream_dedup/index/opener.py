@@ -29,6 +29,7 @@ from stream_dedup.index.retention import Retention, RetentionChange
 from stream_dedup.index.store import DedupIndex
 
 if TYPE_CHECKING:
+    from stream_dedup.index.follower import FollowerIndex
     from stream_dedup.index.rocks import RocksBackend
 
 __all__ = [
@@ -36,6 +37,7 @@ __all__ = [
     "Location",
     "RedisSettings",
     "holds_database",
+    "open_follower",
     "open_index",
     "open_or_create",
     "open_rocks",
@@ -104,6 +106,35 @@ def open_index(
             where, sync=sync, read_only=read_only, must_exist=params is None or read_only
         )
     return DedupIndex(backend, params, retention)
+
+
+def open_follower(where: Location, moved: Callable[[], bool]) -> FollowerIndex:
+    """The index at ``where``, which another process writes, opened to follow its commits
+    (:class:`~stream_dedup.index.follower.FollowerIndex`: a RocksDB secondary instance,
+    or a Redis client of its own); ``moved`` says whether the writer committed since it
+    was last asked. It must exist."""
+    from stream_dedup.index.follower import FollowerIndex
+
+    backend: Backend
+    if where is None:
+        raise ValueError("an index in memory has no other process to follow")
+    if isinstance(where, RedisSettings):
+        from stream_dedup.index.redis_backend import RedisBackend
+
+        backend = RedisBackend(
+            where.url,
+            namespace=where.namespace,
+            password=where.password,
+            tls_ca_file=where.tls_ca_file,
+            lock_ttl_ms=where.lock_ttl_ms,
+        )
+    else:
+        if not holds_database(where):
+            raise IndexStoreError(f"{where} holds no index to follow")
+        from stream_dedup.index.rocks import RocksBackend
+
+        backend = RocksBackend(where, secondary=True)
+    return FollowerIndex(backend, moved)
 
 
 def open_or_create(

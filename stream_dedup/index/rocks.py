@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import tempfile
 from bisect import bisect_left
 from collections import deque
 from collections.abc import Iterator, Mapping, Sequence
@@ -81,19 +82,39 @@ class RocksBackend:
     #: One process writes it (RocksDB's lock): see ``Backend.shared``.
     shared: ClassVar[bool] = False
 
-    def __init__(self, path: str | Path, *, sync: bool = False, read_only: bool = False) -> None:
+    def __init__(
+        self,
+        path: str | Path,
+        *,
+        sync: bool = False,
+        read_only: bool = False,
+        secondary: bool = False,
+    ) -> None:
         """Open (or create) the database at ``path``.
 
         ``read_only`` opens a frozen view that takes no lock and writes nothing into the
         directory: the state as of opening, readable while another process writes (see
         :mod:`stream_dedup.index.snapshot`) or from a directory this process cannot write.
+        ``secondary`` opens a RocksDB *secondary instance*: read-only too, and brought up
+        to the writer's latest write by :meth:`catch_up` (the service's check process,
+        :mod:`stream_dedup.index.follower`).
         """
         self._path = str(path)
-        self._read_only = read_only
-        #: Where a read-only database is opened: a linked view (:mod:`.rocks_view`).
+        self._read_only = read_only or secondary
+        self._secondary = secondary
+        #: Where a read-only database is opened: a linked view (:mod:`.rocks_view`); a
+        #: secondary instance's own directory (its info log).
         self._view: str | None = None
-        if not read_only:
+        if not self._read_only:
             Path(self._path).mkdir(parents=True, exist_ok=True)
+        self._open()
+        self._write_opts = WriteOptions()
+        self._write_opts.sync = sync
+        self._writing: int | None = None  # the epoch the last write went to
+        if not self._read_only:
+            move_documents(self._db, self._epochs.docs_handle, self._write_opts, self._path)
+
+    def _open(self) -> None:
         try:
             families = self._open_database()
         except Exception as exc:  # rocksdict raises plain Exception with RocksDB's text
@@ -101,12 +122,7 @@ class RocksBackend:
                 remove_view(self._view)
             raise open_failed(self._path, exc) from exc
         #: Each epoch's families (see :mod:`.rocks_epochs`).
-        self._epochs = EpochFamilies(self._db, self._path, read_only, families)
-        self._write_opts = WriteOptions()
-        self._write_opts.sync = sync
-        self._writing: int | None = None  # the epoch the last write went to
-        if not read_only:
-            move_documents(self._db, self._epochs.docs_handle, self._write_opts, self._path)
+        self._epochs = EpochFamilies(self._db, self._path, self._read_only, families)
 
     def _open_database(self) -> list[str]:
         """Open the database with every column family it has (RocksDB requires them all)
@@ -123,7 +139,16 @@ class RocksBackend:
             number = epoch_number(name)
             if number is not None:
                 families[name] = docs_options() if name.endswith("-docs") else small_options()
-        if self._read_only:
+        if self._secondary:
+            families = {f: o for f, o in families.items() if f in present}
+            self._view = tempfile.mkdtemp(prefix="stream-dedup-secondary-")
+            self._db = Rdict(
+                self._path,
+                opts,
+                column_families=families,
+                access_type=AccessType.secondary(self._view),
+            )
+        elif self._read_only:
             families = {f: o for f, o in families.items() if f in present}
             self._view = linked_view(self._path)
             self._db = Rdict(
@@ -135,6 +160,25 @@ class RocksBackend:
         else:
             self._db = Rdict(self._path, opts, column_families=families)
         return list(families)
+
+    def catch_up(self, live: Sequence[int] | None = None) -> None:
+        """A secondary instance: replay the writer's writes since the last catch-up, or
+        (``live``: the epochs the committed timeline names) reopen when they are not the
+        epochs held. RocksDB shows a secondary no column family created after it opened,
+        and a dropped one is only let go at a reopen: so a new retention epoch, or one let
+        go, costs one reopen (tens of milliseconds), once per epoch."""
+        if not self._secondary:
+            raise RuntimeError("only a secondary instance catches up")
+        try:
+            if live is None:
+                self._db.try_catch_up_with_primary()
+            elif set(live) | {0} != set(self.epochs()):
+                self.close()
+                self._open()
+        except Exception as exc:
+            if not from_rocksdb(exc):
+                raise
+            raise self._failed("catching up with the writer", exc) from exc
 
     def epochs(self) -> list[int]:
         """The epochs whose records are stored (0 always), ascending."""
