@@ -133,7 +133,7 @@ def open_follower(where: Location, moved: Callable[[], bool]) -> FollowerIndex:
             raise IndexStoreError(f"{where} holds no index to follow")
         from stream_dedup.index.rocks import RocksBackend
 
-        backend = RocksBackend(where, secondary=True)
+        backend = RocksBackend(Path(where), secondary=True)
     return FollowerIndex(backend, moved)
 
 

@@ -38,7 +38,9 @@ def writer(path: Path, config: DedupConfig, keep: int | None = None) -> Deduplic
 
 
 def batch(b: int, size: int = 50) -> list[Document]:
-    return [Document(f"b{b}-{i}", edit(article(b * size + i), 2, b * 1000 + i)) for i in range(size)]
+    return [
+        Document(f"b{b}-{i}", edit(article(b * size + i), 2, b * 1000 + i)) for i in range(size)
+    ]
 
 
 def test_a_follower_sees_each_commit_once_told_and_answers_as_the_writer(tmp_path: Path) -> None:
