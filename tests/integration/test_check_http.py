@@ -165,14 +165,14 @@ def test_checks_while_the_service_ingests(
     produce_json(bootstrap, topics.input, DOCS[:200])
     service.wait_for("stream_dedup_messages_consumed_total", 200)
     target = DOCS[-1]
-    replies: list[tuple[int, Any]] = []
+    per_thread: list[list[tuple[int, Any]]] = [[], []]
     done = threading.Event()
 
-    def ask() -> None:
+    def ask(mine: list[tuple[int, Any]]) -> None:
         while not done.is_set():
-            replies.append(post(port, "/check/batch?k=2", [target, DOCS[5]]))
+            mine.append(post(port, "/check/batch?k=2", [target, DOCS[5]]))
 
-    askers = [threading.Thread(target=ask) for _ in range(2)]
+    askers = [threading.Thread(target=ask, args=(mine,)) for mine in per_thread]
     for t in askers:
         t.start()
     try:
@@ -184,9 +184,11 @@ def test_checks_while_the_service_ingests(
         done.set()
         for t in askers:
             t.join(30)
+    replies = per_thread[0] + per_thread[1]
     assert len(replies) > 10 and all(code == 200 for code, _ in replies)
-    seen = [bool(body["answers"][0]["matches"]) for _, body in replies]
-    assert seen == sorted(seen)  # once committed, found by every later check
+    for mine in per_thread:  # in the order each thread asked (the two interleave)
+        seen = [bool(body["answers"][0]["matches"]) for _, body in mine]
+        assert seen == sorted(seen)  # once committed, found by every later check
     assert all(b["answers"][1]["matches"][0] == {**b["answers"][1]["matches"][0], "id": "6",
                "similarity": 1.0} for _, b in replies)  # fmt: skip
     code, last = post(port, "/check?k=1", target)
