@@ -89,6 +89,7 @@ class RocksBackend:
         sync: bool = False,
         read_only: bool = False,
         secondary: bool = False,
+        followed: bool = False,
     ) -> None:
         """Open (or create) the database at ``path``.
 
@@ -97,11 +98,15 @@ class RocksBackend:
         :mod:`stream_dedup.index.snapshot`) or from a directory this process cannot write.
         ``secondary`` opens a RocksDB *secondary instance*: read-only too, and brought up
         to the writer's latest write by :meth:`catch_up` (the service's check process,
-        :mod:`stream_dedup.index.follower`).
+        :mod:`stream_dedup.index.follower`). ``followed``: a writer that a secondary
+        instance follows recycles no write-ahead log file (a secondary tailing the log
+        stalls on a recycled file's old records: opening one hung in tests), at some
+        cost to each write (:func:`~.rocks_families.small_options`).
         """
         self._path = str(path)
         self._read_only = read_only or secondary
         self._secondary = secondary
+        self._followed = followed
         #: Where a read-only database is opened: a linked view (:mod:`.rocks_view`); a
         #: secondary instance's own directory (its info log).
         self._view: str | None = None
@@ -128,6 +133,8 @@ class RocksBackend:
         """Open the database with every column family it has (RocksDB requires them all)
         and, for a writer, the ``docs`` family; the names of the families opened."""
         opts = small_options()
+        if self._followed or self._secondary:
+            opts.set_recycle_log_file_num(0)
         opts.create_missing_column_families(True)
         families = {DOCS_FAMILY: docs_options()}
         present = (
@@ -161,24 +168,26 @@ class RocksBackend:
             self._db = Rdict(self._path, opts, column_families=families)
         return list(families)
 
-    def catch_up(self, live: Sequence[int] | None = None) -> None:
-        """A secondary instance: replay the writer's writes since the last catch-up, or
-        (``live``: the epochs the committed timeline names) reopen when they are not the
-        epochs held. RocksDB shows a secondary no column family created after it opened,
-        and a dropped one is only let go at a reopen: so a new retention epoch, or one let
-        go, costs one reopen (tens of milliseconds), once per epoch."""
+    def catch_up(self) -> bool:
+        """A secondary instance: replay the writer's writes since the last catch-up;
+        false when it must be reopened instead (:meth:`reopen`): the writer's manifest
+        names a column family created after it opened, which RocksDB cannot catch up."""
         if not self._secondary:
             raise RuntimeError("only a secondary instance catches up")
         try:
-            if live is None:
-                self._db.try_catch_up_with_primary()
-            elif set(live) | {0} != set(self.epochs()):
-                self.close()
-                self._open()
+            self._db.try_catch_up_with_primary()
         except Exception as exc:
             if not from_rocksdb(exc):
                 raise
-            raise self._failed("catching up with the writer", exc) from exc
+            return False
+        return True
+
+    def reopen(self) -> None:
+        """A secondary instance opened again, with every column family the database has
+        now: RocksDB shows a secondary no family created after it opened (a new
+        retention epoch), and lets go of a dropped one only at a reopen."""
+        self.close()
+        self._open()
 
     def epochs(self) -> list[int]:
         """The epochs whose records are stored (0 always), ascending."""

@@ -12,10 +12,11 @@ says ``ready``. Its port also answers ``/metrics`` (its requests and latency, th
 process's CPU and memory), ``/healthz`` and ``/readyz``.
 
 ``NOTICES`` is a pipe on which the service writes a byte after each commit. The main
-thread waits on it and follows the index at once, so checks rarely find the view behind;
-a check that arrives before that follows first (:meth:`FollowerIndex.consistent`), so it
-sees every batch committed before it. Without a notice for a second it follows anyway
-(other instances of a shared Redis index commit too). The pipe's end of file is the
+thread waits on it and follows the index (:meth:`FollowerIndex.follow`) at once, beside
+the checks, which never wait for a catch-up: a check sees the batches committed up to the
+last catch-up (behind by about one catch-up's time while the service ingests). Notices
+that arrive during a catch-up make one more. Without a notice for a second it follows
+anyway (other instances of a shared Redis index commit too). The pipe's end of file is the
 service gone, killed included: the process then stops, leaving nothing running. SIGINT
 and SIGTERM are ignored, as the sketch worker ignores them: the service stops it.
 """
@@ -57,8 +58,8 @@ class Notices:
         self.gone = False  # the service closed its end (it stopped, or died)
 
     def moved(self) -> bool:
-        """Whether a commit was announced since the last look (called under the
-        follower's lock, so one thread reads at a time)."""
+        """Whether a commit was announced since the last look (the main thread alone
+        reads)."""
         seen = False
         while True:
             try:
@@ -88,7 +89,7 @@ def serve(conn: Connection, notices: Notices, sock: socket.socket) -> None:
     """Open the follower, serve the checks, follow the commits until the service goes."""
     config: ServiceConfig = conn.recv()
     setup_logging(config.log.level, config.log.format)
-    index = open_follower(config.index.location(), notices.moved)
+    index = open_follower(config.index.location())
     registry = CollectorRegistry()
     ProcessCollector(registry=registry)
     PlatformCollector(registry=registry)
@@ -115,7 +116,8 @@ def serve(conn: Connection, notices: Notices, sock: socket.socket) -> None:
         conn.send(("ready", os.getpid()))
         while not notices.gone:
             select.select([notices.fd], [], [], _FOLLOW_EVERY_S)
-            index.follow(force=True)
+            notices.moved()  # every notice so far: one catch-up covers them all
+            index.follow()
     finally:
         open_now = False
         http.stop()

@@ -59,10 +59,18 @@ _JOIN_NOTICE_S = 10.0
 DeduplicatorFactory = Callable[[DedupIndex, ServiceConfig], Deduplicator]
 
 
-def open_configured_index(settings: IndexConfig, params: IndexParams) -> DedupIndex:
+def open_configured_index(
+    settings: IndexConfig, params: IndexParams, followed: bool = False
+) -> DedupIndex:
     """The index the ``[index]`` settings name: a RocksDB directory this instance owns, or
-    the Redis index every instance of the group shares."""
-    return open_index(settings.location(), params, sync=settings.sync, retention=settings.policy())
+    the Redis index every instance of the group shares; ``followed`` by a check process."""
+    return open_index(
+        settings.location(),
+        params,
+        sync=settings.sync,
+        retention=settings.policy(),
+        followed=followed,
+    )
 
 
 def default_deduplicator(index: DedupIndex, config: ServiceConfig) -> Deduplicator:
@@ -152,7 +160,7 @@ class Service:
         cfg = self.config
         params = IndexParams.of(cfg.dedup)
         if cfg.index.backend != "redis":
-            return open_configured_index(cfg.index, params)
+            return open_configured_index(cfg.index, params, followed=self.checks is not None)
         if self.http is not None:
             self.http.start()
         self._opening = IndexOutage(
