@@ -72,6 +72,22 @@ def check_port(svc: ServiceThread) -> int:
     return checks.port if checks is not None else http.port
 
 
+def wait_followed(svc: ServiceThread, documents: int, timeout_s: float = 60) -> None:
+    """Until checks are answered from an index of ``documents`` documents: the check
+    process follows the commits a catch-up behind (its /readyz says how many it sees)."""
+    if svc.service.checks is None:
+        return
+    deadline = time.monotonic() + timeout_s
+    seen = -1
+    while time.monotonic() < deadline:
+        _, ready = http_get(check_port(svc), "/readyz")
+        seen = json.loads(ready).get("documents", -1)
+        if seen >= documents:
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"the check process sees {seen} documents, not {documents}")
+
+
 def check_metric(svc: ServiceThread, name: str, labels: dict[str, str] | None = None) -> float:
     """A check metric from where checks are counted: the check process's /metrics, or
     the service's registry."""
@@ -101,6 +117,7 @@ def test_checks_answer_as_the_python_api_and_add_nothing(
     deadline = time.monotonic() + 60
     while index.counter("documents") < len(first) and time.monotonic() < deadline:
         time.sleep(0.05)  # consumed is counted before the batch is committed
+    wait_followed(service, len(first))
     asked = [{"id": f"q{i}", "title": d["title"].upper()} for i, d in enumerate(first[:60])]
     expected = offline_answers(first, [a["title"] for a in asked], k=3)
     code, body = post(port, "/check/batch?k=3", asked)
@@ -180,6 +197,7 @@ def test_checks_while_the_service_ingests(
         # Every document committed (waiting for "one more commit" after all were consumed
         # missed a last commit made within one poll of the consumption count).
         service.wait_for("stream_dedup_index_documents", len(DOCS))
+        wait_followed(service, len(DOCS))
     finally:
         done.set()
         for t in askers:
@@ -237,6 +255,7 @@ def test_a_killed_check_process_is_started_again_and_follows_new_epochs(
     port = checks.port
     produce_json(bootstrap, topics.input, DOCS[:300])
     svc.wait_for("stream_dedup_index_documents", 300)
+    wait_followed(svc, 300)
     code, body = post(port, "/check?k=1", DOCS[5])
     assert code == 200 and body["matches"][0]["id"] == "6"
     first_pid = checks.pid
@@ -252,6 +271,7 @@ def test_a_killed_check_process_is_started_again_and_follows_new_epochs(
     assert svc.metric("stream_dedup_check_process_restarts_total") == 1
     assert svc.metric("stream_dedup_check_process_up") == 1
     svc.wait_for("stream_dedup_index_documents", 1500)
+    wait_followed(svc, 1500)
     epochs = svc.service.index.timeline.numbers()
     assert epochs[0] > 0  # the first epochs were let go while the process followed
     code, body = post(port, "/check/batch?k=1", [DOCS[1490], DOCS[5]])
