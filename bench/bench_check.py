@@ -21,6 +21,12 @@ ran (the accept queue, the handler thread's start, waits for the interpreter loc
 Phases 2 and 3 alternate ``--repeats`` times on the one service; medians are reported.
 Target: p99 <= 20 ms at 200 requests/s while the service ingests 5,000 docs/s.
 
+``--checks process`` (the default) sends the checks to the check process's port
+(``http.check_port``), whose ``/metrics`` has the server-side histogram; ``--checks
+inline`` sets ``http.check_process = false`` and sends them to the service's port. To
+compare the two, alternate runs of each (``--repeats 1``, several rounds) and compare
+medians: the machine's load drifts between runs.
+
     .venv/bin/python bench/bench_check.py
     .venv/bin/python bench/bench_check.py --rate 200 --ingest-rate 5000 --seconds 15
     .venv/bin/python bench/bench_check.py --preload 5000 --ingest-rate 1000 --repeats 2
@@ -42,7 +48,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from bench_service import Run, documents, produce_all, quantile, scrape
+from bench_service import Run, documents, free_port, produce_all, quantile, scrape
 from confluent_kafka import Producer
 
 from stream_dedup.tools.broker import TANSU_CONSUMER_SETTINGS, EmbeddedBroker
@@ -161,8 +167,9 @@ def phase(
 ) -> dict[str, float]:
     """One phase of checks, with ``feed`` offered meanwhile (``None``: idle); its
     latencies, the ingest rate reached, and the documents offered (``sent``)."""
+    port = args.check_port
     before = scrape(run.port).get("stream_dedup_index_documents", 0)
-    served = server_buckets(run.port)
+    served = server_buckets(port)
     stop = threading.Event()
     producer = None
     sent: list[int] = []
@@ -171,10 +178,10 @@ def phase(
         producer.start()
         time.sleep(1.0)  # the service is deciding the offered load before checks start
     began = time.monotonic()
-    lat = checks(run.port, bodies, args.rate, args.seconds)
+    lat = checks(port, bodies, args.rate, args.seconds)
     spent = time.monotonic() - began
     after = scrape(run.port).get("stream_dedup_index_documents", 0)
-    served_after = server_buckets(run.port)
+    served_after = server_buckets(port)
     stop.set()
     if producer is not None:
         producer.join()
@@ -204,6 +211,12 @@ def main() -> int:
         type=float,
         help="the service's service.switch_interval_ms (default: its own setting)",
     )
+    p.add_argument(
+        "--checks",
+        choices=("process", "inline"),
+        default="process",
+        help="answered by the check process (default) or in the service's process",
+    )
     p.add_argument("--json", metavar="FILE", help="also write the results as JSON")
     args = p.parse_args()
     args.partitions, args.delivery = 1, "at-least-once"  # as bench_service.Run reads them
@@ -223,24 +236,29 @@ def main() -> int:
     results: dict[str, Any] = {
         "date": datetime.now(UTC).isoformat(timespec="seconds"),
         "cpus": os.cpu_count(),
-        "args": {k: v for k, v in vars(args).items() if k != "json"},
+        "args": {k: v for k, v in vars(args).items() if k not in ("json", "check_port")},
         "idle": [],
         "ingesting": [],
     }
     try:
         with tempfile.TemporaryDirectory(prefix="bench-check-") as tmp:
             run = Run(bootstrap, Path(tmp), args, kafka)
+            text = run.config.read_text(encoding="utf-8")
+            args.check_port = free_port() if args.checks == "process" else run.port
+            http = f"check_process = {str(args.checks == 'process').lower()}\n"
+            http += f"check_port = {args.check_port}\n"
+            text = text.replace("[http]\n", "[http]\n" + http, 1)
             if args.switch_interval_ms is not None:
-                text = run.config.read_text(encoding="utf-8")
                 line = f"switch_interval_ms = {args.switch_interval_ms}\n"
-                run.config.write_text(text.replace("[service]\n", "[service]\n" + line, 1))
+                text = text.replace("[service]\n", "[service]\n" + line, 1)
+            run.config.write_text(text)
             run.start()
             try:
                 run.wait_ready(timeout_s=600)  # a first start compiles the kernels
                 offered = float(len(preload))
                 produce_all(bootstrap, run.topic, preload)
                 wait_indexed(run, len(preload))
-                checks(run.port, bodies, 50, 2)  # warm the path (connections, caches)
+                checks(args.check_port, bodies, 50, 2)  # warm the path (connections, caches)
                 for r in range(args.repeats):
                     idle = phase(run, bodies, args, None)
                     feed = [
@@ -271,10 +289,11 @@ def main() -> int:
         return statistics.median(x[key] for x in results[kind])
 
     print(
-        f"/check at {args.rate:.0f} req/s: idle median p50 {med('idle', 'p50_ms'):.1f} ms, "
-        f"p99 {med('idle', 'p99_ms'):.1f} ms; while ingesting (offered "
-        f"{args.ingest_rate:,.0f} docs/s, reached {med('ingesting', 'ingested_docs_per_s'):,.0f}"
-        f") median p50 {med('ingesting', 'p50_ms'):.1f} ms, p95 {med('ingesting', 'p95_ms'):.1f}"
+        f"/check ({args.checks}) at {args.rate:.0f} req/s: idle median p50 "
+        f"{med('idle', 'p50_ms'):.1f} ms, p99 {med('idle', 'p99_ms'):.1f} ms; while ingesting "
+        f"(offered {args.ingest_rate:,.0f} docs/s, reached "
+        f"{med('ingesting', 'ingested_docs_per_s'):,.0f}) median p50 "
+        f"{med('ingesting', 'p50_ms'):.1f} ms, p95 {med('ingesting', 'p95_ms'):.1f}"
         f" ms, p99 {med('ingesting', 'p99_ms'):.1f} ms  target p99 <= 20 ms"
     )
     if args.json:

@@ -29,6 +29,7 @@ from stream_dedup.index.retention import Retention, RetentionChange
 from stream_dedup.index.store import DedupIndex
 
 if TYPE_CHECKING:
+    from stream_dedup.index.follower import FollowerIndex
     from stream_dedup.index.rocks import RocksBackend
 
 __all__ = [
@@ -36,6 +37,7 @@ __all__ = [
     "Location",
     "RedisSettings",
     "holds_database",
+    "open_follower",
     "open_index",
     "open_or_create",
     "open_rocks",
@@ -71,6 +73,7 @@ def open_index(
     retention: Retention | RetentionChange | None = None,
     sync: bool = False,
     read_only: bool = False,
+    followed: bool = False,
 ) -> DedupIndex:
     """Open (or create) the index at ``where`` (see :data:`Location`).
 
@@ -84,7 +87,9 @@ def open_index(
     index is open. ``sync`` fsyncs every RocksDB commit (surviving a machine crash, at one
     fsync per batch). ``read_only`` opens a RocksDB index as a frozen view that takes no
     lock (for reading while the service writes it, or from a read-only directory); it
-    must exist, and nothing may be written through it.
+    must exist, and nothing may be written through it. ``followed``: another process
+    follows a RocksDB index's commits (:func:`open_follower`): its log files are not
+    recycled.
     """
     backend: Backend
     if where is None:
@@ -101,9 +106,41 @@ def open_index(
         )
     else:
         backend = open_rocks(
-            where, sync=sync, read_only=read_only, must_exist=params is None or read_only
+            where,
+            sync=sync,
+            read_only=read_only,
+            must_exist=params is None or read_only,
+            followed=followed,
         )
     return DedupIndex(backend, params, retention)
+
+
+def open_follower(where: Location) -> FollowerIndex:
+    """The index at ``where``, which another process writes, opened to follow its commits
+    (:class:`~stream_dedup.index.follower.FollowerIndex`: a RocksDB secondary instance,
+    or a Redis client of its own). It must exist."""
+    from stream_dedup.index.follower import FollowerIndex
+
+    backend: Backend
+    if where is None:
+        raise ValueError("an index in memory has no other process to follow")
+    if isinstance(where, RedisSettings):
+        from stream_dedup.index.redis_backend import RedisBackend
+
+        backend = RedisBackend(
+            where.url,
+            namespace=where.namespace,
+            password=where.password,
+            tls_ca_file=where.tls_ca_file,
+            lock_ttl_ms=where.lock_ttl_ms,
+        )
+    else:
+        if not holds_database(where):
+            raise IndexStoreError(f"{where} holds no index to follow")
+        from stream_dedup.index.rocks import RocksBackend
+
+        backend = RocksBackend(Path(where), secondary=True)
+    return FollowerIndex(backend)
 
 
 def open_or_create(
@@ -145,6 +182,7 @@ def open_rocks(
     sync: bool = False,
     read_only: bool = False,
     must_exist: bool = False,
+    followed: bool = False,
 ) -> RocksBackend:
     """The RocksDB backend at ``path``, for what works on a database's keys as they are
     (snapshots and restores copy them whole); deciding documents opens an index with
@@ -163,7 +201,7 @@ def open_rocks(
         )
     from stream_dedup.index.rocks import RocksBackend
 
-    return RocksBackend(where, sync=sync, read_only=read_only)
+    return RocksBackend(where, sync=sync, read_only=read_only, followed=followed)
 
 
 def holds_database(path: str | os.PathLike[str]) -> bool:

@@ -46,6 +46,9 @@ class IndexReads(PayloadDictionaries):
     _filters: EpochFilters
     _followed: FollowedFilters
     _state_lock: StateLock
+    #: Read every key, through no key filter: a follower of another process's writes
+    #: (:mod:`.follower`) has no filter that knows them.
+    _unfiltered: bool = False
 
     @contextlib.contextmanager
     def consistent(self) -> Iterator[None]:
@@ -182,7 +185,7 @@ class IndexReads(PayloadDictionaries):
         out: list[tuple[int, list[int], list[bytes]]] = []
         everything = list(range(len(wanted)))
         for epoch in self._timeline.numbers():
-            if self._shared and not self._followed.current:  # see FollowedFilters
+            if self._unfiltered or (self._shared and not self._followed.current):
                 where = everything
             else:
                 where = np.flatnonzero(self.load_filter().may_hold(epoch, fingerprints)).tolist()

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import tempfile
 from bisect import bisect_left
 from collections import deque
 from collections.abc import Iterator, Mapping, Sequence
@@ -81,19 +82,44 @@ class RocksBackend:
     #: One process writes it (RocksDB's lock): see ``Backend.shared``.
     shared: ClassVar[bool] = False
 
-    def __init__(self, path: str | Path, *, sync: bool = False, read_only: bool = False) -> None:
+    def __init__(
+        self,
+        path: str | Path,
+        *,
+        sync: bool = False,
+        read_only: bool = False,
+        secondary: bool = False,
+        followed: bool = False,
+    ) -> None:
         """Open (or create) the database at ``path``.
 
         ``read_only`` opens a frozen view that takes no lock and writes nothing into the
         directory: the state as of opening, readable while another process writes (see
         :mod:`stream_dedup.index.snapshot`) or from a directory this process cannot write.
+        ``secondary`` opens a RocksDB *secondary instance*: read-only too, and brought up
+        to the writer's latest write by :meth:`catch_up` (the service's check process,
+        :mod:`stream_dedup.index.follower`). ``followed``: a writer that a secondary
+        instance follows recycles no write-ahead log file (a secondary tailing the log
+        stalls on a recycled file's old records: opening one hung in tests), at some
+        cost to each write (:func:`~.rocks_families.small_options`).
         """
         self._path = str(path)
-        self._read_only = read_only
-        #: Where a read-only database is opened: a linked view (:mod:`.rocks_view`).
+        self._read_only = read_only or secondary
+        self._secondary = secondary
+        self._followed = followed
+        #: Where a read-only database is opened: a linked view (:mod:`.rocks_view`); a
+        #: secondary instance's own directory (its info log).
         self._view: str | None = None
-        if not read_only:
+        if not self._read_only:
             Path(self._path).mkdir(parents=True, exist_ok=True)
+        self._open()
+        self._write_opts = WriteOptions()
+        self._write_opts.sync = sync
+        self._writing: int | None = None  # the epoch the last write went to
+        if not self._read_only:
+            move_documents(self._db, self._epochs.docs_handle, self._write_opts, self._path)
+
+    def _open(self) -> None:
         try:
             families = self._open_database()
         except Exception as exc:  # rocksdict raises plain Exception with RocksDB's text
@@ -101,17 +127,14 @@ class RocksBackend:
                 remove_view(self._view)
             raise open_failed(self._path, exc) from exc
         #: Each epoch's families (see :mod:`.rocks_epochs`).
-        self._epochs = EpochFamilies(self._db, self._path, read_only, families)
-        self._write_opts = WriteOptions()
-        self._write_opts.sync = sync
-        self._writing: int | None = None  # the epoch the last write went to
-        if not read_only:
-            move_documents(self._db, self._epochs.docs_handle, self._write_opts, self._path)
+        self._epochs = EpochFamilies(self._db, self._path, self._read_only, families)
 
     def _open_database(self) -> list[str]:
         """Open the database with every column family it has (RocksDB requires them all)
         and, for a writer, the ``docs`` family; the names of the families opened."""
         opts = small_options()
+        if self._followed or self._secondary:
+            opts.set_recycle_log_file_num(0)
         opts.create_missing_column_families(True)
         families = {DOCS_FAMILY: docs_options()}
         present = (
@@ -123,7 +146,16 @@ class RocksBackend:
             number = epoch_number(name)
             if number is not None:
                 families[name] = docs_options() if name.endswith("-docs") else small_options()
-        if self._read_only:
+        if self._secondary:
+            families = {f: o for f, o in families.items() if f in present}
+            self._view = tempfile.mkdtemp(prefix="stream-dedup-secondary-")
+            self._db = Rdict(
+                self._path,
+                opts,
+                column_families=families,
+                access_type=AccessType.secondary(self._view),
+            )
+        elif self._read_only:
             families = {f: o for f, o in families.items() if f in present}
             self._view = linked_view(self._path)
             self._db = Rdict(
@@ -135,6 +167,27 @@ class RocksBackend:
         else:
             self._db = Rdict(self._path, opts, column_families=families)
         return list(families)
+
+    def catch_up(self) -> bool:
+        """A secondary instance: replay the writer's writes since the last catch-up;
+        false when it must be reopened instead (:meth:`reopen`): the writer's manifest
+        names a column family created after it opened, which RocksDB cannot catch up."""
+        if not self._secondary:
+            raise RuntimeError("only a secondary instance catches up")
+        try:
+            self._db.try_catch_up_with_primary()
+        except Exception as exc:
+            if not from_rocksdb(exc):
+                raise
+            return False
+        return True
+
+    def reopen(self) -> None:
+        """A secondary instance opened again, with every column family the database has
+        now: RocksDB shows a secondary no family created after it opened (a new
+        retention epoch), and lets go of a dropped one only at a reopen."""
+        self.close()
+        self._open()
 
     def epochs(self) -> list[int]:
         """The epochs whose records are stored (0 always), ascending."""

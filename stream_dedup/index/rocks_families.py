@@ -99,7 +99,9 @@ def small_options() -> Options:
     so the write does not allocate them again, nor does an fsync (``index.sync``) update
     the file's size in its inode each time, which makes applying a batch cheaper. Recovery
     after a crash is unaffected: RocksDB's point-in-time recovery tells a recycled file's
-    new records from its old.
+    new records from its old. Not when a secondary instance follows the index (the
+    service's check process): one tailing a recycled file stalls on its old records
+    (:class:`~.rocks.RocksBackend` turns recycling off there).
     """
     opts = Options(raw_mode=True)
     opts.create_if_missing(True)

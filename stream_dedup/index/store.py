@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import contextlib
 import json
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
@@ -137,6 +137,8 @@ class DedupIndex(IndexReads):
         self._followed = FollowedFilters(backend, self._filters)  # a shared index's
         self._tidied = False  # epochs the table does not list are dropped at the first commit
         self._state_lock = StateLock()  # see IndexReads.consistent
+        #: Called after each commit is applied (the service tells its check process).
+        self.on_commit: Callable[[], None] | None = None
 
     def _load_state(self, since: int | None = None) -> None:
         """Counters, epochs and retention as committed (by anyone, for a shared index).
@@ -316,6 +318,8 @@ class DedupIndex(IndexReads):
         self._backend.apply(pending.write)
         with self._state_lock.writing():
             self._swap(pending)
+        if self.on_commit is not None:
+            self.on_commit()
 
     def _swap(self, pending: PendingCommit) -> None:
         if self._filters.loaded:  # not loaded yet: its scan will see these keys

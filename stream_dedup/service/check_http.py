@@ -12,10 +12,17 @@ in order. A bad request is a 4xx whose JSON body names the ``error`` and the ``d
 without a Content-Length; 503 before the index is open (the service is starting) or once
 it is closing; 500 when the index cannot be read.
 
-Thread safety: requests are answered on the HTTP server's threads while the loop thread
-decides and commits batches on the same index object. The loop is the only writer; a
-check does its index reads inside :meth:`~stream_dedup.index.reads.IndexReads.consistent`,
-a lock that checks share and that a commit
+Where: by default in the check process (:mod:`stream_dedup.service.check_process`), on
+its own port, from a follower of the committed index
+(:class:`~stream_dedup.index.follower.FollowerIndex`); with ``http.check_process =
+false``, on the service's port, from the index the loop writes. The same endpoint serves
+both; only the index object and the process differ.
+
+Thread safety (in the service's process): requests are answered on the HTTP server's
+threads while the loop thread decides and commits batches on the same index object. The
+loop is the only writer; a check does its index reads inside
+:meth:`~stream_dedup.index.reads.IndexReads.consistent`, a lock that checks share and that
+a commit
 (:meth:`~stream_dedup.index.store.DedupIndex.apply`) takes alone only to swap the index's
 in-memory state (counters, epochs, key filters: microseconds) and to drop the epochs
 retention let go, not for its write, which is atomic by itself. So a check never reads a
@@ -43,8 +50,8 @@ from stream_dedup.errors import DecodeError, StreamDedupError
 from stream_dedup.index.store import DedupIndex
 from stream_dedup.logs import fields
 from stream_dedup.models import CheckMatch, Document
+from stream_dedup.service.check_metrics import CheckMetrics
 from stream_dedup.service.config import HttpConfig
-from stream_dedup.service.metrics import Metrics
 
 log = logging.getLogger("stream_dedup.http")
 
@@ -90,7 +97,7 @@ class CheckEndpoint:
         dedup: tuple[DedupConfig, BandPlan],
         fmt: DocumentFormat,
         limits: HttpConfig,
-        metrics: Metrics,
+        metrics: CheckMetrics,
         is_open: Callable[[], bool],
     ) -> None:
         self._index = index
@@ -113,8 +120,8 @@ class CheckEndpoint:
             outcome = got.outcome
         else:
             reply, outcome = (200, got), "ok"
-        self._metrics.checks.requests.labels(outcome).inc()
-        self._metrics.checks.duration.observe(time.perf_counter() - started)
+        self._metrics.requests.labels(outcome).inc()
+        self._metrics.duration.observe(time.perf_counter() - started)
         return reply
 
     def _answer(

@@ -4,9 +4,9 @@ on its registry, named and listed with the service's other metrics there."""
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-__all__ = ["CHECK_OUTCOMES", "CheckMetrics"]
+__all__ = ["CHECK_OUTCOMES", "CheckMetrics", "CheckProcessMetrics"]
 
 #: What became of a check request: answered, refused with a 400 or 411, with a 413,
 #: with a 503 (the index not open), or failed reading the index (500).
@@ -32,5 +32,24 @@ class CheckMetrics:
             "stream_dedup_check_duration_seconds",
             "One check request, from its body read to its answer (index reads and scoring).",
             buckets=_BUCKETS,
+            registry=r,
+        )
+
+
+class CheckProcessMetrics:
+    """The check process's health, kept by the service that starts it
+    (:mod:`stream_dedup.service.check_process`): ``stream_dedup_check_process_up`` (1
+    while it serves) and ``stream_dedup_check_process_restarts_total``. Its requests are
+    counted by the process itself, on its own port's ``/metrics``."""
+
+    def __init__(self, r: CollectorRegistry) -> None:
+        self.up = Gauge(
+            "stream_dedup_check_process_up",
+            "1 while the check process answers checks on http.check_port, else 0.",
+            registry=r,
+        )
+        self.restarts = Counter(
+            "stream_dedup_check_process_restarts",
+            "Times the check process was found dead and started again.",
             registry=r,
         )

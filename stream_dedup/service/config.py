@@ -14,13 +14,16 @@ import re
 import typing
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from stream_dedup.core.config import DedupConfig
 from stream_dedup.decode import DocumentFormat, MessageFormat
 from stream_dedup.errors import ConfigError
 from stream_dedup.index.redis_layout import DEFAULT_NAMESPACE, NAMESPACE
 from stream_dedup.index.retention import Retention, parse_duration
+
+if TYPE_CHECKING:
+    from stream_dedup.index.opener import Location
 
 
 @dataclass(frozen=True, slots=True)
@@ -140,6 +143,17 @@ class IndexConfig:
             raise ConfigError("index.path", "name the index directory")
         self.policy()  # a bad duration or count is a ConfigError now, not at start
 
+    def location(self) -> Location:
+        """Where the index is, as :func:`~stream_dedup.index.opener.open_index` takes it."""
+        from stream_dedup.index.opener import RedisSettings
+
+        r = self.redis
+        if self.backend != "redis":
+            return self.path
+        return RedisSettings(
+            r.url, r.namespace, r.password or None, r.tls_ca_file or None, r.lock_ttl_ms
+        )
+
     def policy(self) -> Retention:
         """The retention these settings ask for."""
         return Retention(parse_duration(self.retention), self.max_documents)
@@ -208,12 +222,22 @@ class ServiceSection:
             )
 
 
+#: The check process's port unless ``http.check_port`` names another.
+DEFAULT_CHECK_PORT = 9401
+
+
 @dataclass(frozen=True, slots=True)
 class HttpConfig:
     """The one HTTP port: /metrics, /healthz, /readyz, and the checks (``POST /check``,
     ``POST /check/batch``: :mod:`stream_dedup.service.check_http`) with their limits: a
     request body of at most ``check_max_bytes``, ``k`` at most ``check_max_k`` and a batch
-    of at most ``check_max_documents``. ``port = 0`` picks a free one."""
+    of at most ``check_max_documents``. ``port = 0`` picks a free one.
+
+    With ``check_process`` (the default) the checks are answered by a helper process on
+    ``check_port`` (:mod:`stream_dedup.service.check_process`), started again after a
+    crash at most ``check_restarts`` times in ten minutes; without it, on ``port`` by the
+    deciding process itself. With ``port = 0`` the check port left at its default is any
+    free port too."""
 
     enabled: bool = True
     host: str = "0.0.0.0"
@@ -222,10 +246,24 @@ class HttpConfig:
     check_max_bytes: int = 1_048_576
     check_max_k: int = 100
     check_max_documents: int = 100
+    check_process: bool = True
+    check_port: int = DEFAULT_CHECK_PORT
+    check_restarts: int = 5
 
     def __post_init__(self) -> None:
-        if not 0 <= self.port <= 65535:
-            raise ConfigError("http.port", f"must be 0-65535 (0: any free port), got {self.port}")
+        if self.port == 0 and self.check_port == DEFAULT_CHECK_PORT:
+            # Any free port for the one: any free port for the other (tests, the demo,
+            # several instances on a machine), unless the check port is named.
+            object.__setattr__(self, "check_port", 0)
+        for name in ("port", "check_port"):
+            if not 0 <= getattr(self, name) <= 65535:
+                raise ConfigError(
+                    f"http.{name}", f"must be 0-65535 (0: any free port), got {getattr(self, name)}"
+                )
+        if self.check_restarts < 0:
+            raise ConfigError(
+                "http.check_restarts", f"must be 0 or more, got {self.check_restarts}"
+            )
         if not self.host:
             raise ConfigError("http.host", "name an address to listen on, e.g. 0.0.0.0")
         if self.health_max_age_s <= 0:

@@ -15,6 +15,7 @@ from __future__ import annotations
 import errno
 import json
 import logging
+import socket
 import threading
 from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -42,14 +43,24 @@ class HttpEndpoints:
     """A small threaded HTTP server on a daemon thread.
 
     :attr:`checks` answers the check paths once the service sets it (after its index is
-    open); until then they answer 503.
+    open); until then they answer 503. When :attr:`checks_port` is set instead, another
+    process answers them there: a POST here gets 421 naming that port, its body unread.
+    ``sock``: a socket already bound and listening to serve (the check process is handed
+    the one its service bound), instead of binding ``host:port``.
     """
 
     def __init__(
-        self, host: str, port: int, registry: CollectorRegistry, health: Probe, ready: Probe
+        self,
+        host: str,
+        port: int,
+        registry: CollectorRegistry,
+        health: Probe,
+        ready: Probe,
+        sock: socket.socket | None = None,
     ) -> None:
         routes: dict[str, Probe] = {"/healthz": health, "/readyz": ready}
         self.checks: CheckEndpoint | None = None
+        self.checks_port: int | None = None
         endpoints = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -96,6 +107,12 @@ class HttpEndpoints:
                     self.close_connection = True  # its body is not read
                     self._json(404, {"error": "not_found", "detail": "POST /check, /check/batch"})
                     return
+                if checks is None and endpoints.checks_port is not None:
+                    self.close_connection = True
+                    port = endpoints.checks_port
+                    detail = f"checks are answered on port {port} (http.check_port)"
+                    self._json(421, {"error": "misdirected", "detail": detail})
+                    return
                 if checks is None:
                     self.close_connection = True
                     self._json(503, {"error": "unavailable", "detail": "the index is not open"})
@@ -120,10 +137,15 @@ class HttpEndpoints:
             def log_message(self, format: str, *args: object) -> None:
                 """Silence per-request access logs; scrapes would drown the service's logs."""
 
-        try:
-            self._server = ThreadingHTTPServer((host, port), Handler)
-        except OSError as exc:
-            raise _cannot_listen(host, port, exc) from exc
+        if sock is not None:
+            self._server = ThreadingHTTPServer(sock.getsockname(), Handler, False)
+            self._server.socket.close()
+            self._server.socket = sock
+        else:
+            try:
+                self._server = ThreadingHTTPServer((host, port), Handler)
+            except OSError as exc:
+                raise cannot_listen(host, port, exc) from exc
         self._server.daemon_threads = True
         self._thread = threading.Thread(target=self._server.serve_forever, name="http", daemon=True)
 
@@ -147,21 +169,23 @@ class HttpEndpoints:
         self._server.server_close()
 
 
-def _cannot_listen(host: str, port: int, exc: OSError) -> ConfigError:
-    """The error for an address the port cannot be bound to, naming the setting to change."""
+def cannot_listen(host: str, port: int, exc: OSError, setting: str = "http.port") -> ConfigError:
+    """The error for an address the port cannot be bound to, naming the setting to change
+    (``http.port``, or ``http.check_port`` for the check process's port)."""
     address = f"{host}:{port}"
     reason = exc.strerror or str(exc)
+    flag = " or --http-port" if setting == "http.port" else ""
     if exc.errno == errno.EADDRINUSE:
         return ConfigError(
-            "http.port",
+            setting,
             f"cannot listen on {address}: {reason} (another process holds the port): stop "
-            "it, or choose a free port with http.port or --http-port (0: any free port)",
+            f"it, or choose a free port with {setting}{flag} (0: any free port)",
         )
     if exc.errno == errno.EACCES:
         return ConfigError(
-            "http.port",
+            setting,
             f"cannot listen on {address}: {reason}: ports below 1024 need privileges; "
-            "choose another with http.port or --http-port",
+            f"choose another with {setting}{flag}",
         )
     return ConfigError(
         "http.host", f"cannot listen on {address}: {reason}: check http.host and http.port"

@@ -25,12 +25,13 @@ from confluent_kafka import Consumer, KafkaException
 from prometheus_client import CollectorRegistry
 
 from stream_dedup.dedup import Deduplicator
-from stream_dedup.index import DedupIndex, RedisSettings, open_index
+from stream_dedup.index import DedupIndex, open_index
 from stream_dedup.index.params import IndexParams
 from stream_dedup.logs import fields
 from stream_dedup.service import gc_tuning
 from stream_dedup.service.broker_watch import BrokerWatch
 from stream_dedup.service.check_http import CheckEndpoint
+from stream_dedup.service.check_process import CheckProcess
 from stream_dedup.service.checkpoint import CommitStrategy, kafka_commit_reporter, open_strategy
 from stream_dedup.service.config import IndexConfig, ServiceConfig
 from stream_dedup.service.decide import Decider
@@ -58,16 +59,18 @@ _JOIN_NOTICE_S = 10.0
 DeduplicatorFactory = Callable[[DedupIndex, ServiceConfig], Deduplicator]
 
 
-def open_configured_index(settings: IndexConfig, params: IndexParams) -> DedupIndex:
+def open_configured_index(
+    settings: IndexConfig, params: IndexParams, followed: bool = False
+) -> DedupIndex:
     """The index the ``[index]`` settings name: a RocksDB directory this instance owns, or
-    the Redis index every instance of the group shares."""
-    r = settings.redis
-    where = (
-        RedisSettings(r.url, r.namespace, r.password or None, r.tls_ca_file or None, r.lock_ttl_ms)
-        if settings.backend == "redis"
-        else settings.path
+    the Redis index every instance of the group shares; ``followed`` by a check process."""
+    return open_index(
+        settings.location(),
+        params,
+        sync=settings.sync,
+        retention=settings.policy(),
+        followed=followed,
     )
-    return open_index(where, params, sync=settings.sync, retention=settings.policy())
 
 
 def default_deduplicator(index: DedupIndex, config: ServiceConfig) -> Deduplicator:
@@ -105,9 +108,18 @@ class Service:
         self._life: BatchLife | None = None
         self._strategy: CommitStrategy | None = None
         self.http: HttpEndpoints | None = None
+        #: The process answering checks on their own port (``http.check_process``).
+        self.checks: CheckProcess | None = None
         if config.http.enabled:
             http = config.http
             self.http = HttpEndpoints(http.host, http.port, self.registry, self.health, self.ready)
+            if http.check_process:
+                try:
+                    self.checks = CheckProcess(config, self.metrics.check_process)
+                except BaseException:
+                    self.http.stop()
+                    raise
+                self.http.checks_port = self.checks.port
         #: Redis down while the service starts: that wait, for readiness (else None).
         self._opening: IndexOutage | None = None
         try:
@@ -115,6 +127,8 @@ class Service:
         except BaseException:
             if self.http is not None:
                 self.http.stop()
+            if self.checks is not None:
+                self.checks.close()
             raise
         self.dedup = deduplicator(self.index, config)
         self.metrics.index_source = lambda: (self.index.stats(), self.index.filter_bytes())
@@ -124,13 +138,15 @@ class Service:
         self._decider = Decider(config, self.dedup, self.metrics)
         #: Checks may read the index: from the end of the warm-up until it closes.
         self._checks_open = False
-        if self.http is not None:
+        if self.checks is not None:
+            self.index.on_commit = self.checks.notify
+        elif self.http is not None:
             self.http.checks = CheckEndpoint(
                 self.index,
                 (self.dedup.config, self.dedup.plan),
                 config.input.document_format(),
                 config.http,
-                self.metrics,
+                self.metrics.checks,
                 lambda: self._checks_open,
             )
 
@@ -144,7 +160,7 @@ class Service:
         cfg = self.config
         params = IndexParams.of(cfg.dedup)
         if cfg.index.backend != "redis":
-            return open_configured_index(cfg.index, params)
+            return open_configured_index(cfg.index, params, followed=self.checks is not None)
         if self.http is not None:
             self.http.start()
         self._opening = IndexOutage(
@@ -205,6 +221,9 @@ class Service:
         details: dict[str, object] = {"partitions": assigned, "index_open": self._index_open}
         if not reachable:
             details["index_reachable"] = False
+        if self.checks is not None:
+            checks_ok, about = self.checks.ready()
+            ok, details = ok and checks_ok, details | about
         return ok, details
 
     # -- the loop ------------------------------------------------------------------------
@@ -310,6 +329,8 @@ class Service:
         self.index.load_filter(self._filter_progress)
         self.dedup.warm_up(log.info)  # says so first when the kernels must be compiled
         self._checks_open = True  # the key filter is built: checks only read it now
+        if self.checks is not None:
+            self.checks.start()  # it follows the index from here on
         if self._stop.is_set():
             raise StartInterruptedError
 
@@ -343,6 +364,7 @@ class Service:
                 index=self.index.location,
                 indexed_documents=self.index.counter("documents"),
                 http_port=self.http.port if self.http else None,
+                check_port=self.checks.port if self.checks else None,
                 group=cfg.kafka.get("group.id"),
                 next="joining the consumer group; partitions are logged when assigned",
             ),
@@ -369,6 +391,8 @@ class Service:
             ahead.close()
         self._index_open = False
         self._checks_open = False
+        if self.checks is not None:
+            self.checks.close()
         self.index.close()  # waits for a check reading it (see check_http)
         if self.http is not None:
             self.http.stop()

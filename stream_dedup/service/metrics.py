@@ -84,7 +84,7 @@ from stream_dedup.errors import DecodeError, IndexUnreachableError
 from stream_dedup.index.store import IndexStats
 from stream_dedup.models import VerdictKind
 from stream_dedup.service.bulk_histogram import BulkHistogram
-from stream_dedup.service.check_metrics import CheckMetrics
+from stream_dedup.service.check_metrics import CheckMetrics, CheckProcessMetrics
 
 if TYPE_CHECKING:
     from stream_dedup.dedup import BatchStats
@@ -179,6 +179,7 @@ class Metrics:
         self._register_partitions(registry)
         self._register_transactions(registry)
         self.checks = CheckMetrics(registry)
+        self.check_process = CheckProcessMetrics(registry)
         registry.register(_ScrapeCollector(self))
         # The service process's CPU, memory and open files (process_*; Linux only, as
         # they read /proc) and the Python version (python_info), as the client library's

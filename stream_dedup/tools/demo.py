@@ -248,7 +248,7 @@ def _demo_config(bootstrap: str, index_dir: str, port: int) -> ServiceConfig:
             },
             "input": {"topics": ["news"]},
             "index": {"path": index_dir},
-            "http": {"port": port, "host": "127.0.0.1"},
+            "http": {"port": port, "host": "127.0.0.1", "check_port": 0},
             "log": {"level": "WARNING"},
         },
     )

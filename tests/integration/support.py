@@ -67,7 +67,8 @@ def make_config(
     layers: dict[str, dict[str, Any]] = {
         "input": {"topics": [topics.input]},
         "index": {"path": str(index)},
-        "http": {"port": 0, "host": "127.0.0.1"},
+        # Checks in the service's process unless a test asks for the check process.
+        "http": {"port": 0, "host": "127.0.0.1", "check_process": False},
         "batch": {"max_messages": 500, "max_wait_ms": 20},
         "service": {"shutdown_timeout_s": 20.0, "backoff_initial_s": 0.1},
         "kafka": {
@@ -274,7 +275,7 @@ def process_config(
     return {
         "input": {"topics": [topics.input]},
         "index": {"path": str(index)},
-        "http": {"port": port, "host": "127.0.0.1"},
+        "http": {"port": port, "host": "127.0.0.1", "check_process": False},
         "batch": {"max_messages": 500, "max_wait_ms": 20},
         "service": {"shutdown_timeout_s": 20.0, "backoff_initial_s": 0.1},
         "log": {"level": "INFO", "format": "kv"},

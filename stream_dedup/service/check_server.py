@@ -1,0 +1,143 @@
+"""The check process itself: ``POST /check`` and ``/check/batch`` answered from a follower
+of the committed index, on the port its service bound (``http.check_port``).
+
+Started by :class:`~stream_dedup.service.check_process.CheckProcess` as a fresh
+interpreter (``python -m stream_dedup.service.check_server CONN NOTICES SOCKET``, three
+inherited descriptors), for the reasons the sketch worker is (:mod:`.prefetch.worker`):
+forking a process that runs librdkafka threads and RocksDB is unsafe. It receives the
+service's settings on ``CONN``, opens the index as a
+:class:`~stream_dedup.index.follower.FollowerIndex`, serves the listening ``SOCKET`` with
+the service's own HTTP handler and check endpoint (:mod:`.http`, :mod:`.check_http`), and
+says ``ready``. Its port also answers ``/metrics`` (its requests and latency, the
+process's CPU and memory), ``/healthz`` and ``/readyz``.
+
+``NOTICES`` is a pipe on which the service writes a byte after each commit. The main
+thread waits on it and follows the index (:meth:`FollowerIndex.follow`) at once, beside
+the checks, which never wait for a catch-up: a check sees the batches committed up to the
+last catch-up (behind by about one catch-up's time while the service ingests). Notices
+that arrive during a catch-up make one more. Without a notice for a second it follows
+anyway (other instances of a shared Redis index commit too). The pipe's end of file is the
+service gone, killed included: the process then stops, leaving nothing running. SIGINT
+and SIGTERM are ignored, as the sketch worker ignores them: the service stops it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+import select
+import signal
+import socket
+import sys
+from multiprocessing.connection import Connection
+
+from prometheus_client import CollectorRegistry, PlatformCollector, ProcessCollector
+
+from stream_dedup.core import jit
+from stream_dedup.core.sketch import sketch
+from stream_dedup.dedup.check import check_texts
+from stream_dedup.index.follower import FollowerIndex
+from stream_dedup.index.opener import open_follower
+from stream_dedup.logs import setup_logging
+from stream_dedup.service.check_http import CheckEndpoint
+from stream_dedup.service.check_metrics import CheckMetrics
+from stream_dedup.service.config import ServiceConfig
+from stream_dedup.service.http import HttpEndpoints
+
+#: Without a notice for this long, the index is followed anyway.
+_FOLLOW_EVERY_S = 1.0
+
+
+class Notices:
+    """The service's commit notices: a non-blocking pipe, read whole at each look."""
+
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
+        os.set_blocking(fd, False)
+        self.gone = False  # the service closed its end (it stopped, or died)
+
+    def moved(self) -> bool:
+        """Whether a commit was announced since the last look (the main thread alone
+        reads)."""
+        seen = False
+        while True:
+            try:
+                chunk = os.read(self.fd, 4096)
+            except BlockingIOError:
+                return seen
+            except OSError as exc:
+                if exc.errno != errno.EBADF:
+                    raise
+                chunk = b""
+            if not chunk:
+                self.gone = True
+                return seen
+            seen = True
+
+
+def _warm_up(index: FollowerIndex, config: ServiceConfig) -> None:
+    """Load the compiled kernels and run one check, before saying ready: the first real
+    check must not pay for either."""
+    plan = config.dedup.band_plan()
+    with jit.forced(True):
+        sketch(["warm-up text for the compiled kernels", "warm-up text"], config.dedup, plan)
+    check_texts(index, config.dedup, plan, ["warm-up text for the check path"], 1)
+
+
+def serve(conn: Connection, notices: Notices, sock: socket.socket) -> None:
+    """Open the follower, serve the checks, follow the commits until the service goes."""
+    config: ServiceConfig = conn.recv()
+    setup_logging(config.log.level, config.log.format)
+    index = open_follower(config.index.location())
+    registry = CollectorRegistry()
+    ProcessCollector(registry=registry)
+    PlatformCollector(registry=registry)
+    open_now = True
+    http = HttpEndpoints(
+        config.http.host,
+        sock.getsockname()[1],
+        registry,
+        lambda: (True, {"role": "checks"}),
+        lambda: (open_now, {"role": "checks", "documents": index.counter("documents")}),
+        sock=sock,
+    )
+    http.checks = CheckEndpoint(
+        index,
+        (config.dedup, config.dedup.band_plan()),
+        config.input.document_format(),
+        config.http,
+        CheckMetrics(registry),
+        lambda: open_now,
+    )
+    try:
+        _warm_up(index, config)
+        http.start()
+        conn.send(("ready", os.getpid()))
+        while not notices.gone:
+            select.select([notices.fd], [], [], _FOLLOW_EVERY_S)
+            notices.moved()  # every notice so far: one catch-up covers them all
+            index.follow()
+    finally:
+        open_now = False
+        http.stop()
+        index.close()
+
+
+def main() -> None:
+    """Entry point: argv[1] the settings pipe, argv[2] the notices, argv[3] the socket."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    conn = Connection(int(sys.argv[1]))
+    try:
+        serve(conn, Notices(int(sys.argv[2])), socket.socket(fileno=int(sys.argv[3])))
+    except (EOFError, BrokenPipeError):
+        return  # the service went away while this process started
+    except BaseException as exc:
+        with contextlib.suppress(OSError):
+            conn.send(("failed", f"{type(exc).__name__}: {exc}"))
+        raise
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,133 @@
+"""A follower index (the service's check process) reading what another index object
+commits: a RocksDB secondary instance on the writer's directory, caught up after each
+commit, reopened when retention opens or lets go an epoch; checks from it answer as
+checks from the writer; it writes nothing."""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+
+import pytest
+
+from stream_dedup.core.config import DedupConfig
+from stream_dedup.dedup import Deduplicator
+from stream_dedup.dedup.check import check_texts
+from stream_dedup.index import DedupIndex, open_index
+from stream_dedup.index.follower import FollowerIndex
+from stream_dedup.index.opener import open_follower
+from stream_dedup.index.params import IndexParams
+from stream_dedup.index.retention import RetentionChange
+from stream_dedup.models import Document
+from tests.index.test_dedup import article, edit
+
+
+def files_digest(path: Path) -> dict[str, str]:
+    """Every file of the writer's directory and a digest of its bytes."""
+    return {
+        p.name: hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(path.iterdir())
+        if p.is_file() and p.name != "LOCK"
+    }
+
+
+def writer(path: Path, config: DedupConfig, keep: int | None = None) -> Deduplicator:
+    """The writer, opened as the service opens it for a check process (``followed``: its
+    log files are not recycled; a secondary tailing a recycled one stalls)."""
+    retention = RetentionChange.of(None, keep) if keep else None
+    index = open_index(path, IndexParams.of(config), retention=retention, followed=True)
+    return Deduplicator(index, config)
+
+
+def batch(b: int, size: int = 50) -> list[Document]:
+    return [
+        Document(f"b{b}-{i}", edit(article(b * size + i), 2, b * 1000 + i)) for i in range(size)
+    ]
+
+
+def test_a_follower_sees_each_commit_once_told_and_answers_as_the_writer(tmp_path: Path) -> None:
+    config = DedupConfig()
+    dedup = writer(tmp_path / "index", config)
+    dedup.process(batch(0))
+    follower = open_follower(tmp_path / "index")
+    try:
+        assert isinstance(follower, FollowerIndex)
+        plan = dedup.plan
+        asked = [article(3), article(70)]  # in batch 0; in batch 1, not committed yet
+        first = check_texts(follower, config, plan, asked, 3)
+        assert [m.id for m in first[0]] == ["b0-3"] and first[1] == []
+        dedup.process(batch(1))
+        # Not followed yet: the view stays at the commit it followed.
+        assert check_texts(follower, config, plan, asked, 3)[1] == []
+        assert follower.counter("documents") == 50
+        follower.follow()
+        answers = check_texts(follower, config, plan, asked, 3)
+        assert answers == check_texts(dedup.index, config, plan, asked, 3)
+        assert [m.id for m in answers[1]] == ["b1-20"]
+        assert follower.counter("documents") == dedup.index.counter("documents") == 100
+        assert follower.catch_ups == 1
+    finally:
+        follower.close()
+        dedup.index.close()
+
+
+def test_a_follower_reopens_for_a_new_retention_epoch_and_one_let_go(tmp_path: Path) -> None:
+    """Retention keeps 100 documents: the writer opens epochs and drops them as batches
+    come; the follower, caught up after every commit, holds the writer's live epochs and
+    finds each batch's documents, never an expired one."""
+    config = DedupConfig()
+    dedup = writer(tmp_path / "index", config, keep=100)
+    dedup.process(batch(0))
+    follower = open_follower(tmp_path / "index")
+    backend = follower._backend
+    seen_epochs: set[int] = set()
+    try:
+        for b in range(1, 8):
+            dedup.process(batch(b))
+            dedup.index._backend.flush()  # type: ignore[attr-defined]
+            follower.follow()  # the families of a new epoch are on disk: a reopen
+            asked = [article(b * 50 + 7), article(7)]  # this batch's; the first batch's
+            got = check_texts(follower, config, dedup.plan, asked, 2)
+            assert got == check_texts(dedup.index, config, dedup.plan, asked, 2)
+            assert [m.id for m in got[0]] == [f"b{b}-7"]
+            assert follower.timeline.numbers() == dedup.index.timeline.numbers()
+            assert set(backend.epochs()) == set(dedup.index.timeline.numbers()) | {0}
+            seen_epochs.update(follower.timeline.numbers())
+        assert got[1] == []  # batch 0 expired long ago
+        assert len(seen_epochs) >= 3  # epochs were opened and let go meanwhile
+    finally:
+        follower.close()
+        dedup.index.close()
+
+
+def test_a_follower_writes_nothing_into_the_writers_directory(tmp_path: Path) -> None:
+    config = DedupConfig()
+    dedup = writer(tmp_path / "index", config)
+    dedup.process(batch(0))
+    dedup.index.close()
+    before = files_digest(tmp_path / "index")
+    follower = open_follower(tmp_path / "index")
+    check_texts(follower, config, config.band_plan(), [article(5), article(999)], 3)
+    follower.close()
+    assert files_digest(tmp_path / "index") == before
+    with pytest.raises(RuntimeError, match="read-only"):
+        follower.prepare({}, {})
+
+
+def test_a_follower_on_redis_reads_the_writers_commits(redis_url: str) -> None:
+    from stream_dedup.index.opener import RedisSettings
+
+    config = DedupConfig()
+    where = RedisSettings(redis_url, namespace="follow")
+    index: DedupIndex = open_index(where, IndexParams.of(config))
+    dedup = Deduplicator(index, config)
+    follower = open_follower(where)
+    try:
+        dedup.process(batch(0))
+        follower.follow()
+        got = check_texts(follower, config, dedup.plan, [article(9)], 2)
+        assert [m.id for m in got[0]] == ["b0-9"]
+        assert follower.counter("documents") == 50
+    finally:
+        follower.close()
+        index.close()
