@@ -73,7 +73,6 @@ def open_index(
     retention: Retention | RetentionChange | None = None,
     sync: bool = False,
     read_only: bool = False,
-    followed: bool = False,
 ) -> DedupIndex:
     """Open (or create) the index at ``where`` (see :data:`Location`).
 
@@ -87,9 +86,7 @@ def open_index(
     index is open. ``sync`` fsyncs every RocksDB commit (surviving a machine crash, at one
     fsync per batch). ``read_only`` opens a RocksDB index as a frozen view that takes no
     lock (for reading while the service writes it, or from a read-only directory); it
-    must exist, and nothing may be written through it. ``followed``: another process
-    follows a RocksDB index's commits (:func:`open_follower`): its log files are not
-    recycled.
+    must exist, and nothing may be written through it.
     """
     backend: Backend
     if where is None:
@@ -110,7 +107,6 @@ def open_index(
             sync=sync,
             read_only=read_only,
             must_exist=params is None or read_only,
-            followed=followed,
         )
     return DedupIndex(backend, params, retention)
 
@@ -182,7 +178,6 @@ def open_rocks(
     sync: bool = False,
     read_only: bool = False,
     must_exist: bool = False,
-    followed: bool = False,
 ) -> RocksBackend:
     """The RocksDB backend at ``path``, for what works on a database's keys as they are
     (snapshots and restores copy them whole); deciding documents opens an index with
@@ -201,7 +196,7 @@ def open_rocks(
         )
     from stream_dedup.index.rocks import RocksBackend
 
-    return RocksBackend(where, sync=sync, read_only=read_only, followed=followed)
+    return RocksBackend(where, sync=sync, read_only=read_only)
 
 
 def holds_database(path: str | os.PathLike[str]) -> bool:

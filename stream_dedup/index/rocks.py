@@ -89,7 +89,6 @@ class RocksBackend:
         sync: bool = False,
         read_only: bool = False,
         secondary: bool = False,
-        followed: bool = False,
     ) -> None:
         """Open (or create) the database at ``path``.
 
@@ -98,15 +97,11 @@ class RocksBackend:
         :mod:`stream_dedup.index.snapshot`) or from a directory this process cannot write.
         ``secondary`` opens a RocksDB *secondary instance*: read-only too, and brought up
         to the writer's latest write by :meth:`catch_up` (the service's check process,
-        :mod:`stream_dedup.index.follower`). ``followed``: a writer that a secondary
-        instance follows recycles no write-ahead log file (a secondary tailing the log
-        stalls on a recycled file's old records: opening one hung in tests), at some
-        cost to each write (:func:`~.rocks_families.small_options`).
+        :mod:`stream_dedup.index.follower`).
         """
         self._path = str(path)
         self._read_only = read_only or secondary
         self._secondary = secondary
-        self._followed = followed
         #: Where a read-only database is opened: a linked view (:mod:`.rocks_view`); a
         #: secondary instance's own directory (its info log).
         self._view: str | None = None
@@ -133,8 +128,6 @@ class RocksBackend:
         """Open the database with every column family it has (RocksDB requires them all)
         and, for a writer, the ``docs`` family; the names of the families opened."""
         opts = small_options()
-        if self._followed or self._secondary:
-            opts.set_recycle_log_file_num(0)
         opts.create_missing_column_families(True)
         families = {DOCS_FAMILY: docs_options()}
         present = (

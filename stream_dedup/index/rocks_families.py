@@ -27,10 +27,6 @@ DOCS_FAMILY = "docs"
 DOC_END = bytes([DOC[0] + 1])
 #: Sorted runs of the default family before universal compaction merges some (see small_options).
 _SORTED_RUNS = 12
-#: Write-ahead log files kept for reuse (see small_options): each is kept at its full
-#: size, part of the index's bytes on disk (four were ~20 MB beside a 100,000-document
-#: window, ~200 bytes per held document).
-_RECYCLED_LOGS = 1
 #: Write-ahead log bytes after which RocksDB flushes the families holding the oldest log
 #: (about two batches of news). With retention the default family takes only the
 #: index's own small keys, so its memtable fills slowly and, unflushed, would keep every
@@ -94,14 +90,11 @@ def small_options() -> Options:
     uncompressed sets cost, no compression above the bottom a little more (more bytes to
     write) and ~1,030 bytes per document as left against ~960 with LZ4.
 
-    Write-ahead log files are recycled (:data:`_RECYCLED_LOGS`): a batch writes ~8 MB to
-    the log, mostly document records, and a recycled file's pages are already allocated,
-    so the write does not allocate them again, nor does an fsync (``index.sync``) update
-    the file's size in its inode each time, which makes applying a batch cheaper. Recovery
-    after a crash is unaffected: RocksDB's point-in-time recovery tells a recycled file's
-    new records from its old. Not when a secondary instance follows the index (the
-    service's check process): one tailing a recycled file stalls on its old records
-    (:class:`~.rocks.RocksBackend` turns recycling off there).
+    No write-ahead log file is recycled: a secondary instance (the service's check
+    process, :mod:`stream_dedup.index.follower`) tailing the log stalls on a recycled
+    file's old records (opening one hung in tests), and a recycled file is kept at its
+    full size, part of the index's bytes on disk. Recycling saved ~10% of applying a
+    batch (~2 µs per document, docs/benchmarks.md).
     """
     opts = Options(raw_mode=True)
     opts.create_if_missing(True)
@@ -110,7 +103,7 @@ def small_options() -> Options:
     opts.set_compaction_style(DBCompactionStyle.universal())
     opts.set_level_zero_file_num_compaction_trigger(_SORTED_RUNS)
     opts.increase_parallelism(2)
-    opts.set_recycle_log_file_num(_RECYCLED_LOGS)
+    opts.set_recycle_log_file_num(0)
     opts.set_max_total_wal_size(MAX_WAL_BYTES)
     opts.set_max_log_file_size(_INFO_LOG_BYTES)
     opts.set_keep_log_file_num(2)

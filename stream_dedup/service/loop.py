@@ -59,17 +59,14 @@ _JOIN_NOTICE_S = 10.0
 DeduplicatorFactory = Callable[[DedupIndex, ServiceConfig], Deduplicator]
 
 
-def open_configured_index(
-    settings: IndexConfig, params: IndexParams, followed: bool = False
-) -> DedupIndex:
+def open_configured_index(settings: IndexConfig, params: IndexParams) -> DedupIndex:
     """The index the ``[index]`` settings name: a RocksDB directory this instance owns, or
-    the Redis index every instance of the group shares; ``followed`` by a check process."""
+    the Redis index every instance of the group shares."""
     return open_index(
         settings.location(),
         params,
         sync=settings.sync,
         retention=settings.policy(),
-        followed=followed,
     )
 
 
@@ -160,7 +157,7 @@ class Service:
         cfg = self.config
         params = IndexParams.of(cfg.dedup)
         if cfg.index.backend != "redis":
-            return open_configured_index(cfg.index, params, followed=self.checks is not None)
+            return open_configured_index(cfg.index, params)
         if self.http is not None:
             self.http.start()
         self._opening = IndexOutage(

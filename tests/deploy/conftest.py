@@ -67,7 +67,7 @@ class RunningService:
     def __init__(self, bootstrap: str, topics: Topics, workdir: Path) -> None:
         self.bootstrap = bootstrap
         self.topics = topics
-        self.port = free_port()
+        self.port, self.check_port = free_port(), free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log_path = workdir / "service.log"
         self.produced = 0
@@ -97,6 +97,7 @@ class RunningService:
         env["STREAM_DEDUP_INDEX__PATH"] = str(index)
         env["STREAM_DEDUP_HTTP__HOST"] = "127.0.0.1"
         env["STREAM_DEDUP_HTTP__PORT"] = str(self.port)
+        env["STREAM_DEDUP_HTTP__CHECK_PORT"] = str(self.check_port)
         env["STREAM_DEDUP_KAFKA__GROUP_ID"] = self.topics.group
         env.update(_TEST_KAFKA)
         # `stream-dedup` on PATH, as in the image

@@ -187,7 +187,10 @@ def test_prometheus_scrapes_the_service_every_5s() -> None:
     assert job.get("metrics_path", "/metrics") == "/metrics"
     targets = [t for sc in job["static_configs"] for t in sc["targets"]]
     assert targets == ["stream-dedup:9400"]
-    assert ("EXPOSE", "9400") in dockerfile_instructions()
+    checks = next(j for j in config["scrape_configs"] if j["job_name"] == "stream-dedup-checks")
+    assert checks["scrape_interval"] == "5s"
+    assert [t for sc in checks["static_configs"] for t in sc["targets"]] == ["stream-dedup:9401"]
+    assert ("EXPOSE", "9400 9401") in dockerfile_instructions()
 
 
 def test_grafana_is_provisioned_with_the_datasource_and_dashboard() -> None:

@@ -74,7 +74,7 @@ def test_config_file_entrypoint_and_port() -> None:
         "--config",
         "/etc/stream-dedup/stream-dedup.toml",
     ]
-    assert instruction("EXPOSE") == ["9400"]
+    assert instruction("EXPOSE") == ["9400 9401"]  # the service's port, the checks' port
 
 
 def test_healthcheck_probes_healthz_with_python() -> None:

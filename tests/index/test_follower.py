@@ -32,10 +32,10 @@ def files_digest(path: Path) -> dict[str, str]:
 
 
 def writer(path: Path, config: DedupConfig, keep: int | None = None) -> Deduplicator:
-    """The writer, opened as the service opens it for a check process (``followed``: its
-    log files are not recycled; a secondary tailing a recycled one stalls)."""
+    """The writer, opened as the service opens it (a secondary follows any RocksDB index:
+    none recycles its log files, on which a secondary tailing the log stalls)."""
     retention = RetentionChange.of(None, keep) if keep else None
-    index = open_index(path, IndexParams.of(config), retention=retention, followed=True)
+    index = open_index(path, IndexParams.of(config), retention=retention)
     return Deduplicator(index, config)
 
 
