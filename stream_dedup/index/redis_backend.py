@@ -41,9 +41,9 @@ import redis
 from redis.cluster import RedisCluster
 
 from stream_dedup.core.hashing import U64
-from stream_dedup.errors import IndexLeaseLostError, IndexUnreachableError
 from stream_dedup.index.backend import NO_ORDERED_PUTS, OrderedPuts
 from stream_dedup.index.keys import SCOPED
+from stream_dedup.index.redis_client import connect, failing
 from stream_dedup.index.redis_heads import GroupHeads
 from stream_dedup.index.redis_layout import (
     DEFAULT_NAMESPACE,
@@ -55,7 +55,6 @@ from stream_dedup.index.redis_layout import (
     redacted,
 )
 from stream_dedup.index.redis_log import (
-    COMMIT,
     LOG_ENTRIES,
     READ,
     TAKE,
@@ -64,6 +63,7 @@ from stream_dedup.index.redis_log import (
     encode_entry,
 )
 from stream_dedup.index.redis_members import compact_buckets, widen_buckets
+from stream_dedup.index.redis_redo import COMMIT, Overlay, RedoQueue
 from stream_dedup.index.redis_wire import Wire
 
 __all__ = ["DEFAULT_NAMESPACE", "RedisBackend", "redacted"]
@@ -124,9 +124,9 @@ class RedisBackend:
         self._keys = layout = RedisLayout(namespace)  # a bad namespace is a ValueError here
         self._url = url
         self._location = f"{redacted(url)} (namespace {namespace})"
-        self._client = self._connect(url, password, tls_ca_file, timeout_s)
+        self._client = connect(url, self._location, password, tls_ca_file, timeout_s)
         self.cluster = isinstance(self._client, RedisCluster)
-        self._own, self._lock, self._redo = layout.own, layout.lock, layout.redo
+        self._own, self._lock, self._redos = layout.own, layout.lock, layout.redos
         self._epoch_set = layout.epoch_set
         self._log_keys = [layout.version, layout.log]
         self._cursor = ChangeCursor()
@@ -140,37 +140,21 @@ class RedisBackend:
         self._fenced = self._client.register_script(_FENCED)
         self._release = self._client.register_script(_RELEASE)
         self._wire = Wire(self._client)
+        self._queue = RedoQueue(self._client, self._wire, layout)
+        #: The redo records waiting when the lease was taken, read through inside it.
+        self._overlay = Overlay()
+        #: When this instance's last write released the lease (its commit point), for
+        #: the lease's held time; None while it holds the lease or wrote outside one.
+        self.released_at: float | None = None
         self._take = self._client.register_script(TAKE)
         self._commit = self._client.register_script(COMMIT)
         self._read_log = self._client.register_script(READ)
-        with self.exclusive():  # finishes a write a crash left half done
-            pass
-
-    def _connect(
-        self, url: str, password: str | None, ca: str | None, timeout_s: float
-    ) -> redis.Redis | RedisCluster:
-        options: dict[str, Any] = {"socket_timeout": timeout_s, "socket_connect_timeout": timeout_s}
-        if password:
-            options["password"] = password
-        if ca:
-            options["ssl_ca_certs"] = ca
-        try:
-            probe = redis.Redis.from_url(url, **options)
-            try:
-                info = probe.info("cluster")
-            finally:
-                probe.close()
-            if info.get("cluster_enabled"):
-                return RedisCluster.from_url(url, **options)
-            return redis.Redis.from_url(url, **options)
-        except (redis.RedisError, OSError, ValueError) as exc:
-            raise IndexUnreachableError(self._location, "connecting", str(exc)) from exc
+        with self.exclusive():  # finishes the writes a crash left half done
+            self._recover()
 
     @property
     def location(self) -> str:
         return self._location
-
-    # -- keys ---------------------------------------------------------------------------
 
     # -- reads --------------------------------------------------------------------------
 
@@ -180,8 +164,9 @@ class RedisBackend:
         if epoch and any(key[0] not in SCOPED for key in keys):
             raise ValueError("only keys that belong to an epoch are read from one")
         out: list[bytes | None] = [None] * len(keys)
-        places: list[list[int]] = []
+        places: list[tuple[bytes, list[bytes], list[int]]] = []
         commands: list[tuple[bytes, ...]] = []
+        overlay = self._overlay
         with self._failing("reading"):
             for name, (fields, positions) in self._keys.grouped(keys, None, epoch).items():
                 for start in range(0, len(fields), _CHUNK):
@@ -190,8 +175,10 @@ class RedisBackend:
                         commands.append((b"HMGET", name, *part))
                     else:
                         commands.append((b"MGET", *part))
-                    places.append(positions[start : start + _CHUNK])
-            for where, found in zip(places, self._wire.run(commands), strict=True):
+                    places.append((name, part, positions[start : start + _CHUNK]))
+            for (name, part, where), found in zip(places, self._wire.run(commands), strict=True):
+                if overlay:  # newer than the stored values: written, not applied yet
+                    overlay.fill(name, part, found)
                 for i, value in zip(where, found, strict=True):
                     out[i] = value
         widen_buckets(keys, out)
@@ -261,17 +248,22 @@ class RedisBackend:
         return _Write(epoch, doc_groups, groups, redo, encode_entry(epoch, changed))
 
     def apply(self, prepared: _Write) -> None:
+        """Store ``prepared``: the document records, the commit point (which releases
+        the lease), then, outside the lease, the earlier writes still waiting and this
+        one, each hash in version order (:mod:`.redis_redo`)."""
         token = self._token or b""
         with self._failing("writing"):
             if token:
                 self._fenced(keys=[self._lock], args=[token, self._lock_ttl_ms])
             self._put(prepared.epoch, prepared.docs)  # nothing names them before the redo
-            version = self._commit(  # the commit point: redo record and log entry
-                keys=[self._lock, self._redo, *self._log_keys],
+            version, *waiting = self._commit(  # the commit point: redo record, log entry
+                keys=[self._lock, self._redos, *self._log_keys],
                 args=[token, self._lock_ttl_ms, prepared.redo, prepared.entry, LOG_ENTRIES],
             )
-            self._put(prepared.epoch, prepared.rest)
-            self._client.delete(self._redo)
+            if token:
+                self._token, self.released_at = None, time.perf_counter()
+            self._queue.keep(int(version), (prepared.epoch, prepared.rest))
+            self._queue.apply([int(v) for v in waiting], self._epoch_set)
         self._cursor.own(int(version))  # only once the write is whole: see ChangeCursor
         self._writes += 1
 
@@ -293,14 +285,16 @@ class RedisBackend:
         self._wire.run(commands)
 
     def _recover(self) -> None:
-        """Apply a write that a crash left between its redo record and its end."""
+        """Apply the writes a crash left after their commit point: the redo records
+        waiting, and the one record of a release before them."""
         with self._failing("recovering an interrupted write"):
-            blob = self._client.get(self._redo)
-            if not isinstance(blob, bytes):
-                return
-            epoch, groups = decode_redo(blob)
-            self._put(epoch, groups)
-            self._client.delete(self._redo)
+            legacy = self._keys.redo
+            blob = self._client.get(legacy)
+            if isinstance(blob, bytes):
+                epoch, groups = decode_redo(blob)
+                self._put(epoch, groups)
+                self._client.delete(legacy)
+            self._queue.apply(self._queue.waiting(), self._epoch_set)
 
     def drop_epoch(self, epoch: int) -> None:
         """Delete the records of ``epoch``: its 256 hashes, unlinked (Redis frees them in
@@ -319,8 +313,11 @@ class RedisBackend:
     def exclusive(self) -> Iterator[None]:
         """Hold the index's lease: no other instance decides or writes meanwhile.
 
-        Waits for the holder to release it or for its lease to expire, then applies a
-        write a crash left unfinished, so what is read inside is a whole state.
+        Waits for the holder to release it or for its lease to expire, then reads
+        through the writes that passed their commit point but are not applied yet (a
+        holder before applies its write after releasing the lease; a crash may have cut
+        one short), so what is read inside is a whole state. A write inside releases
+        the lease at its commit point (:meth:`apply`).
         """
         if self._token is not None:
             raise RuntimeError("the lease is already held")
@@ -332,7 +329,7 @@ class RedisBackend:
                 self._unreleased = None
             if self._cursor.at is not None:  # most of the log, read before the wait
                 self._cursor.read(self._read_log(keys=self._log_keys, args=[self._cursor.at]))
-            taken_keys = [self._lock, self._redo, *self._log_keys]
+            taken_keys = [self._lock, self._redos, *self._log_keys]
             while True:
                 args: list[bytes | int] = [token, self._lock_ttl_ms, self._cursor.position]
                 taken = self._take(keys=taken_keys, args=args)
@@ -340,19 +337,21 @@ class RedisBackend:
                     break
                 time.sleep(pause)
                 pause = min(2 * pause, 0.01)
-        self._token = token
+        self._token, self.released_at = token, None
         try:
-            redo_waits, *since = taken
+            waiting, *since = taken
             self._cursor.read(since)
-            if redo_waits:
-                self._recover()
+            with self._failing("reading the writes not applied yet"):
+                self._overlay = self._queue.overlay([int(v) for v in waiting])
             yield
         finally:
-            self._token = None
-            try:
-                self._release(keys=[self._lock], args=[token])
-            except (redis.RedisError, OSError):
-                self._unreleased = token
+            self._overlay = Overlay()  # outside the lease, newer writes may be applied
+            if self._token is not None:  # not released by a write's commit point
+                self._token = None
+                try:
+                    self._release(keys=[self._lock], args=[token])
+                except (redis.RedisError, OSError):
+                    self._unreleased = token
 
     # -- the change log (ChangeFeed) ----------------------------------------------------
 
@@ -393,13 +392,5 @@ class RedisBackend:
     def close(self) -> None:
         self._client.close()
 
-    @contextlib.contextmanager
-    def _failing(self, operation: str) -> Iterator[None]:
-        try:
-            yield
-        except redis.ResponseError as exc:
-            if "LEASE lost" in str(exc):
-                raise IndexLeaseLostError(self._location) from exc
-            raise IndexUnreachableError(self._location, operation, str(exc)) from exc
-        except (redis.RedisError, OSError) as exc:
-            raise IndexUnreachableError(self._location, operation, str(exc)) from exc
+    def _failing(self, operation: str) -> contextlib.AbstractContextManager[None]:
+        return failing(self._location, operation)

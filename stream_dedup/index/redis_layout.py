@@ -61,6 +61,11 @@ class RedisLayout:
         #: Prefix of the own keys, and the backend's own keys, all in one slot.
         self.own = b"{" + ns + b"}:"
         self.lock = b"{" + ns + b"}!lock"
+        #: The redo records waiting to be applied, by version (:mod:`.redis_redo`), and
+        #: the version last applied to the own keys; ``redo`` is where a release before
+        #: them kept its one redo record, finished at opening.
+        self.redos = b"{" + ns + b"}!redos"
+        self.applied = b"{" + ns + b"}!applied"
         self.redo = b"{" + ns + b"}!redo"
         self.epoch_set = b"{" + ns + b"}!epochs"
         #: The change log (:mod:`.redis_log`): the index's version and the last entries.
