@@ -164,7 +164,7 @@ class RedisBackend:
         if epoch and any(key[0] not in SCOPED for key in keys):
             raise ValueError("only keys that belong to an epoch are read from one")
         out: list[bytes | None] = [None] * len(keys)
-        places: list[tuple[bytes, list[bytes], list[int]]] = []
+        places: list[list[int]] = []
         commands: list[tuple[bytes, ...]] = []
         overlay = self._overlay
         with self._failing("reading"):
@@ -175,12 +175,12 @@ class RedisBackend:
                         commands.append((b"HMGET", name, *part))
                     else:
                         commands.append((b"MGET", *part))
-                    places.append((name, part, positions[start : start + _CHUNK]))
-            for (name, part, where), found in zip(places, self._wire.run(commands), strict=True):
-                if overlay:  # newer than the stored values: written, not applied yet
-                    overlay.fill(name, part, found)
+                    places.append(positions[start : start + _CHUNK])
+            for where, found in zip(places, self._wire.run(commands), strict=True):
                 for i, value in zip(where, found, strict=True):
                     out[i] = value
+        if overlay:  # newer than the stored values: written, not applied yet
+            overlay.fill(epoch, keys, out)
         widen_buckets(keys, out)
         return out
 
@@ -262,7 +262,7 @@ class RedisBackend:
             )
             if token:
                 self._token, self.released_at = None, time.perf_counter()
-            self._queue.keep(int(version), (prepared.epoch, prepared.rest))
+            self._queue.keep(int(version), prepared.redo, (prepared.epoch, prepared.rest))
             self._queue.apply([int(v) for v in waiting], self._epoch_set)
         self._cursor.own(int(version))  # only once the write is whole: see ChangeCursor
         self._writes += 1

@@ -18,8 +18,9 @@ from stream_dedup.dedup import Deduplicator
 from stream_dedup.index import DedupIndex, keys
 from stream_dedup.index.params import IndexParams
 from stream_dedup.index.redis_backend import RedisBackend
+from stream_dedup.index.redis_layout import decode_redo
 from stream_dedup.index.redis_log import LOG_ENTRIES
-from stream_dedup.index.redis_redo import VERSION_FIELD, versioned
+from stream_dedup.index.redis_redo import VERSION_FIELD, Overlay, versioned
 from stream_dedup.models import Document
 from tests.conftest import fresh_namespace
 
@@ -151,3 +152,32 @@ def test_a_late_applier_never_writes_over_a_newer_write(
     assert second.index.counter("documents") == 11
     with first.index.exclusive():
         assert first.index.counter("documents") == 11
+
+
+def test_the_overlay_finds_every_value_a_redo_record_writes_and_nothing_else(
+    shared: Callable[[], Deduplicator],
+) -> None:
+    """A real write's record: every field found with its value (band buckets by number,
+    the rest by key), own keys by their index key, other epochs and absent keys not."""
+    first = shared()
+    decide_and_store(first, originals(30))
+    with first.index.exclusive():
+        write = first.prepare(first.decide(originals(60)[30:])).write
+    epoch, groups = decode_redo(write.redo)
+    overlay = Overlay([write.redo])
+    own = backend_of(first)._keys.own
+    wanted: list[bytes] = []
+    expected: list[bytes | None] = []
+    for name, (fields, values) in groups.items():
+        wanted += [f[len(own) :] if not name else f for f in fields]
+        expected += values
+    assert sum(k[:1] == b"b" for k in wanted) > 100 and any(not n for n in groups)
+    absent = [keys.verdict_key("nobody"), b"b" + bytes(10), wanted[0][:-1] + b"\xff"]
+    got: list[bytes | None] = [None] * (len(wanted) + len(absent))
+    overlay.fill(epoch, [*wanted, *absent], got)
+    assert got == [*expected, None, None, None]
+    other: list[bytes | None] = [None] * len(wanted)
+    overlay.fill(epoch + 1, wanted, other)  # records of another epoch: only own keys
+    assert [v for v in other if v is not None] == [
+        v for n, (_, vs) in groups.items() if not n for v in vs
+    ]
