@@ -63,7 +63,7 @@ from stream_dedup.index.redis_log import (
     encode_entry,
 )
 from stream_dedup.index.redis_members import compact_buckets, widen_buckets
-from stream_dedup.index.redis_redo import COMMIT, Overlay, RedoQueue
+from stream_dedup.index.redis_redo import COMMIT, FOLLOW, Overlay, RedoQueue
 from stream_dedup.index.redis_wire import Wire
 
 __all__ = ["DEFAULT_NAMESPACE", "RedisBackend", "redacted"]
@@ -149,6 +149,7 @@ class RedisBackend:
         self._take = self._client.register_script(TAKE)
         self._commit = self._client.register_script(COMMIT)
         self._read_log = self._client.register_script(READ)
+        self._follow = self._client.register_script(FOLLOW)
         with self.exclusive():  # finishes the writes a crash left half done
             self._recover()
 
@@ -360,9 +361,11 @@ class RedisBackend:
         return self._cursor.at is not None
 
     def follow_changes(self) -> None:
+        """Start following the log where the filters about to be built from a scan will
+        stand: before the oldest write not applied yet (the scan cannot see its keys)."""
         with self._failing("reading the change log"):
-            version = self._client.get(self._log_keys[0])
-        self._cursor.follow(int(version or 0))
+            version, *waiting = self._follow(keys=[self._log_keys[0], self._redos])
+        self._cursor.follow(min([int(version or 0), *(int(v) - 1 for v in waiting)]))
 
     def changes(self) -> Changes | None:
         return self._cursor.drain()

@@ -35,7 +35,7 @@ from stream_dedup.core.hashing import U64
 from stream_dedup.index.redis_layout import Groups, RedisLayout, decode_redo
 from stream_dedup.index.redis_wire import Command, Wire
 
-__all__ = ["COMMIT", "VERSION_FIELD", "Overlay", "RedoQueue"]
+__all__ = ["COMMIT", "FOLLOW", "VERSION_FIELD", "Overlay", "RedoQueue"]
 
 #: The field of a record hash holding the version of the last write applied to it. It
 #: starts with a zero byte, which no index key does, so no prefix scan ever matches it.
@@ -58,6 +58,13 @@ redis.call('LTRIM', KEYS[4], -tonumber(ARGV[5]), -1)
 if ARGV[1] ~= '' then redis.call('DEL', KEYS[1]) end
 local out = redis.call('HKEYS', KEYS[2])
 table.insert(out, 1, v)
+return out
+"""
+#: KEYS: version, redos. The index's version and the versions of the writes not applied
+#: yet, read together: a filter built from a scan follows the log from before the oldest.
+FOLLOW = """
+local out = redis.call('HKEYS', KEYS[2])
+table.insert(out, 1, tonumber(redis.call('GET', KEYS[1]) or '0'))
 return out
 """
 #: KEYS: a record hash. ARGV: version field, version, then field, value pairs.

@@ -181,3 +181,16 @@ def test_the_overlay_finds_every_value_a_redo_record_writes_and_nothing_else(
     assert [v for v in other if v is not None] == [
         v for n, (_, vs) in groups.items() if not n for v in vs
     ]
+
+
+def test_a_filter_built_while_a_write_waits_learns_its_keys_from_the_log(
+    shared: Callable[[], Deduplicator],
+) -> None:
+    """An instance's first batch builds its key filter from a scan of the hashes: a
+    write past its commit point but not applied is not in them, so the filter follows
+    the log from before it and learns its keys there."""
+    first, second = shared(), shared()
+    decide_and_store(first, [Document("warm", article(9999))])
+    commit_then_die(first, originals(6))
+    copies = [Document(f"c{i}", article(i) + " update") for i in range(6)]
+    assert decide_and_store(second, copies) == {f"c{i}": f"o{i}" for i in range(6)}
