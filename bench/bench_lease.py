@@ -134,7 +134,11 @@ def one_run(url: str, docs: list[Document], args: argparse.Namespace, run: int) 
                 mark()
                 dedup.index.apply(pending)
                 mark()
-            late[(b - 1) % len(instances)].finish()
+            started, started_cpu = time.perf_counter(), time.process_time()
+            late[(b - 1) % len(instances)].finish()  # the previous batch's write, if left
+            if b > args.instances:
+                totals["after"] += time.perf_counter() - started
+                totals["after_cpu"] += time.process_time() - started_cpu
             if b >= args.instances:
                 counted += len(batch)
                 totals["lease_cpu"] += cpu[-2] - cpu[1]

@@ -63,7 +63,7 @@ from stream_dedup.index.redis_log import (
     encode_entry,
 )
 from stream_dedup.index.redis_members import compact_buckets, widen_buckets
-from stream_dedup.index.redis_redo import COMMIT, FOLLOW, Overlay, RedoQueue
+from stream_dedup.index.redis_redo import COMMIT, FOLLOW, VERSION_FIELD, Overlay, RedoQueue
 from stream_dedup.index.redis_wire import Wire
 
 __all__ = ["DEFAULT_NAMESPACE", "RedisBackend", "redacted"]
@@ -203,7 +203,11 @@ class RedisBackend:
         with self._failing("scanning"):
             for tag in range(256):
                 name = self._keys.hash(epoch, tag)
-                found.extend(f for f, _ in self._client.hscan_iter(name, match=pattern, count=5000))
+                found.extend(
+                    f
+                    for f, _ in self._client.hscan_iter(name, match=pattern, count=5000)
+                    if f != VERSION_FIELD  # the hash's own, not a key of the index
+                )
             if epoch == 0:
                 cut = len(self._own)
                 found.extend(
