@@ -49,7 +49,7 @@ from stream_dedup.index.redis_layout import (
     DEFAULT_NAMESPACE,
     Groups,
     RedisLayout,
-    decode_redo,
+    decode_grouped_redo,
     encode_redo,
     glob_escaped,
     redacted,
@@ -63,7 +63,14 @@ from stream_dedup.index.redis_log import (
     encode_entry,
 )
 from stream_dedup.index.redis_members import compact_buckets, widen_buckets
-from stream_dedup.index.redis_redo import COMMIT, FOLLOW, VERSION_FIELD, Overlay, RedoQueue
+from stream_dedup.index.redis_redo import (
+    COMMIT,
+    FOLLOW,
+    VERSION_FIELD,
+    Flat,
+    Overlay,
+    RedoQueue,
+)
 from stream_dedup.index.redis_wire import Wire
 
 __all__ = ["DEFAULT_NAMESPACE", "RedisBackend", "redacted"]
@@ -91,12 +98,12 @@ return 0
 
 
 class _Write(NamedTuple):
-    """A prepared write: the document records, the rest, the rest's redo record, and
-    its change log entry."""
+    """A prepared write: the document records (by hash), the rest (not yet by hash), the
+    rest's redo record, and its change log entry."""
 
     epoch: int
     docs: Groups
-    rest: Groups
+    rest: Flat
     redo: bytes
     entry: bytes
 
@@ -240,17 +247,19 @@ class RedisBackend:
         epoch: int = 0,
         changed: U64 | None = None,
     ) -> _Write:
+        """The write of ``puts`` and ``ordered`` (band buckets in key order): the
+        document records grouped by hash now (they are written before the commit
+        point), the rest only as the flat redo record the commit point stores; it is
+        grouped by hash when applied, after the lease (:mod:`.redis_redo`)."""
         docs = {k: v for k, v in puts.items() if k[0] == _DOC}
-        rest = [k for k in puts if k[0] != _DOC]
-        groups = self._keys.grouped(rest, compact_buckets(rest, [puts[k] for k in rest]), epoch)
-        compact = compact_buckets(ordered.keys, ordered.values)
-        for name, (fields, values) in self._keys.grouped(ordered.keys, compact, epoch).items():
-            entry = groups.setdefault(name, ([], []))
-            entry[0].extend(fields)
-            entry[1].extend(values)
+        mixed = [k for k in puts if k[0] != _DOC]
+        keys = mixed + list(ordered.keys)
+        values = compact_buckets(mixed, [puts[k] for k in mixed])
+        values += compact_buckets(ordered.keys, ordered.values)
+        rest = Flat(epoch, keys, values, len(mixed))
         doc_groups = self._keys.grouped(list(docs), list(docs.values()), epoch)
-        redo = encode_redo(epoch, groups)
-        return _Write(epoch, doc_groups, groups, redo, encode_entry(epoch, changed))
+        redo = encode_redo(epoch, keys, values, len(mixed))
+        return _Write(epoch, doc_groups, rest, redo, encode_entry(epoch, changed))
 
     def apply(self, prepared: _Write) -> None:
         """Store ``prepared``: the document records, the commit point (which releases
@@ -267,7 +276,7 @@ class RedisBackend:
             )
             if token:
                 self._token, self.released_at = None, time.perf_counter()
-            self._queue.keep(int(version), prepared.redo, (prepared.epoch, prepared.rest))
+            self._queue.keep(int(version), prepared.redo, prepared.rest)
             self._queue.apply([int(v) for v in waiting], self._epoch_set)
         self._cursor.own(int(version))  # only once the write is whole: see ChangeCursor
         self._writes += 1
@@ -296,7 +305,7 @@ class RedisBackend:
             legacy = self._keys.redo
             blob = self._client.get(legacy)
             if isinstance(blob, bytes):
-                epoch, groups = decode_redo(blob)
+                epoch, groups = decode_grouped_redo(blob)
                 self._put(epoch, groups)
                 self._client.delete(legacy)
             self._queue.apply(self._queue.waiting(), self._epoch_set)

@@ -25,17 +25,18 @@ write across slots"):
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import redis
 from redis.cluster import RedisCluster
 
 from stream_dedup.core.hashing import U64
-from stream_dedup.index.redis_layout import Groups, RedisLayout, decode_redo
+from stream_dedup.index.keys import SCOPED
+from stream_dedup.index.redis_layout import Groups, RedisLayout, decode_redo, redo_spans
 from stream_dedup.index.redis_wire import Command, Wire
 
-__all__ = ["COMMIT", "FOLLOW", "VERSION_FIELD", "Overlay", "RedoQueue"]
+__all__ = ["COMMIT", "FOLLOW", "VERSION_FIELD", "Flat", "Overlay", "RedoQueue"]
 
 #: The field of a record hash holding the version of the last write applied to it. It
 #: starts with a zero byte, which no index key does, so no prefix scan ever matches it.
@@ -83,8 +84,29 @@ redis.call('SET', KEYS[1], ARGV[1])
 return 1
 """
 
-#: A decoded redo record: its epoch and its fields by container.
-Redo = tuple[int, Groups]
+
+class Flat(NamedTuple):
+    """A write as its redo record holds it: the index's keys and values, not by hash;
+    those before ``first`` mixed, the rest band buckets in key order."""
+
+    epoch: int
+    keys: list[bytes]
+    values: list[bytes]
+    first: int
+
+    def grouped(self, layout: RedisLayout) -> Groups:
+        """The write by container (record hash or own keys), to apply it."""
+        keys, values, first = self.keys, self.values, self.first
+        groups = layout.grouped(keys[:first], values[:first], self.epoch)
+        for name, (fields, vals) in layout.grouped(
+            keys[first:], values[first:], self.epoch
+        ).items():
+            entry = groups.setdefault(name, ([], []))
+            entry[0].extend(fields)
+            entry[1].extend(vals)
+        return groups
+
+
 _BUCKET_KEY_SIZE = 11
 _MIX = np.uint64(0x9E3779B97F4A7C15)
 
@@ -108,42 +130,25 @@ class _RedoView:
 
     def __init__(self, blob: bytes) -> None:
         self.blob = blob
-        self.epoch, n_names, n = (int(x) for x in np.frombuffer(blob, dtype="<u8", count=3))
-        at = 24
-        sizes = np.frombuffer(blob, dtype="<u4", count=n_names, offset=at).astype(np.int64)
-        at += 4 * n_names
-        lengths = []
-        for count in (n_names, n, n):
-            lengths.append(np.frombuffer(blob, dtype="<u4", count=count, offset=at))
-            at += 4 * count
-        name_len, field_len, value_len = (x.astype(np.int64) for x in lengths)
-        name_end = at + np.cumsum(name_len)
-        starts = (name_end - name_len).tolist()
-        names = [blob[a:b] for a, b in zip(starts, name_end.tolist(), strict=True)]
-        fields_at = int(name_end[-1]) if n_names else at
-        field_end = fields_at + np.cumsum(field_len)
-        self._field_at = field_end - field_len
-        value_end = (int(field_end[-1]) if n else fields_at) + np.cumsum(value_len)
-        self._value_at, self._value_end = value_end - value_len, value_end
-        own = np.repeat(np.array([name == b"" for name in names], dtype=bool), sizes)
+        self.epoch, _, key_spans, value_spans = redo_spans(blob)
+        self._key_at, self._values = key_spans[:, 0], value_spans
         raw = np.frombuffer(blob, dtype=np.uint8)
-        bucket = (field_len == _BUCKET_KEY_SIZE) & ~own
-        bucket[bucket] = raw[self._field_at[bucket]] == ord("b")
+        bucket = (key_spans[:, 1] - self._key_at) == _BUCKET_KEY_SIZE
+        bucket[bucket] = raw[self._key_at[bucket]] == _B
         where = np.flatnonzero(bucket)
-        rows = raw[self._field_at[where][:, None] + np.arange(_BUCKET_KEY_SIZE)]
+        rows = raw[self._key_at[where][:, None] + np.arange(_BUCKET_KEY_SIZE)]
         codes = _bucket_codes(rows)
         order = np.argsort(codes, kind="stable")
         self._codes, self._bucket_at = codes[order], where[order]
         others = np.flatnonzero(~bucket)
-        starts, ends = self._field_at[others].tolist(), (self._field_at + field_len)[others]
-        fields = [blob[a:b] for a, b in zip(starts, ends.tolist(), strict=True)]
-        self._others = dict(zip(fields, others.tolist(), strict=True))
-        for field in [f for f, is_own in zip(fields, own[others].tolist(), strict=True) if is_own]:
-            self._others[field[len(_own_prefix(field)) :]] = self._others.pop(field)
-        self._own = own
+        keys = [blob[a:b] for a, b in key_spans[others].tolist()]
+        self._others = dict(zip(keys, others.tolist(), strict=True))
+        #: Own keys (no epoch): found whatever epoch a read names.
+        self._own = {k for k in keys if k[0] not in SCOPED}
 
     def _value(self, i: int) -> bytes:
-        return self.blob[int(self._value_at[i]) : int(self._value_end[i])]
+        start, end = self._values[i].tolist()
+        return self.blob[start:end]
 
     def fill(self, epoch: int, keys: Sequence[bytes], out: list[Any]) -> None:
         """Put the values this record writes for ``keys`` (index keys, read from
@@ -154,7 +159,7 @@ class _RedoView:
                 buckets.append(pos)
                 continue
             i = self._others.get(key)
-            if i is not None and (bool(self._own[i]) or self.epoch == epoch):
+            if i is not None and (self.epoch == epoch or key in self._own):
                 out[pos] = self._value(i)
         if not buckets or not self._codes.size:
             return
@@ -163,18 +168,13 @@ class _RedoView:
         at = np.minimum(np.searchsorted(self._codes, codes), self._codes.size - 1)
         for q in np.flatnonzero(self._codes[at] == codes).tolist():
             i = int(self._bucket_at[at[q]])
-            start = int(self._field_at[i])
+            start = int(self._key_at[i])
             pos = buckets[q]
             if self.blob[start : start + _BUCKET_KEY_SIZE] == keys[pos]:
                 out[pos] = self._value(i)
 
 
 _B = ord("b")
-
-
-def _own_prefix(field: bytes) -> bytes:
-    """The ``{namespace}:`` that an own key's field starts with."""
-    return field[: field.index(b"}:") + 2]
 
 
 class Overlay:
@@ -218,9 +218,9 @@ class RedoQueue:
         self._client, self._wire, self._layout = client, wire, layout
         #: This instance's own records not known to be applied (it need not read them),
         #: as stored and as written.
-        self._own: dict[int, tuple[bytes, Redo]] = {}
+        self._own: dict[int, tuple[bytes, Flat]] = {}
 
-    def keep(self, version: int, blob: bytes, redo: Redo) -> None:
+    def keep(self, version: int, blob: bytes, redo: Flat) -> None:
         self._own[version] = (blob, redo)
 
     def _blobs(self, versions: Sequence[int]) -> dict[int, bytes]:
@@ -253,10 +253,10 @@ class RedoQueue:
         for v in ordered:
             if v not in found:  # applied and deleted by another instance meanwhile
                 continue
-            epoch, groups = self._own[v][1] if v in self._own else decode_redo(found[v])
-            if epoch:
-                commands.append((b"SADD", epoch_set, epoch))
-            commands.extend(versioned(self._layout, v, groups))
+            redo = self._own[v][1] if v in self._own else Flat(*decode_redo(found[v]))
+            if redo.epoch:
+                commands.append((b"SADD", epoch_set, redo.epoch))
+            commands.extend(versioned(self._layout, v, redo.grouped(self._layout)))
         self._wire.run(commands)
         self._client.hdel(self._layout.redos, *ordered)
         for v in ordered:

@@ -20,6 +20,7 @@ from stream_dedup.index.memory import MemoryBackend
 from stream_dedup.index.opener import RedisSettings, open_index
 from stream_dedup.index.params import IndexParams
 from stream_dedup.index.redis_backend import RedisBackend
+from stream_dedup.index.redis_layout import encode_grouped_redo
 from stream_dedup.index.retention import Retention
 from stream_dedup.models import Document
 from stream_dedup.tools import redis_local
@@ -120,7 +121,8 @@ def test_a_write_cut_short_by_a_release_before_redo_queues_is_finished_at_openin
         # A kill after the redo record, before the rest: the document records (written
         # first, as ``apply`` does) and the redo record stay, nothing else.
         backend._put(pending.write.epoch, pending.write.docs)
-        backend._client.set(backend._keys.redo, pending.write.redo)
+        grouped = pending.write.rest.grouped(backend._keys)
+        backend._client.set(backend._keys.redo, encode_grouped_redo(pending.write.epoch, grouped))
         assert backend.get_many([keys.verdict_key("c0")]) == [None]
     second = shared()  # opening takes the lease, which applies the redo record
     assert not backend._client.exists(backend._keys.redo)

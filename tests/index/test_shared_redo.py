@@ -135,19 +135,20 @@ def test_a_late_applier_never_writes_over_a_newer_write(
         backend._token = None
     again = [Document(f"o{i}", article(i) + " revised, a new paragraph") for i in range(5)]
     decide_and_store(second, [*again, Document("n1", article(77))])
-    snapshot = {name: backend._client.hgetall(name) for name in write.rest if name} | {
-        b"own": backend._client.mget(write.rest[b""][0])
+    rest = write.rest.grouped(backend._keys)
+    snapshot = {name: backend._client.hgetall(name) for name in rest if name} | {
+        b"own": backend._client.mget(rest[b""][0])
     }
     # first wakes up: its part of every hash and of the own keys, as apply sends them
-    replies = backend._wire.run(versioned(backend._keys, int(version), write.rest))
+    replies = backend._wire.run(versioned(backend._keys, int(version), rest))
     # refused where the newer write went; elsewhere the same values again (the newer
     # write's applier applied this one first)
     assert 0 in replies
-    after = {name: backend._client.hgetall(name) for name in write.rest if name} | {
-        b"own": backend._client.mget(write.rest[b""][0])
+    after = {name: backend._client.hgetall(name) for name in rest if name} | {
+        b"own": backend._client.mget(rest[b""][0])
     }
     assert after == snapshot
-    some = next(name for name in write.rest if name)
+    some = next(name for name in rest if name)
     assert int(backend._client.hget(some, VERSION_FIELD) or 0) > int(version)
     assert second.index.counter("documents") == 11
     with first.index.exclusive():
@@ -163,24 +164,18 @@ def test_the_overlay_finds_every_value_a_redo_record_writes_and_nothing_else(
     decide_and_store(first, originals(30))
     with first.index.exclusive():
         write = first.prepare(first.decide(originals(60)[30:])).write
-    epoch, groups = decode_redo(write.redo)
+    epoch, wanted, expected, _ = decode_redo(write.redo)
+    assert (epoch, wanted, expected) == (write.epoch, write.rest.keys, write.rest.values)
     overlay = Overlay([write.redo])
-    own = backend_of(first)._keys.own
-    wanted: list[bytes] = []
-    expected: list[bytes | None] = []
-    for name, (fields, values) in groups.items():
-        wanted += [f[len(own) :] if not name else f for f in fields]
-        expected += values
-    assert sum(k[:1] == b"b" for k in wanted) > 100 and any(not n for n in groups)
-    absent = [keys.verdict_key("nobody"), b"b" + bytes(10), wanted[0][:-1] + b"\xff"]
+    own = [v for k, v in zip(wanted, expected, strict=True) if k[0] not in keys.SCOPED]
+    assert sum(k[:1] == b"b" for k in wanted) > 100 and own
+    absent = [keys.verdict_key("nobody"), b"b" + bytes(10), wanted[-1][:-1] + b"\xff"]
     got: list[bytes | None] = [None] * (len(wanted) + len(absent))
     overlay.fill(epoch, [*wanted, *absent], got)
     assert got == [*expected, None, None, None]
     other: list[bytes | None] = [None] * len(wanted)
     overlay.fill(epoch + 1, wanted, other)  # records of another epoch: only own keys
-    assert [v for v in other if v is not None] == [
-        v for n, (_, vs) in groups.items() if not n for v in vs
-    ]
+    assert [v for v in other if v is not None] == own
 
 
 def test_a_filter_built_while_a_write_waits_learns_its_keys_from_the_log(
