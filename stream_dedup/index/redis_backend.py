@@ -63,14 +63,7 @@ from stream_dedup.index.redis_log import (
     encode_entry,
 )
 from stream_dedup.index.redis_members import compact_buckets, widen_buckets
-from stream_dedup.index.redis_redo import (
-    COMMIT,
-    FOLLOW,
-    VERSION_FIELD,
-    Flat,
-    Overlay,
-    RedoQueue,
-)
+from stream_dedup.index.redis_redo import COMMIT, FOLLOW, VERSION_FIELD, Flat, Overlay, RedoQueue
 from stream_dedup.index.redis_wire import Wire
 
 __all__ = ["DEFAULT_NAMESPACE", "RedisBackend", "redacted"]
