@@ -35,7 +35,7 @@ import time
 import uuid
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import Any, ClassVar, NamedTuple
+from typing import ClassVar, NamedTuple
 
 import redis
 from redis.cluster import RedisCluster
@@ -63,7 +63,15 @@ from stream_dedup.index.redis_log import (
     encode_entry,
 )
 from stream_dedup.index.redis_members import compact_buckets, widen_buckets
-from stream_dedup.index.redis_redo import COMMIT, FOLLOW, VERSION_FIELD, Flat, Overlay, RedoQueue
+from stream_dedup.index.redis_redo import (
+    COMMIT,
+    FOLLOW,
+    VERSION_FIELD,
+    Flat,
+    Overlay,
+    RedoQueue,
+    plain,
+)
 from stream_dedup.index.redis_wire import Wire
 
 __all__ = ["DEFAULT_NAMESPACE", "RedisBackend", "redacted"]
@@ -275,21 +283,8 @@ class RedisBackend:
         self._writes += 1
 
     def _put(self, epoch: int, groups: Groups) -> None:
-        commands: list[tuple[Any, ...]] = []
-        if epoch:
-            commands.append((b"SADD", self._epoch_set, epoch))
-        for name, (fields, values) in groups.items():
-            for start in range(0, len(fields), _CHUNK):
-                end = start + _CHUNK
-                part = fields[start:end]
-                pairs: list[Any] = [None] * (2 * len(part))
-                pairs[::2] = part
-                pairs[1::2] = values[start:end]
-                if name:
-                    commands.append((b"HSET", name, *pairs))
-                else:
-                    commands.append((b"MSET", *pairs))
-        self._wire.run(commands)
+        """Write ``groups`` as they are: no version check (records no one names yet)."""
+        self._wire.run(plain(groups, self._epoch_set, epoch))
 
     def _recover(self) -> None:
         """Apply the writes a crash left after their commit point: the redo records

@@ -36,7 +36,16 @@ from stream_dedup.index.keys import SCOPED
 from stream_dedup.index.redis_layout import Groups, RedisLayout, decode_redo, redo_spans
 from stream_dedup.index.redis_wire import Command, Wire
 
-__all__ = ["COMMIT", "FOLLOW", "VERSION_FIELD", "Flat", "Overlay", "RedoQueue"]
+__all__ = [
+    "COMMIT",
+    "FOLLOW",
+    "VERSION_FIELD",
+    "Flat",
+    "Overlay",
+    "RedoQueue",
+    "plain",
+    "versioned",
+]
 
 #: The field of a record hash holding the version of the last write applied to it. It
 #: starts with a zero byte, which no index key does, so no prefix scan ever matches it.
@@ -191,6 +200,21 @@ class Overlay:
         """Replace the values read for ``keys`` (from ``epoch``) by the waiting ones."""
         for view in self._views:
             view.fill(epoch, keys, out)
+
+
+def plain(groups: Groups, epoch_set: bytes, epoch: int) -> list[Command]:
+    """The commands writing ``groups`` without a version check: the document records,
+    which nothing names before the commit point, and a record of a release before
+    versioned redo records."""
+    commands: list[Command] = [(b"SADD", epoch_set, epoch)] if epoch else []
+    for name, (fields, values) in groups.items():
+        for start in range(0, len(fields), _CHUNK):
+            part = fields[start : start + _CHUNK]
+            pairs: list[Any] = [None] * (2 * len(part))
+            pairs[::2] = part
+            pairs[1::2] = values[start : start + _CHUNK]
+            commands.append((b"HSET", name, *pairs) if name else (b"MSET", *pairs))
+    return commands
 
 
 def versioned(layout: RedisLayout, version: int, groups: Groups) -> list[Command]:
