@@ -16,7 +16,9 @@ instances on Redis (single node, cluster), with the group's time order
 that the machine's drift falls on all alike. Each instance also reports the share of its
 run spent holding the index's lease (``stream_dedup_index_lease_held_seconds``): the part
 that instances of a group do one at a time, from which the projection for more
-instances and machines follows (see the README).
+instances and machines follows (see the README); and the CPU the instances used per
+document (with their sketch workers) and how busy the machine's CPUs were meanwhile
+(every process's): where the CPUs are all busy, more instances cannot be faster.
 
 The peer is datasketch's ``MinHashLSH`` with its Redis storage, on the same single node:
 a query then an insert per document (what deduplicating a stream needs), timed on the
@@ -104,6 +106,34 @@ level = "WARNING"
     )
 
 
+def tree_cpu_s(pids: list[int]) -> float:
+    """CPU seconds used so far by processes ``pids`` and their descendants (an instance
+    and its sketch worker), from Linux's ``/proc``; 0 where it cannot be read."""
+    tick = os.sysconf("SC_CLK_TCK")
+    total, stack, seen = 0.0, list(pids), set()
+    while stack:
+        pid = stack.pop()
+        if pid in seen:
+            continue
+        seen.add(pid)
+        try:
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+            total += (int(fields[11]) + int(fields[12])) / tick  # utime, stime
+            for task in Path(f"/proc/{pid}/task").iterdir():
+                stack.extend(int(k) for k in (task / "children").read_text().split())
+        except (OSError, ValueError, IndexError):
+            continue
+    return total
+
+
+def host_cpu_s() -> tuple[float, float]:
+    """(busy, all) CPU seconds of the whole machine so far, every process's, from
+    ``/proc/stat``: how contended the CPUs were during a run."""
+    values = [int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    tick = os.sysconf("SC_CLK_TCK")
+    return (sum(values) - values[3] - values[4]) / tick, sum(values) / tick
+
+
 def redis_cpu_s(url: str) -> float:
     """CPU seconds the Redis server(s) at ``url`` have used (every node of a cluster)."""
     import redis
@@ -134,10 +164,13 @@ def one_run(
     docs: list[dict[str, Any]],
     kafka: Mapping[str, str],
     order: bool = True,
-) -> tuple[float, list[float], float | None, float]:
+) -> tuple[float, list[float], float | None, float, float, float]:
     """docs/s of one run, each instance's share of the run spent holding the lease, the
-    Redis CPU per document (microseconds, all nodes together), and the lease held per
-    document (microseconds, all instances together: the service's own metric)."""
+    Redis CPU per document (microseconds, all nodes together), the lease held per
+    document (microseconds, all instances together: the service's own metric), the
+    instances' CPU per document (microseconds, with their sketch workers) and the share
+    of the machine's CPUs busy during the run (every process's, this script's and the
+    broker's included)."""
     topic = f"bench-{uuid.uuid4().hex[:8]}"
     create_topics(bootstrap, [topic], partitions=args.partitions)
     create_topics(bootstrap, [f"{topic}.unique", f"{topic}.duplicates", f"{topic}.dlq"])
@@ -168,6 +201,8 @@ def one_run(
         )
     first: float | None = None
     cpu_start = redis_cpu_s(redis_url) if redis_url else None
+    pids = [proc.pid for proc in procs]
+    own_start, host_start = 0.0, (0.0, 0.0)
     try:
         deadline = time.monotonic() + 900
         while time.monotonic() < deadline:
@@ -179,6 +214,7 @@ def one_run(
                 m.get("stream_dedup_messages_consumed_total", 0) > 0 for m in seen
             ):
                 first = time.time()
+                own_start, host_start = tree_cpu_s(pids), host_cpu_s()
             if first is not None and max(
                 m.get("stream_dedup_index_documents", 0) for m in seen
             ) >= len(docs):
@@ -191,7 +227,10 @@ def one_run(
                 if redis_url and cpu_start is not None:
                     cpu = (redis_cpu_s(redis_url) - cpu_start) / len(docs) * 1e6
                 lease = sum(m.get("stream_dedup_index_lease_held_seconds_sum", 0.0) for m in seen)
-                return len(docs) / (end - first), held, cpu, lease / len(docs) * 1e6
+                own = (tree_cpu_s(pids) - own_start) / len(docs) * 1e6
+                busy, every = (b - a for a, b in zip(host_start, host_cpu_s(), strict=True))
+                rate = len(docs) / (end - first)
+                return rate, held, cpu, lease / len(docs) * 1e6, own, busy / max(every, 1e-9)
             time.sleep(0.01 if first is None else 0.5)
         raise RuntimeError("the run did not finish")
     finally:
@@ -320,17 +359,23 @@ def run_setups(
     """Each setup ``--repeats`` times, alternated (round r runs every setup once, on the
     same documents); returns the median docs/s per setup."""
     runs: dict[str, dict[str, list[Any]]] = {
-        s[0]: {"docs_per_s": [], "lease_held_share": [], "redis_cpu_us": [], "lease_us_per_doc": []}
+        s[0]: {
+            "docs_per_s": [],
+            "lease_held_share": [],
+            "redis_cpu_us": [],
+            "lease_us_per_doc": [],
+            "instance_cpu_us": [],
+            "host_busy_share": [],
+        }
         for s in setups
     }
     for r in range(args.repeats):
         docs = documents(args.documents, r)
         for name, backend, kind, instances, order in setups:
             url = urls[kind] if kind else None
-            rate, held, cpu, lease_us = one_run(
-                bootstrap, work, args, backend, url, instances, docs, kafka, order
-            )
-            for key, value in zip(runs[name], (rate, held, cpu, lease_us), strict=True):
+            measured = one_run(bootstrap, work, args, backend, url, instances, docs, kafka, order)
+            rate, held, cpu, lease_us, own_cpu, busy = measured
+            for key, value in zip(runs[name], measured, strict=True):
                 runs[name][key].append(value)
             lease = (
                 ""
@@ -340,7 +385,11 @@ def run_setups(
                 + f", {lease_us:.1f} us/doc"
             )
             redis_cpu = "" if cpu is None else f"; Redis CPU {cpu:.0f} us/doc"
-            print(f"  {name} run {r + 1}: {rate:,.0f} docs/s{lease}{redis_cpu}", flush=True)
+            print(
+                f"  {name} run {r + 1}: {rate:,.0f} docs/s{lease}{redis_cpu}; instances' CPU "
+                f"{own_cpu:.0f} us/doc; CPUs busy {100 * busy:.0f}%",
+                flush=True,
+            )
     medians: dict[str, float] = {}
     for name, run in runs.items():
         medians[name] = statistics.median(run["docs_per_s"])

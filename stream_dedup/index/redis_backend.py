@@ -35,27 +35,26 @@ import time
 import uuid
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import Any, ClassVar, NamedTuple
+from typing import ClassVar, NamedTuple
 
 import redis
 from redis.cluster import RedisCluster
 
 from stream_dedup.core.hashing import U64
-from stream_dedup.errors import IndexLeaseLostError, IndexUnreachableError
 from stream_dedup.index.backend import NO_ORDERED_PUTS, OrderedPuts
 from stream_dedup.index.keys import SCOPED
+from stream_dedup.index.redis_client import connect, failing
 from stream_dedup.index.redis_heads import GroupHeads
 from stream_dedup.index.redis_layout import (
     DEFAULT_NAMESPACE,
     Groups,
     RedisLayout,
-    decode_redo,
+    decode_grouped_redo,
     encode_redo,
     glob_escaped,
     redacted,
 )
 from stream_dedup.index.redis_log import (
-    COMMIT,
     LOG_ENTRIES,
     READ,
     TAKE,
@@ -64,6 +63,15 @@ from stream_dedup.index.redis_log import (
     encode_entry,
 )
 from stream_dedup.index.redis_members import compact_buckets, widen_buckets
+from stream_dedup.index.redis_redo import (
+    COMMIT,
+    FOLLOW,
+    VERSION_FIELD,
+    Flat,
+    Overlay,
+    RedoQueue,
+    plain,
+)
 from stream_dedup.index.redis_wire import Wire
 
 __all__ = ["DEFAULT_NAMESPACE", "RedisBackend", "redacted"]
@@ -91,12 +99,12 @@ return 0
 
 
 class _Write(NamedTuple):
-    """A prepared write: the document records, the rest, the rest's redo record, and
-    its change log entry."""
+    """A prepared write: the document records (by hash), the rest (not yet by hash), the
+    rest's redo record, and its change log entry."""
 
     epoch: int
     docs: Groups
-    rest: Groups
+    rest: Flat
     redo: bytes
     entry: bytes
 
@@ -124,9 +132,9 @@ class RedisBackend:
         self._keys = layout = RedisLayout(namespace)  # a bad namespace is a ValueError here
         self._url = url
         self._location = f"{redacted(url)} (namespace {namespace})"
-        self._client = self._connect(url, password, tls_ca_file, timeout_s)
+        self._client = connect(url, self._location, password, tls_ca_file, timeout_s)
         self.cluster = isinstance(self._client, RedisCluster)
-        self._own, self._lock, self._redo = layout.own, layout.lock, layout.redo
+        self._own, self._lock, self._redos = layout.own, layout.lock, layout.redos
         self._epoch_set = layout.epoch_set
         self._log_keys = [layout.version, layout.log]
         self._cursor = ChangeCursor()
@@ -140,37 +148,22 @@ class RedisBackend:
         self._fenced = self._client.register_script(_FENCED)
         self._release = self._client.register_script(_RELEASE)
         self._wire = Wire(self._client)
+        self._queue = RedoQueue(self._client, self._wire, layout)
+        #: The redo records waiting when the lease was taken, read through inside it.
+        self._overlay = Overlay()
+        #: When this instance's last write released the lease (its commit point), for
+        #: the lease's held time; None while it holds the lease or wrote outside one.
+        self.released_at: float | None = None
         self._take = self._client.register_script(TAKE)
         self._commit = self._client.register_script(COMMIT)
         self._read_log = self._client.register_script(READ)
-        with self.exclusive():  # finishes a write a crash left half done
-            pass
-
-    def _connect(
-        self, url: str, password: str | None, ca: str | None, timeout_s: float
-    ) -> redis.Redis | RedisCluster:
-        options: dict[str, Any] = {"socket_timeout": timeout_s, "socket_connect_timeout": timeout_s}
-        if password:
-            options["password"] = password
-        if ca:
-            options["ssl_ca_certs"] = ca
-        try:
-            probe = redis.Redis.from_url(url, **options)
-            try:
-                info = probe.info("cluster")
-            finally:
-                probe.close()
-            if info.get("cluster_enabled"):
-                return RedisCluster.from_url(url, **options)
-            return redis.Redis.from_url(url, **options)
-        except (redis.RedisError, OSError, ValueError) as exc:
-            raise IndexUnreachableError(self._location, "connecting", str(exc)) from exc
+        self._follow = self._client.register_script(FOLLOW)
+        with self.exclusive():  # finishes the writes a crash left half done
+            self._recover()
 
     @property
     def location(self) -> str:
         return self._location
-
-    # -- keys ---------------------------------------------------------------------------
 
     # -- reads --------------------------------------------------------------------------
 
@@ -182,6 +175,7 @@ class RedisBackend:
         out: list[bytes | None] = [None] * len(keys)
         places: list[list[int]] = []
         commands: list[tuple[bytes, ...]] = []
+        overlay = self._overlay
         with self._failing("reading"):
             for name, (fields, positions) in self._keys.grouped(keys, None, epoch).items():
                 for start in range(0, len(fields), _CHUNK):
@@ -194,6 +188,8 @@ class RedisBackend:
             for where, found in zip(places, self._wire.run(commands), strict=True):
                 for i, value in zip(where, found, strict=True):
                     out[i] = value
+        if overlay:  # newer than the stored values: written, not applied yet
+            overlay.fill(epoch, keys, out)
         widen_buckets(keys, out)
         return out
 
@@ -215,7 +211,11 @@ class RedisBackend:
         with self._failing("scanning"):
             for tag in range(256):
                 name = self._keys.hash(epoch, tag)
-                found.extend(f for f, _ in self._client.hscan_iter(name, match=pattern, count=5000))
+                found.extend(
+                    f
+                    for f, _ in self._client.hscan_iter(name, match=pattern, count=5000)
+                    if f != VERSION_FIELD  # the hash's own, not a key of the index
+                )
             if epoch == 0:
                 cut = len(self._own)
                 found.extend(
@@ -248,59 +248,55 @@ class RedisBackend:
         epoch: int = 0,
         changed: U64 | None = None,
     ) -> _Write:
+        """The write of ``puts`` and ``ordered`` (band buckets in key order): the
+        document records grouped by hash now (they are written before the commit
+        point), the rest only as the flat redo record the commit point stores; it is
+        grouped by hash when applied, after the lease (:mod:`.redis_redo`)."""
         docs = {k: v for k, v in puts.items() if k[0] == _DOC}
-        rest = [k for k in puts if k[0] != _DOC]
-        groups = self._keys.grouped(rest, compact_buckets(rest, [puts[k] for k in rest]), epoch)
-        compact = compact_buckets(ordered.keys, ordered.values)
-        for name, (fields, values) in self._keys.grouped(ordered.keys, compact, epoch).items():
-            entry = groups.setdefault(name, ([], []))
-            entry[0].extend(fields)
-            entry[1].extend(values)
+        mixed = [k for k in puts if k[0] != _DOC]
+        keys = mixed + list(ordered.keys)
+        values = compact_buckets(mixed, [puts[k] for k in mixed])
+        values += compact_buckets(ordered.keys, ordered.values)
+        rest = Flat(epoch, keys, values, len(mixed))
         doc_groups = self._keys.grouped(list(docs), list(docs.values()), epoch)
-        redo = encode_redo(epoch, groups)
-        return _Write(epoch, doc_groups, groups, redo, encode_entry(epoch, changed))
+        redo = encode_redo(epoch, keys, values, len(mixed))
+        return _Write(epoch, doc_groups, rest, redo, encode_entry(epoch, changed))
 
     def apply(self, prepared: _Write) -> None:
+        """Store ``prepared``: the document records, the commit point (which releases
+        the lease), then, outside the lease, the earlier writes still waiting and this
+        one, each hash in version order (:mod:`.redis_redo`)."""
         token = self._token or b""
         with self._failing("writing"):
             if token:
                 self._fenced(keys=[self._lock], args=[token, self._lock_ttl_ms])
             self._put(prepared.epoch, prepared.docs)  # nothing names them before the redo
-            version = self._commit(  # the commit point: redo record and log entry
-                keys=[self._lock, self._redo, *self._log_keys],
+            version, *waiting = self._commit(  # the commit point: redo record, log entry
+                keys=[self._lock, self._redos, *self._log_keys],
                 args=[token, self._lock_ttl_ms, prepared.redo, prepared.entry, LOG_ENTRIES],
             )
-            self._put(prepared.epoch, prepared.rest)
-            self._client.delete(self._redo)
+            if token:
+                self._token, self.released_at = None, time.perf_counter()
+            self._queue.keep(int(version), prepared.redo, prepared.rest)
+            self._queue.apply([int(v) for v in waiting], self._epoch_set)
         self._cursor.own(int(version))  # only once the write is whole: see ChangeCursor
         self._writes += 1
 
     def _put(self, epoch: int, groups: Groups) -> None:
-        commands: list[tuple[Any, ...]] = []
-        if epoch:
-            commands.append((b"SADD", self._epoch_set, epoch))
-        for name, (fields, values) in groups.items():
-            for start in range(0, len(fields), _CHUNK):
-                end = start + _CHUNK
-                part = fields[start:end]
-                pairs: list[Any] = [None] * (2 * len(part))
-                pairs[::2] = part
-                pairs[1::2] = values[start:end]
-                if name:
-                    commands.append((b"HSET", name, *pairs))
-                else:
-                    commands.append((b"MSET", *pairs))
-        self._wire.run(commands)
+        """Write ``groups`` as they are: no version check (records no one names yet)."""
+        self._wire.run(plain(groups, self._epoch_set, epoch))
 
     def _recover(self) -> None:
-        """Apply a write that a crash left between its redo record and its end."""
+        """Apply the writes a crash left after their commit point: the redo records
+        waiting, and the one record of a release before them."""
         with self._failing("recovering an interrupted write"):
-            blob = self._client.get(self._redo)
-            if not isinstance(blob, bytes):
-                return
-            epoch, groups = decode_redo(blob)
-            self._put(epoch, groups)
-            self._client.delete(self._redo)
+            legacy = self._keys.redo
+            blob = self._client.get(legacy)
+            if isinstance(blob, bytes):
+                epoch, groups = decode_grouped_redo(blob)
+                self._put(epoch, groups)
+                self._client.delete(legacy)
+            self._queue.apply(self._queue.waiting(), self._epoch_set)
 
     def drop_epoch(self, epoch: int) -> None:
         """Delete the records of ``epoch``: its 256 hashes, unlinked (Redis frees them in
@@ -319,8 +315,11 @@ class RedisBackend:
     def exclusive(self) -> Iterator[None]:
         """Hold the index's lease: no other instance decides or writes meanwhile.
 
-        Waits for the holder to release it or for its lease to expire, then applies a
-        write a crash left unfinished, so what is read inside is a whole state.
+        Waits for the holder to release it or for its lease to expire, then reads
+        through the writes that passed their commit point but are not applied yet (a
+        holder before applies its write after releasing the lease; a crash may have cut
+        one short), so what is read inside is a whole state. A write inside releases
+        the lease at its commit point (:meth:`apply`).
         """
         if self._token is not None:
             raise RuntimeError("the lease is already held")
@@ -332,7 +331,7 @@ class RedisBackend:
                 self._unreleased = None
             if self._cursor.at is not None:  # most of the log, read before the wait
                 self._cursor.read(self._read_log(keys=self._log_keys, args=[self._cursor.at]))
-            taken_keys = [self._lock, self._redo, *self._log_keys]
+            taken_keys = [self._lock, self._redos, *self._log_keys]
             while True:
                 args: list[bytes | int] = [token, self._lock_ttl_ms, self._cursor.position]
                 taken = self._take(keys=taken_keys, args=args)
@@ -340,19 +339,21 @@ class RedisBackend:
                     break
                 time.sleep(pause)
                 pause = min(2 * pause, 0.01)
-        self._token = token
+        self._token, self.released_at = token, None
         try:
-            redo_waits, *since = taken
+            waiting, *since = taken
             self._cursor.read(since)
-            if redo_waits:
-                self._recover()
+            with self._failing("reading the writes not applied yet"):
+                self._overlay = self._queue.overlay([int(v) for v in waiting])
             yield
         finally:
-            self._token = None
-            try:
-                self._release(keys=[self._lock], args=[token])
-            except (redis.RedisError, OSError):
-                self._unreleased = token
+            self._overlay = Overlay()  # outside the lease, newer writes may be applied
+            if self._token is not None:  # not released by a write's commit point
+                self._token = None
+                try:
+                    self._release(keys=[self._lock], args=[token])
+                except (redis.RedisError, OSError):
+                    self._unreleased = token
 
     # -- the change log (ChangeFeed) ----------------------------------------------------
 
@@ -361,9 +362,11 @@ class RedisBackend:
         return self._cursor.at is not None
 
     def follow_changes(self) -> None:
+        """Start following the log where the filters about to be built from a scan will
+        stand: before the oldest write not applied yet (the scan cannot see its keys)."""
         with self._failing("reading the change log"):
-            version = self._client.get(self._log_keys[0])
-        self._cursor.follow(int(version or 0))
+            version, *waiting = self._follow(keys=[self._log_keys[0], self._redos])
+        self._cursor.follow(min([int(version or 0), *(int(v) - 1 for v in waiting)]))
 
     def changes(self) -> Changes | None:
         return self._cursor.drain()
@@ -393,13 +396,5 @@ class RedisBackend:
     def close(self) -> None:
         self._client.close()
 
-    @contextlib.contextmanager
-    def _failing(self, operation: str) -> Iterator[None]:
-        try:
-            yield
-        except redis.ResponseError as exc:
-            if "LEASE lost" in str(exc):
-                raise IndexLeaseLostError(self._location) from exc
-            raise IndexUnreachableError(self._location, operation, str(exc)) from exc
-        except (redis.RedisError, OSError) as exc:
-            raise IndexUnreachableError(self._location, operation, str(exc)) from exc
+    def _failing(self, operation: str) -> contextlib.AbstractContextManager[None]:
+        return failing(self._location, operation)

@@ -26,9 +26,12 @@ __all__ = [
     "NAMESPACE",
     "Groups",
     "RedisLayout",
+    "decode_grouped_redo",
     "decode_redo",
+    "encode_grouped_redo",
     "encode_redo",
     "redacted",
+    "redo_spans",
 ]
 
 DEFAULT_NAMESPACE = "stream-dedup"
@@ -61,6 +64,11 @@ class RedisLayout:
         #: Prefix of the own keys, and the backend's own keys, all in one slot.
         self.own = b"{" + ns + b"}:"
         self.lock = b"{" + ns + b"}!lock"
+        #: The redo records waiting to be applied, by version (:mod:`.redis_redo`), and
+        #: the version last applied to the own keys; ``redo`` is where a release before
+        #: them kept its one redo record, finished at opening.
+        self.redos = b"{" + ns + b"}!redos"
+        self.applied = b"{" + ns + b"}!applied"
         self.redo = b"{" + ns + b"}!redo"
         self.epoch_set = b"{" + ns + b"}!epochs"
         #: The change log (:mod:`.redis_log`): the index's version and the last entries.
@@ -133,9 +141,43 @@ class RedisLayout:
         return self._by_tag(rows[:, -1], keys, values, epoch)
 
 
-def encode_redo(epoch: int, groups: Groups) -> bytes:
-    """One value holding a write: epoch, counts, containers with their number of fields,
-    then every field's and value's length, then the bytes."""
+def encode_redo(epoch: int, keys: Sequence[bytes], values: Sequence[bytes], first: int) -> bytes:
+    """One value holding a write, as the index's keys and values, not yet grouped by
+    hash (grouping is work the commit point need not wait for): epoch, count, ``first``
+    (the keys before it are mixed, the rest band buckets in key order, grouped apart),
+    every key's and value's length, then the bytes."""
+    counts = np.array([epoch, len(keys), first], dtype="<u8")
+    klen = np.fromiter(map(len, keys), dtype="<u4", count=len(keys))
+    vlen = np.fromiter(map(len, values), dtype="<u4", count=len(values))
+    return b"".join(
+        [counts.tobytes(), klen.tobytes(), vlen.tobytes(), b"".join(keys), b"".join(values)]
+    )
+
+
+def redo_spans(blob: bytes) -> tuple[int, int, np.ndarray[Any, Any], np.ndarray[Any, Any]]:
+    """Epoch, ``first``, and the (start, end) byte spans of the keys and of the values of
+    a record of :func:`encode_redo`, each an array of shape (n, 2)."""
+    epoch, n, first = (int(x) for x in np.frombuffer(blob, dtype="<u8", count=3))
+    klen = np.frombuffer(blob, dtype="<u4", count=n, offset=24).astype(np.int64)
+    vlen = np.frombuffer(blob, dtype="<u4", count=n, offset=24 + 4 * n).astype(np.int64)
+    kend = 24 + 8 * n + np.cumsum(klen)
+    vend = (int(kend[-1]) if n else 24) + np.cumsum(vlen)
+    return epoch, first, np.stack([kend - klen, kend], 1), np.stack([vend - vlen, vend], 1)
+
+
+def decode_redo(blob: bytes) -> tuple[int, list[bytes], list[bytes], int]:
+    """Epoch, keys, values and ``first`` of a record of :func:`encode_redo`."""
+    epoch, first, keys, values = redo_spans(blob)
+    out = []
+    for spans in (keys, values):
+        out.append([blob[a:b] for a, b in spans.tolist()])
+    return epoch, out[0], out[1], first
+
+
+def encode_grouped_redo(epoch: int, groups: Groups) -> bytes:
+    """The one redo record ``{ns}!redo`` of releases before versioned redo records, by
+    container: epoch, counts, containers with their number of fields, then every field's
+    and value's length, then the bytes. Kept to finish such a record at opening."""
     names = list(groups)
     fields = list(chain.from_iterable(g[0] for g in groups.values()))
     values = list(chain.from_iterable(g[1] for g in groups.values()))
@@ -149,7 +191,8 @@ def encode_redo(epoch: int, groups: Groups) -> bytes:
     )
 
 
-def decode_redo(blob: bytes) -> tuple[int, Groups]:
+def decode_grouped_redo(blob: bytes) -> tuple[int, Groups]:
+    """A record of :func:`encode_grouped_redo`."""
     epoch, n_names, n = (int(x) for x in np.frombuffer(blob, dtype="<u8", count=3))
     at = 24
     sizes = np.frombuffer(blob, dtype="<u4", count=n_names, offset=at).tolist()

@@ -5,15 +5,16 @@ it may hold: a batch's ~40,000 keys shrink to the few hundred that exist. A filt
 instance's memory does not know the keys the other instances write, so until this log
 the shared index kept none and read every key inside the lease, most of the lease's time.
 
-Every write of the shared index publishes, in the same script that stores its redo record
-(the commit point), one log entry: the epoch it writes to and the filter fingerprints of
-its look-up keys (8 bytes each), appended to ``{ns}!log`` with the index's version
-``{ns}!version`` incremented. An instance that keeps a filter follows the log: it reads
-the version before building its filter (so a write during the build is read again, which
-is harmless), reads the entries past its position before it waits for the lease
-(optimistically: most of them are there by then) and, in the script that takes the lease,
-the few appended meanwhile. Its filter then holds every key any instance committed, and
-inside the lease only the keys it cannot rule out are read.
+Every write of the shared index publishes, in the same script that stores its redo
+record (the commit point, :data:`~stream_dedup.index.redis_redo.COMMIT`), one log entry:
+the epoch it writes to and the filter fingerprints of its look-up keys (8 bytes each),
+appended to ``{ns}!log`` with the index's version ``{ns}!version`` incremented. An
+instance that keeps a filter follows the log: it reads the version before building its
+filter (so a write during the build is read again, which is harmless), reads the entries
+past its position before it waits for the lease (optimistically: most of them are there
+by then) and, in the script that takes the lease, the few appended meanwhile. Its filter
+then holds every key any instance committed, and inside the lease only the keys it
+cannot rule out are read.
 
 The log keeps the last :data:`LOG_ENTRIES` entries (a 2,000-document batch's is ~300 KB).
 An instance further behind than that (it had no batch while the others wrote many), or
@@ -28,7 +29,7 @@ import numpy as np
 
 from stream_dedup.core.hashing import U64
 
-__all__ = ["COMMIT", "LOG_ENTRIES", "READ", "TAKE", "ChangeCursor", "Changes", "encode_entry"]
+__all__ = ["LOG_ENTRIES", "READ", "TAKE", "ChangeCursor", "Changes", "encode_entry"]
 
 #: Entries the log keeps: how far behind the others an instance may fall and still catch
 #: up from the log (at ~300 KB per 2,000-document batch, ~10 MB of Redis memory).
@@ -50,9 +51,10 @@ end
 """
 #: KEYS: version, log. ARGV: from. The log past ``from``, read outside the lease.
 READ = _SINCE + "return since(KEYS[1], KEYS[2], tonumber(ARGV[1]))\n"
-#: KEYS: lock, redo, version, log. ARGV: token, ttl_ms, from. Takes the lease if it is
-#: free (else ``false``) and answers, in the same round trip, whether a redo record waits
-#: and the log past ``from``: ``{redo, version, status, entries...}``.
+#: KEYS: lock, redos, version, log. ARGV: token, ttl_ms, from. Takes the lease if it is
+#: free (else ``false``) and answers, in the same round trip, the versions of the redo
+#: records waiting to be applied (:mod:`.redis_redo`) and the log past ``from``:
+#: ``{{waiting...}, version, status, entries...}``.
 TAKE = (
     _SINCE
     + """
@@ -60,26 +62,10 @@ if not redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
   return false
 end
 local out = since(KEYS[3], KEYS[4], tonumber(ARGV[3]))
-table.insert(out, 1, redis.call('EXISTS', KEYS[2]))
+table.insert(out, 1, redis.call('HKEYS', KEYS[2]))
 return out
 """
 )
-#: KEYS: lock, redo, version, log. ARGV: token ('' when no lease is held), ttl_ms, redo
-#: record, log entry, entries kept. Goes on only while ``token`` holds the lease (and
-#: extends it); stores the redo record and appends the entry; answers the new version.
-COMMIT = """
-if ARGV[1] ~= '' then
-  if redis.call('GET', KEYS[1]) ~= ARGV[1] then
-    return redis.error_reply('LEASE lost: another instance holds the index')
-  end
-  redis.call('PEXPIRE', KEYS[1], ARGV[2])
-end
-redis.call('SET', KEYS[2], ARGV[3])
-local v = redis.call('INCR', KEYS[3])
-redis.call('RPUSH', KEYS[4], ARGV[4])
-redis.call('LTRIM', KEYS[4], -tonumber(ARGV[5]), -1)
-return v
-"""
 
 #: Per entry: the epoch written and the fingerprints of its look-up keys.
 Changes = list[tuple[int, U64]]

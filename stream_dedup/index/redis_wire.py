@@ -8,11 +8,11 @@ lease. Here each command is packed whole by ``hiredis.pack_command`` (C), every 
 for one server goes out in one ``sendall``, and the replies are read back in order: the
 per-argument Python work is gone, the commands Redis runs are the same.
 
-On a cluster, commands are routed by their key (``args[1]``) with the client's slot
-table. A reply that says the table is out of date (``MOVED``, ``ASK``: a resharding or a
-failover) refreshes it and runs the batch again through redis-py's pipeline, which
-follows redirections: every command sent here is a read or writes a field's full new
-value, so running one twice changes nothing.
+On a cluster, commands are routed by their key (``args[1]``; an ``EVAL``'s first key,
+``args[3]``) with the client's slot table. A reply that says the table is out of date
+(``MOVED``, ``ASK``: a resharding or a failover) refreshes it and runs the batch again
+through redis-py's pipeline, which follows redirections: every command sent here is a
+read or writes a field's full new value, so running one twice changes nothing.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ import hiredis
 import redis
 from redis.cluster import RedisCluster
 
-__all__ = ["Wire"]
+__all__ = ["Command", "Wire"]
 
 Command = tuple[Any, ...]
 _REDIRECTS = ("MOVED", "ASK", "TRYAGAIN", "CLUSTERDOWN")
@@ -59,7 +59,8 @@ class Wire:
             return [(client, list(range(len(commands))))]
         by_node: dict[str, tuple[redis.Redis, list[int]]] = {}
         for i, command in enumerate(commands):
-            node = client.get_node_from_key(command[1])  # type: ignore[no-untyped-call]
+            key = command[3] if command[0] == b"EVAL" else command[1]  # EVAL script n key
+            node = client.get_node_from_key(key)  # type: ignore[no-untyped-call]
             entry = by_node.get(node.name)
             if entry is None:
                 if node.redis_connection is None:

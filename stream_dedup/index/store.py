@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import replace
 from typing import TYPE_CHECKING
@@ -197,6 +198,12 @@ class DedupIndex(IndexReads):
                 yield
             finally:
                 self._followed.after_lease()
+
+    def lease_end(self) -> float:
+        """When the last :meth:`exclusive` section let the lease go (``perf_counter``): a
+        shared index's write lets it go at its commit point, before it is applied."""
+        released = getattr(self._backend, "released_at", None)
+        return time.perf_counter() if released is None else float(released)
 
     def group_heads(self, scope: str) -> GroupHeads | None:
         """A shared index's exchange of partition heads for consumer group ``scope``

@@ -322,7 +322,7 @@ class SharedIndex(CommitStrategy):
             out = self._decider.build(decoded, sketched, told=bool(built))
             built.append(out)
             self._index.apply(self._decider.dedup.prepare(out.result))  # 1. store
-        metrics.lease_held.observe(time.perf_counter() - held)
+        metrics.lease_held.observe(self._index.lease_end() - held)
         return out
 
 

@@ -20,6 +20,7 @@ from stream_dedup.index.memory import MemoryBackend
 from stream_dedup.index.opener import RedisSettings, open_index
 from stream_dedup.index.params import IndexParams
 from stream_dedup.index.redis_backend import RedisBackend
+from stream_dedup.index.redis_layout import encode_grouped_redo
 from stream_dedup.index.retention import Retention
 from stream_dedup.models import Document
 from stream_dedup.tools import redis_local
@@ -103,11 +104,13 @@ def test_an_instance_finds_what_another_decided(shared: Callable[[], Deduplicato
     assert first.index.counter("documents") == 61
 
 
-def test_a_write_cut_short_is_finished_by_the_next_lease(
+def test_a_write_cut_short_by_a_release_before_redo_queues_is_finished_at_opening(
     shared: Callable[[], Deduplicator], redis_backend_url: str
 ) -> None:
-    """A crash between the redo record and the end of a write: the next instance applies
-    the whole write before it reads anything."""
+    """An index left by a release that kept one redo record (a plain key, ``{ns}!redo``)
+    and crashed between it and the end of its write: opening applies the whole write
+    before anything is read. (Crashes after a versioned commit point are in
+    ``test_shared_redo.py``.)"""
     first = shared()
     decide_and_store(first, [Document(f"o{i}", article(i)) for i in range(10)])
     backend = first.index._backend
@@ -118,9 +121,11 @@ def test_a_write_cut_short_is_finished_by_the_next_lease(
         # A kill after the redo record, before the rest: the document records (written
         # first, as ``apply`` does) and the redo record stay, nothing else.
         backend._put(pending.write.epoch, pending.write.docs)
-        backend._client.set(backend._redo, pending.write.redo)
+        grouped = pending.write.rest.grouped(backend._keys)
+        backend._client.set(backend._keys.redo, encode_grouped_redo(pending.write.epoch, grouped))
         assert backend.get_many([keys.verdict_key("c0")]) == [None]
     second = shared()  # opening takes the lease, which applies the redo record
+    assert not backend._client.exists(backend._keys.redo)
     assert second.index.counter("documents") == 20
     # c3's verdict is there: its text again replays it ...
     assert decide_and_store(second, [Document("c3", article(3) + " copy")]) == {"c3": "o3"}

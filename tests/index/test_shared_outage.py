@@ -3,7 +3,8 @@
 What the service's retry (``service/index_outage.py``) relies on: the same batch, decided
 and stored again under a new lease once Redis is back, gives the same verdicts and
 stores each document once, whether the outage came before the write's commit point (its
-redo record) or after it; and the retry does not wait out this instance's own lease.
+redo record) or after it, when the lease is let go and the write not applied yet; and
+the retry does not wait out this instance's own lease.
 The server is real and persists every command (AOF); the outage is a stop and a start
 on the same port.
 """
@@ -12,7 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 
 import pytest
 
@@ -21,8 +22,9 @@ from stream_dedup.dedup import Deduplicator
 from stream_dedup.errors import IndexUnreachableError
 from stream_dedup.index import DedupIndex
 from stream_dedup.index.params import IndexParams
-from stream_dedup.index.redis_backend import RedisBackend, _Write
+from stream_dedup.index.redis_backend import RedisBackend
 from stream_dedup.index.redis_layout import Groups
+from stream_dedup.index.redis_redo import RedoQueue
 from stream_dedup.models import Document, Verdict
 from stream_dedup.tools import redis_local
 from tests.conftest import fresh_namespace
@@ -33,25 +35,34 @@ LOCK_TTL_MS = 10_000
 
 
 class StopsMidWrite(RedisBackend):
-    """Stops its Redis server inside the next write, before its ``at``-th pipelined put
-    (1: the document records, before the redo record; 2: the rest, after it)."""
+    """Stops its Redis server inside the next write: before its document records
+    (``at`` 1, before the commit point) or before the rest is applied (``at`` 2, after
+    the commit point, once the lease is let go)."""
 
     def __init__(self, node: redis_local.PersistentNode, namespace: str) -> None:
         super().__init__(node.url, namespace=namespace, lock_ttl_ms=LOCK_TTL_MS, timeout_s=2)
         self.node = node
         self.at = 0
-        self._puts = 0
+        self._queue = _StoppingQueue(self)
 
-    def apply(self, prepared: _Write) -> None:
-        self._puts = 0
-        super().apply(prepared)
-
-    def _put(self, epoch: int, groups: Groups) -> None:
-        self._puts += 1
-        if self._puts == self.at:
+    def stop_at(self, at: int) -> None:
+        if self.at == at:
             self.at = 0
             self.node.stop()
+
+    def _put(self, epoch: int, groups: Groups) -> None:
+        self.stop_at(1)
         super()._put(epoch, groups)
+
+
+class _StoppingQueue(RedoQueue):
+    def __init__(self, backend: StopsMidWrite) -> None:
+        super().__init__(backend._client, backend._wire, backend._keys)
+        self._backend = backend
+
+    def apply(self, waiting: Sequence[int], epoch_set: bytes) -> None:
+        self._backend.stop_at(2)
+        super().apply(waiting, epoch_set)
 
 
 @pytest.fixture

@@ -1,0 +1,291 @@
+"""The shared index's redo records: the commit point inside the lease, the write after it.
+
+Only deciding a batch and its commit point need the index's lease; applying the write
+(some 20 fields per document into the 256 record hashes, ~20 µs of Redis CPU per
+document) does not, so it runs after the lease is released, in parallel with the next
+holder's deciding. Three rules keep that whole (``docs/shared-index.md``, "The atomic
+write across slots"):
+
+* **The commit point is a versioned redo record.** One script checks the lease, takes
+  the index's next version, stores the write as field ``<version>`` of the hash
+  ``{ns}!redos``, appends the change log entry and releases the lease, answering the
+  versions still waiting to be applied.
+* **Readers overlay what waits.** Whoever takes the lease next reads the waiting redo
+  records and reads through them (:class:`Overlay`): a value waiting in a redo record is
+  newer than the stored one, and the newest waiting one wins.
+* **Writes reach each hash in version order.** Every record hash (and the own keys)
+  holds the version of the last write applied to it (field :data:`VERSION_FIELD`, key
+  ``{ns}!applied``); the script applying a write's part to it does nothing if a newer
+  version is there already. A committer first applies the earlier writes still waiting
+  (a crashed or slow instance's), then its own, then deletes their redo records. So a
+  version reaches a hash only after every earlier one reached every hash, and a late
+  applier never writes an older value over a newer one.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, NamedTuple
+
+import numpy as np
+import redis
+from redis.cluster import RedisCluster
+
+from stream_dedup.core.hashing import U64
+from stream_dedup.index.keys import SCOPED
+from stream_dedup.index.redis_layout import Groups, RedisLayout, decode_redo, redo_spans
+from stream_dedup.index.redis_wire import Command, Wire
+
+__all__ = [
+    "COMMIT",
+    "FOLLOW",
+    "VERSION_FIELD",
+    "Flat",
+    "Overlay",
+    "RedoQueue",
+    "plain",
+    "versioned",
+]
+
+#: The field of a record hash holding the version of the last write applied to it. It
+#: starts with a zero byte, which no index key does, so no prefix scan ever matches it.
+VERSION_FIELD = b"\x00v"
+#: Fields (or own keys) per apply script: Lua's stack takes a few thousand arguments.
+_CHUNK = 1000
+
+#: KEYS: lock, redos, version, log. ARGV: token ('' when no lease is held), ttl_ms, redo
+#: record, log entry, entries kept. Goes on only while ``token`` holds the lease; stores the
+#: redo record under the next version, appends the log entry, releases the lease, and
+#: answers ``{version, waiting versions...}`` (this one among them).
+COMMIT = """
+if ARGV[1] ~= '' and redis.call('GET', KEYS[1]) ~= ARGV[1] then
+  return redis.error_reply('LEASE lost: another instance holds the index')
+end
+local v = redis.call('INCR', KEYS[3])
+redis.call('HSET', KEYS[2], v, ARGV[3])
+redis.call('RPUSH', KEYS[4], ARGV[4])
+redis.call('LTRIM', KEYS[4], -tonumber(ARGV[5]), -1)
+if ARGV[1] ~= '' then redis.call('DEL', KEYS[1]) end
+local out = redis.call('HKEYS', KEYS[2])
+table.insert(out, 1, v)
+return out
+"""
+#: KEYS: version, redos. The index's version and the versions of the writes not applied
+#: yet, read together: a filter built from a scan follows the log from before the oldest.
+FOLLOW = """
+local out = redis.call('HKEYS', KEYS[2])
+table.insert(out, 1, tonumber(redis.call('GET', KEYS[1]) or '0'))
+return out
+"""
+#: KEYS: a record hash. ARGV: version field, version, then field, value pairs.
+_APPLY_HASH = """
+local v = tonumber(ARGV[2])
+if tonumber(redis.call('HGET', KEYS[1], ARGV[1]) or '0') > v then return 0 end
+redis.call('HSET', KEYS[1], ARGV[1], ARGV[2], unpack(ARGV, 3))
+return 1
+"""
+#: KEYS: the applied version, then own keys. ARGV: version, then the keys' values.
+_APPLY_OWN = """
+local v = tonumber(ARGV[1])
+if tonumber(redis.call('GET', KEYS[1]) or '0') > v then return 0 end
+for i = 2, #KEYS do redis.call('SET', KEYS[i], ARGV[i]) end
+redis.call('SET', KEYS[1], ARGV[1])
+return 1
+"""
+
+
+class Flat(NamedTuple):
+    """A write as its redo record holds it: the index's keys and values, not by hash;
+    those before ``first`` mixed, the rest band buckets in key order."""
+
+    epoch: int
+    keys: list[bytes]
+    values: list[bytes]
+    first: int
+
+    def grouped(self, layout: RedisLayout) -> Groups:
+        """The write by container (record hash or own keys), to apply it."""
+        keys, values, first = self.keys, self.values, self.first
+        groups = layout.grouped(keys[:first], values[:first], self.epoch)
+        for name, (fields, vals) in layout.grouped(
+            keys[first:], values[first:], self.epoch
+        ).items():
+            entry = groups.setdefault(name, ([], []))
+            entry[0].extend(fields)
+            entry[1].extend(vals)
+        return groups
+
+
+_BUCKET_KEY_SIZE = 11
+_MIX = np.uint64(0x9E3779B97F4A7C15)
+
+
+def _bucket_codes(rows: np.ndarray[Any, Any]) -> U64:
+    """One number per band bucket key (rows of its 11 bytes): the band hash mixed with
+    the band. Equal keys give equal numbers; a match is checked on the bytes."""
+    band_hash = np.ascontiguousarray(rows[:, 3:11]).view("<u8").ravel()
+    band = np.ascontiguousarray(rows[:, 1:3]).view("<u2").ravel().astype(np.uint64)
+    codes: U64 = band_hash ^ (band * _MIX)
+    return codes
+
+
+class _RedoView:
+    """One redo record's values, found by key without a Python step per field it holds.
+
+    A 2,000-document write holds ~35,000 fields, nine in ten of them band buckets, and
+    the next holder looks up a few hundred: the bucket keys (11 bytes each) are found
+    with one sort and a binary search over numbers, the few thousand others by a dict.
+    """
+
+    def __init__(self, blob: bytes) -> None:
+        self.blob = blob
+        self.epoch, _, key_spans, value_spans = redo_spans(blob)
+        self._key_at, self._values = key_spans[:, 0], value_spans
+        raw = np.frombuffer(blob, dtype=np.uint8)
+        bucket = (key_spans[:, 1] - self._key_at) == _BUCKET_KEY_SIZE
+        bucket[bucket] = raw[self._key_at[bucket]] == _B
+        where = np.flatnonzero(bucket)
+        rows = raw[self._key_at[where][:, None] + np.arange(_BUCKET_KEY_SIZE)]
+        codes = _bucket_codes(rows)
+        order = np.argsort(codes, kind="stable")
+        self._codes, self._bucket_at = codes[order], where[order]
+        others = np.flatnonzero(~bucket)
+        keys = [blob[a:b] for a, b in key_spans[others].tolist()]
+        self._others = dict(zip(keys, others.tolist(), strict=True))
+        #: Own keys (no epoch): found whatever epoch a read names.
+        self._own = {k for k in keys if k[0] not in SCOPED}
+
+    def _value(self, i: int) -> bytes:
+        start, end = self._values[i].tolist()
+        return self.blob[start:end]
+
+    def fill(self, epoch: int, keys: Sequence[bytes], out: list[Any]) -> None:
+        """Put the values this record writes for ``keys`` (index keys, read from
+        ``epoch``) into ``out``."""
+        buckets: list[int] = []
+        for pos, key in enumerate(keys):
+            if len(key) == _BUCKET_KEY_SIZE and key[0] == _B and self.epoch == epoch:
+                buckets.append(pos)
+                continue
+            i = self._others.get(key)
+            if i is not None and (self.epoch == epoch or key in self._own):
+                out[pos] = self._value(i)
+        if not buckets or not self._codes.size:
+            return
+        rows = np.frombuffer(b"".join([keys[p] for p in buckets]), dtype=np.uint8)
+        codes = _bucket_codes(rows.reshape(-1, _BUCKET_KEY_SIZE))
+        at = np.minimum(np.searchsorted(self._codes, codes), self._codes.size - 1)
+        for q in np.flatnonzero(self._codes[at] == codes).tolist():
+            i = int(self._bucket_at[at[q]])
+            start = int(self._key_at[i])
+            pos = buckets[q]
+            if self.blob[start : start + _BUCKET_KEY_SIZE] == keys[pos]:
+                out[pos] = self._value(i)
+
+
+_B = ord("b")
+
+
+class Overlay:
+    """The redo records still waiting, read through inside the lease, where their values
+    are newer than what the hashes hold (the newest waiting one wins)."""
+
+    def __init__(self, waiting: Sequence[bytes] = ()) -> None:
+        self._views = [_RedoView(blob) for blob in waiting]  # oldest first
+
+    def __bool__(self) -> bool:
+        return bool(self._views)
+
+    def fill(self, epoch: int, keys: Sequence[bytes], out: list[Any]) -> None:
+        """Replace the values read for ``keys`` (from ``epoch``) by the waiting ones."""
+        for view in self._views:
+            view.fill(epoch, keys, out)
+
+
+def plain(groups: Groups, epoch_set: bytes, epoch: int) -> list[Command]:
+    """The commands writing ``groups`` without a version check: the document records,
+    which nothing names before the commit point, and a record of a release before
+    versioned redo records."""
+    commands: list[Command] = [(b"SADD", epoch_set, epoch)] if epoch else []
+    for name, (fields, values) in groups.items():
+        for start in range(0, len(fields), _CHUNK):
+            part = fields[start : start + _CHUNK]
+            pairs: list[Any] = [None] * (2 * len(part))
+            pairs[::2] = part
+            pairs[1::2] = values[start : start + _CHUNK]
+            commands.append((b"HSET", name, *pairs) if name else (b"MSET", *pairs))
+    return commands
+
+
+def versioned(layout: RedisLayout, version: int, groups: Groups) -> list[Command]:
+    """The commands applying ``groups`` as write ``version``: each container's part only
+    where no newer write has been applied."""
+    commands: list[Command] = []
+    for name, (fields, values) in groups.items():
+        for start in range(0, len(fields), _CHUNK):
+            part, vals = fields[start : start + _CHUNK], values[start : start + _CHUNK]
+            if name:
+                pairs: list[Any] = [None] * (2 * len(part))
+                pairs[::2] = part
+                pairs[1::2] = vals
+                commands.append((b"EVAL", _APPLY_HASH, 1, name, VERSION_FIELD, version, *pairs))
+            else:
+                keys = (layout.applied, *part)
+                commands.append((b"EVAL", _APPLY_OWN, len(keys), *keys, version, *vals))
+    return commands
+
+
+class RedoQueue:
+    """The redo records of one index: applying those waiting, and reading them."""
+
+    def __init__(self, client: redis.Redis | RedisCluster, wire: Wire, layout: RedisLayout):
+        self._client, self._wire, self._layout = client, wire, layout
+        #: This instance's own records not known to be applied (it need not read them),
+        #: as stored and as written.
+        self._own: dict[int, tuple[bytes, Flat]] = {}
+
+    def keep(self, version: int, blob: bytes, redo: Flat) -> None:
+        self._own[version] = (blob, redo)
+
+    def _blobs(self, versions: Sequence[int]) -> dict[int, bytes]:
+        """The records of ``versions`` still stored (one ``HMGET``), this instance's own
+        from memory."""
+        out = {v: self._own[v][0] for v in versions if v in self._own}
+        missing = [v for v in versions if v not in out]
+        if missing:
+            blobs = self._client.hmget(self._layout.redos, missing)
+            for v, blob in zip(missing, blobs, strict=True):
+                if isinstance(blob, bytes):
+                    out[v] = blob
+        return out
+
+    def overlay(self, waiting: Sequence[int]) -> Overlay:
+        """What the records of ``waiting`` write, for the reads of a lease."""
+        found = self._blobs(sorted(waiting)) if waiting else {}
+        self._own = {v: r for v, r in self._own.items() if v in found}
+        return Overlay([found[v] for v in sorted(found)])
+
+    def apply(self, waiting: Sequence[int], epoch_set: bytes) -> None:
+        """Apply the records of ``waiting`` in version order, then delete them: each
+        container's part only where no newer write was applied (the rule of the module
+        docstring, which makes this safe in any number of instances at once)."""
+        if not waiting:
+            return
+        ordered = sorted(waiting)
+        found = self._blobs(ordered)
+        commands: list[Command] = []
+        for v in ordered:
+            if v not in found:  # applied and deleted by another instance meanwhile
+                continue
+            redo = self._own[v][1] if v in self._own else Flat(*decode_redo(found[v]))
+            if redo.epoch:
+                commands.append((b"SADD", epoch_set, redo.epoch))
+            commands.extend(versioned(self._layout, v, redo.grouped(self._layout)))
+        self._wire.run(commands)
+        self._client.hdel(self._layout.redos, *ordered)
+        for v in ordered:
+            self._own.pop(v, None)
+
+    def waiting(self) -> list[int]:
+        """The versions whose records are stored, not known to be applied."""
+        return sorted(int(v) for v in self._client.hkeys(self._layout.redos))

@@ -1,0 +1,191 @@
+"""The shared index's writes after the lease: redo records read through, applied in order.
+
+A write releases the lease at its commit point (its versioned redo record) and is
+applied afterwards (``index/redis_redo.py``). What must hold, on a real Redis node and a
+3-master cluster: the next holder reads a write not applied yet as if it were; a write
+whose applier died is applied by the next write; and a late applier of an older write
+never puts its values over a newer write's.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+
+import pytest
+
+from stream_dedup.core.config import DedupConfig
+from stream_dedup.dedup import Deduplicator
+from stream_dedup.index import DedupIndex, keys
+from stream_dedup.index.params import IndexParams
+from stream_dedup.index.redis_backend import RedisBackend
+from stream_dedup.index.redis_layout import decode_redo
+from stream_dedup.index.redis_log import LOG_ENTRIES
+from stream_dedup.index.redis_redo import VERSION_FIELD, Overlay, versioned
+from stream_dedup.models import Document
+from tests.conftest import fresh_namespace
+
+from .test_dedup import article
+
+
+@pytest.fixture(params=["redis", "redis-cluster"])
+def backend_kind(request: pytest.FixtureRequest) -> str:
+    kind: str = request.param
+    return kind
+
+
+@pytest.fixture
+def shared(redis_backend_url: str) -> Iterator[Callable[[], Deduplicator]]:
+    """``make()``: one more instance (its own connection and index object) on one index."""
+    namespace = fresh_namespace()
+    config = DedupConfig()
+    opened: list[RedisBackend] = []
+
+    def make() -> Deduplicator:
+        backend = RedisBackend(redis_backend_url, namespace=namespace, lock_ttl_ms=2000)
+        opened.append(backend)
+        return Deduplicator(DedupIndex(backend, IndexParams.of(config)), config)
+
+    yield make
+    for backend in opened:
+        backend.close()
+
+
+def decide_and_store(dedup: Deduplicator, docs: list[Document]) -> dict[str, str | None]:
+    with dedup.index.exclusive():
+        result = dedup.decide(docs)
+        dedup.index.apply(dedup.prepare(result))
+    return {v.id: v.duplicate_of for v in result.verdicts}
+
+
+def backend_of(dedup: Deduplicator) -> RedisBackend:
+    backend = dedup.index._backend
+    assert isinstance(backend, RedisBackend)
+    return backend
+
+
+def commit_then_die(dedup: Deduplicator, docs: list[Document]) -> int:
+    """Decide ``docs`` and store them up to the commit point, as a process killed right
+    after it would: the lease is let go, nothing of the write is applied. Its version."""
+    backend = backend_of(dedup)
+    with dedup.index.exclusive():
+        write = dedup.prepare(dedup.decide(docs)).write
+        backend._put(write.epoch, write.docs)
+        version, *_ = backend._commit(
+            keys=[backend._lock, backend._redos, *backend._log_keys],
+            args=[backend._token, 2000, write.redo, write.entry, LOG_ENTRIES],
+        )
+        backend._token = None  # the commit point let the lease go
+    return int(version)
+
+
+def originals(n: int) -> list[Document]:
+    return [Document(f"o{i}", article(i)) for i in range(n)]
+
+
+def test_the_lease_is_free_at_the_commit_point(shared: Callable[[], Deduplicator]) -> None:
+    first = shared()
+    backend = backend_of(first)
+    with first.index.exclusive():
+        first.index.apply(first.prepare(first.decide(originals(3))))
+        assert not backend._client.exists(backend._lock)  # released before the write applied
+        assert backend.released_at is not None
+        assert first.index.lease_end() == backend.released_at
+    assert backend._client.hlen(backend._redos) == 0  # applied, then its record deleted
+
+
+def test_the_next_holder_reads_a_write_not_applied_yet(
+    shared: Callable[[], Deduplicator],
+) -> None:
+    """Nothing of the write is in the hashes, yet the next lease sees its verdicts, its
+    documents and its counters; the next write applies it first, then itself."""
+    first, second = shared(), shared()
+    decide_and_store(second, [Document("warm", article(9999))])
+    version = commit_then_die(first, originals(8))
+    backend = backend_of(second)
+    assert backend.get_many([keys.verdict_key("o2")]) == [None]  # outside a lease: stored
+    with second.index.exclusive():
+        assert second.index.counter("documents") == 9
+        assert backend.get_many([keys.verdict_key("o2")]) != [None]
+    copies = [Document(f"c{i}", article(i) + " update") for i in range(8)]
+    assert decide_and_store(second, copies) == {f"c{i}": f"o{i}" for i in range(8)}
+    assert backend._client.hlen(backend._redos) == 0
+    assert backend.get_many([keys.verdict_key("o2")]) != [None]  # applied by second
+    applied = backend._client.get(backend._keys.applied)
+    assert applied is not None and int(applied) == version + 1
+    third = shared()
+    assert third.index.counter("documents") == 17
+    assert decide_and_store(third, [Document("o5", article(5))]) == {"o5": None}  # replayed
+
+
+def test_a_late_applier_never_writes_over_a_newer_write(
+    shared: Callable[[], Deduplicator],
+) -> None:
+    """An instance paused between its commit point and its apply: the next write applies
+    its write and then the newer one; when it wakes and applies its own, the newer
+    values (counters, verdicts, buckets) stay."""
+    first, second = shared(), shared()
+    backend = backend_of(first)
+    with first.index.exclusive():
+        write = first.prepare(first.decide(originals(5))).write
+        backend._put(write.epoch, write.docs)
+        version, *_ = backend._commit(
+            keys=[backend._lock, backend._redos, *backend._log_keys],
+            args=[backend._token, 2000, write.redo, write.entry, LOG_ENTRIES],
+        )
+        backend._token = None
+    again = [Document(f"o{i}", article(i) + " revised, a new paragraph") for i in range(5)]
+    decide_and_store(second, [*again, Document("n1", article(77))])
+    rest = write.rest.grouped(backend._keys)
+    snapshot = {name: backend._client.hgetall(name) for name in rest if name} | {
+        b"own": backend._client.mget(rest[b""][0])
+    }
+    # first wakes up: its part of every hash and of the own keys, as apply sends them
+    replies = backend._wire.run(versioned(backend._keys, int(version), rest))
+    # refused where the newer write went; elsewhere the same values again (the newer
+    # write's applier applied this one first)
+    assert 0 in replies
+    after = {name: backend._client.hgetall(name) for name in rest if name} | {
+        b"own": backend._client.mget(rest[b""][0])
+    }
+    assert after == snapshot
+    some = next(name for name in rest if name)
+    assert int(backend._client.hget(some, VERSION_FIELD) or 0) > int(version)
+    assert second.index.counter("documents") == 11
+    with first.index.exclusive():
+        assert first.index.counter("documents") == 11
+
+
+def test_the_overlay_finds_every_value_a_redo_record_writes_and_nothing_else(
+    shared: Callable[[], Deduplicator],
+) -> None:
+    """A real write's record: every field found with its value (band buckets by number,
+    the rest by key), own keys by their index key, other epochs and absent keys not."""
+    first = shared()
+    decide_and_store(first, originals(30))
+    with first.index.exclusive():
+        write = first.prepare(first.decide(originals(60)[30:])).write
+    epoch, wanted, expected, _ = decode_redo(write.redo)
+    assert (epoch, wanted, expected) == (write.epoch, write.rest.keys, write.rest.values)
+    overlay = Overlay([write.redo])
+    own = [v for k, v in zip(wanted, expected, strict=True) if k[0] not in keys.SCOPED]
+    assert sum(k[:1] == b"b" for k in wanted) > 100 and own
+    absent = [keys.verdict_key("nobody"), b"b" + bytes(10), wanted[-1][:-1] + b"\xff"]
+    got: list[bytes | None] = [None] * (len(wanted) + len(absent))
+    overlay.fill(epoch, [*wanted, *absent], got)
+    assert got == [*expected, None, None, None]
+    other: list[bytes | None] = [None] * len(wanted)
+    overlay.fill(epoch + 1, wanted, other)  # records of another epoch: only own keys
+    assert [v for v in other if v is not None] == own
+
+
+def test_a_filter_built_while_a_write_waits_learns_its_keys_from_the_log(
+    shared: Callable[[], Deduplicator],
+) -> None:
+    """An instance's first batch builds its key filter from a scan of the hashes: a
+    write past its commit point but not applied is not in them, so the filter follows
+    the log from before it and learns its keys there."""
+    first, second = shared(), shared()
+    decide_and_store(first, [Document("warm", article(9999))])
+    commit_then_die(first, originals(6))
+    copies = [Document(f"c{i}", article(i) + " update") for i in range(6)]
+    assert decide_and_store(second, copies) == {f"c{i}": f"o{i}" for i in range(6)}
