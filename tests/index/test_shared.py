@@ -26,6 +26,7 @@ from stream_dedup.models import Document
 from stream_dedup.tools import redis_local
 from tests.conftest import fresh_namespace
 
+from .shared_instances import decide_and_store, shared_instances
 from .test_dedup import article
 
 
@@ -38,26 +39,8 @@ def backend_kind(request: pytest.FixtureRequest) -> str:
 @pytest.fixture
 def shared(redis_backend_url: str) -> Iterator[Callable[[], Deduplicator]]:
     """``make()``: one more instance (its own connection and index object) on one index."""
-    namespace = fresh_namespace()
-    config = DedupConfig()
-    opened: list[RedisBackend] = []
-
-    def make() -> Deduplicator:
-        backend = RedisBackend(redis_backend_url, namespace=namespace, lock_ttl_ms=2000)
-        opened.append(backend)
-        return Deduplicator(DedupIndex(backend, IndexParams.of(config)), config)
-
-    yield make
-    for backend in opened:
-        backend.close()
-
-
-def decide_and_store(dedup: Deduplicator, docs: list[Document]) -> dict[str, str | None]:
-    """What the service does with a batch of a shared index: decide and store in one lease."""
-    with dedup.index.exclusive():
-        result = dedup.decide(docs)
-        dedup.index.apply(dedup.prepare(result))
-    return {v.id: v.duplicate_of for v in result.verdicts}
+    with shared_instances(redis_backend_url) as make:
+        yield make
 
 
 def test_copies_racing_at_two_instances_make_exactly_one_unique(

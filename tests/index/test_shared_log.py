@@ -10,20 +10,17 @@ from collections.abc import Callable, Iterator, Sequence
 import numpy as np
 import pytest
 
-from stream_dedup.core.config import DedupConfig
 from stream_dedup.core.hashing import U64
 from stream_dedup.dedup import Deduplicator
 from stream_dedup.errors import IndexUnreachableError
-from stream_dedup.index import DedupIndex, keys
+from stream_dedup.index import keys
 from stream_dedup.index import redis_backend as redis_backend_module
-from stream_dedup.index.params import IndexParams
 from stream_dedup.index.redis_backend import RedisBackend
 from stream_dedup.index.redis_log import LOG_ENTRIES, ChangeCursor, encode_entry
 from stream_dedup.models import Document
-from tests.conftest import fresh_namespace
 
+from .shared_instances import decide_and_store, shared_instances
 from .test_dedup import article
-from .test_shared import decide_and_store
 
 
 @pytest.fixture(params=["redis", "redis-cluster"])
@@ -45,18 +42,8 @@ class Counting(RedisBackend):
 @pytest.fixture
 def shared(redis_backend_url: str) -> Iterator[Callable[[], Deduplicator]]:
     """``make()``: one more instance on one index, its backend counting its reads."""
-    namespace = fresh_namespace()
-    config = DedupConfig()
-    opened: list[RedisBackend] = []
-
-    def make() -> Deduplicator:
-        backend = Counting(redis_backend_url, namespace=namespace, lock_ttl_ms=2000)
-        opened.append(backend)
-        return Deduplicator(DedupIndex(backend, IndexParams.of(config)), config)
-
-    yield make
-    for backend in opened:
-        backend.close()
+    with shared_instances(redis_backend_url, Counting) as make:
+        yield make
 
 
 def reads(dedup: Deduplicator) -> int:

@@ -13,17 +13,15 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
-from stream_dedup.core.config import DedupConfig
 from stream_dedup.dedup import Deduplicator
-from stream_dedup.index import DedupIndex, keys
-from stream_dedup.index.params import IndexParams
+from stream_dedup.index import keys
 from stream_dedup.index.redis_backend import RedisBackend
 from stream_dedup.index.redis_layout import decode_redo
 from stream_dedup.index.redis_log import LOG_ENTRIES
 from stream_dedup.index.redis_redo import VERSION_FIELD, Overlay, versioned
 from stream_dedup.models import Document
-from tests.conftest import fresh_namespace
 
+from .shared_instances import decide_and_store, shared_instances
 from .test_dedup import article
 
 
@@ -36,25 +34,8 @@ def backend_kind(request: pytest.FixtureRequest) -> str:
 @pytest.fixture
 def shared(redis_backend_url: str) -> Iterator[Callable[[], Deduplicator]]:
     """``make()``: one more instance (its own connection and index object) on one index."""
-    namespace = fresh_namespace()
-    config = DedupConfig()
-    opened: list[RedisBackend] = []
-
-    def make() -> Deduplicator:
-        backend = RedisBackend(redis_backend_url, namespace=namespace, lock_ttl_ms=2000)
-        opened.append(backend)
-        return Deduplicator(DedupIndex(backend, IndexParams.of(config)), config)
-
-    yield make
-    for backend in opened:
-        backend.close()
-
-
-def decide_and_store(dedup: Deduplicator, docs: list[Document]) -> dict[str, str | None]:
-    with dedup.index.exclusive():
-        result = dedup.decide(docs)
-        dedup.index.apply(dedup.prepare(result))
-    return {v.id: v.duplicate_of for v in result.verdicts}
+    with shared_instances(redis_backend_url) as make:
+        yield make
 
 
 def backend_of(dedup: Deduplicator) -> RedisBackend:
