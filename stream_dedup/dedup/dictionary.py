@@ -32,7 +32,6 @@ class DictionaryTrainer:
     def __init__(self, index: DedupIndex, exact: bool) -> None:
         """``exact``: payloads hold texts (``verify = "exact"``); otherwise none is used."""
         self._index = index
-        payload_dictionary.add_source(index.dictionary_bytes)
         raw = index.payload_dictionary() if exact else None
         #: The dictionary the sketch compresses with (``None``: without one).
         self.dictionary: Dictionary | None = (

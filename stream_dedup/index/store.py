@@ -38,6 +38,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from stream_dedup.core import payload_dictionary
 from stream_dedup.core.hashing import U64
 from stream_dedup.errors import IndexMismatchError, IndexStoreError
 from stream_dedup.index import keys
@@ -110,6 +111,9 @@ class DedupIndex(IndexReads):
         self._backend = backend
         self._shared = backend.shared
         self._asked_retention = retention
+        # Any reader of this index's payloads (a check, a follower in another process)
+        # finds the dictionaries they name here, not only the process that trained one.
+        payload_dictionary.add_source(self.dictionary_bytes)
         stored_raw = backend.get_many([keys.META])[0]
         self._upgrade = False  # the stored format is older: the next commit stores the new
         if stored_raw is None:
