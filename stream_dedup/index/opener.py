@@ -92,15 +92,7 @@ def open_index(
     if where is None:
         backend = MemoryBackend()
     elif isinstance(where, RedisSettings):
-        from stream_dedup.index.redis_backend import RedisBackend
-
-        backend = RedisBackend(
-            where.url,
-            namespace=where.namespace,
-            password=where.password,
-            tls_ca_file=where.tls_ca_file,
-            lock_ttl_ms=where.lock_ttl_ms,
-        )
+        backend = _redis_backend(where)
     else:
         backend = open_rocks(
             where,
@@ -109,6 +101,19 @@ def open_index(
             must_exist=params is None or read_only,
         )
     return DedupIndex(backend, params, retention)
+
+
+def _redis_backend(where: RedisSettings) -> Backend:
+    """A client of the shared index ``where`` names (imported here: Redis is optional)."""
+    from stream_dedup.index.redis_backend import RedisBackend
+
+    return RedisBackend(
+        where.url,
+        namespace=where.namespace,
+        password=where.password,
+        tls_ca_file=where.tls_ca_file,
+        lock_ttl_ms=where.lock_ttl_ms,
+    )
 
 
 def open_follower(where: Location) -> FollowerIndex:
@@ -121,15 +126,7 @@ def open_follower(where: Location) -> FollowerIndex:
     if where is None:
         raise ValueError("an index in memory has no other process to follow")
     if isinstance(where, RedisSettings):
-        from stream_dedup.index.redis_backend import RedisBackend
-
-        backend = RedisBackend(
-            where.url,
-            namespace=where.namespace,
-            password=where.password,
-            tls_ca_file=where.tls_ca_file,
-            lock_ttl_ms=where.lock_ttl_ms,
-        )
+        backend = _redis_backend(where)
     else:
         if not holds_database(where):
             raise IndexStoreError(f"{where} holds no index to follow")
