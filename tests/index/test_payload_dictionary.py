@@ -65,6 +65,16 @@ def test_a_trained_dictionary_keeps_verdicts_and_cuts_payloads(
     records = [decode_doc(v) for v in dict(backend.scan_prefix(keys.DOC)).values()]
     assert all(decode_text(r.payload) for r in records)
 
+    # A reader that opens the index and decides nothing (the check process): opening it
+    # is enough for its payloads to be read.
+    monkeypatch.setattr(payload_dictionary, "_known", {})
+    monkeypatch.setattr(payload_dictionary, "_sources", [])
+    with pytest.raises(IndexCorruptError, match="dictionary"):
+        decode_text(next(r.payload for r in records if r.payload[0] == ZSTD_DICTIONARY))
+    reader = DedupIndex(backend, IndexParams.of(CONFIG))
+    assert all(decode_text(r.payload) for r in records)
+    assert reader.params == IndexParams.of(CONFIG)
+
 
 def test_a_second_deduplicator_takes_the_stored_dictionary(backend_factory: BackendFactory) -> None:
     """Two deciders of one index (a shared one's instances) that gather texts at once: the
