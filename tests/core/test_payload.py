@@ -104,7 +104,7 @@ def test_a_batch_compressed_at_once_is_each_text_compressed_alone(trained: bool)
     """The sketch compresses a batch in one call: each payload must be byte for byte the
     one a text compressed alone gets (payloads already stored, their sizes, and the
     frame-header bounds all rest on it), an empty text included."""
-    texts = news(300) + ["", "a \ud800 lone surrogate", "x"]
+    texts = [*news(300), "", "a \ud800 lone surrogate", "x"]
     dictionary = train(texts[:200]) if trained else None
     assert (dictionary is not None) == trained
     raws = [t.encode("utf-8", "surrogatepass") for t in texts]
