@@ -119,10 +119,11 @@ def encode_joined(
     carries (byte for byte the same payloads).
 
     One call compresses the batch (zstd's ``multi_compress_to_buffer`` over segments of
-    ``utf8``, in this thread): the per-call work of a ``compress`` (resetting the context,
-    applying the parameters and the dictionary again, a ``bytes`` per slice of input) is
-    paid once per batch, not once per ~1 KB text: ~2 µs of the ~12 a news article's
-    payload cost in the sketch worker (docs/benchmarks.md, 2026-11-26).
+    ``utf8``, in this thread), so what a ``compress`` per ~1 KB text paid around zstd's
+    own work (a ``bytes`` per slice of input, an output ``bytes`` allocated for the worst
+    case and cut down, the interpreter's call) is not paid per text: timed alone ~1.5-5
+    µs of a news article's ~9-14, and the service's sketch worker went from 77 to 64 µs
+    of CPU per document (docs/benchmarks.md, 2026-11-26).
     """
     n = len(starts)
     if n == 0:
