@@ -122,8 +122,8 @@ def encode_joined(
     ``utf8``, in this thread), so what a ``compress`` per ~1 KB text paid around zstd's
     own work (a ``bytes`` per slice of input, an output ``bytes`` allocated for the worst
     case and cut down, the interpreter's call) is not paid per text: timed alone ~1.5-5
-    µs of a news article's ~9-14, and the service's sketch worker went from 77 to 64 µs
-    of CPU per document (docs/benchmarks.md, 2026-11-26).
+    µs of a news article's ~9-14, and the service's sketch worker went from 73 to 66.5 µs
+    of CPU per document (medians, docs/benchmarks.md, 2026-11-26).
     """
     n = len(starts)
     if n == 0:
