@@ -37,7 +37,7 @@ from stream_dedup.core.lookup_keys import (
     packed_bucket_keys,
 )
 from stream_dedup.core.normalize import normalize
-from stream_dedup.core.payload import encode_texts
+from stream_dedup.core.payload import encode_joined
 from stream_dedup.core.payload_dictionary import Dictionary
 from stream_dedup.core.shingles import char_gram_constants, shingle_sets
 from stream_dedup.core.signature import SIG_DTYPE, densify, signatures
@@ -91,6 +91,10 @@ _NO_SETS: tuple[U32, npt.NDArray[np.int64]] = (
 )
 
 
+#: Payloads when verification is by signature: none.
+_NO_PAYLOADS: tuple[bytes, npt.NDArray[np.int64]] = (b"", np.empty(0, dtype=np.int64))
+
+
 def sketch(
     texts: Sequence[str], config: DedupConfig, plan: BandPlan, dictionary: Dictionary | None = None
 ) -> Sketch:
@@ -132,7 +136,9 @@ def sketch_packed(
         live, flat, sizes, sigs, digests, texts_at = _sketch_char(texts, config)
     else:
         live, flat, sizes, sigs, digests, texts_at = _sketch_numpy(texts, config)
-    payloads = encode_texts(*texts_at, dictionary) if config.verify == "exact" else []
+    joined, lens = (
+        encode_joined(*texts_at, dictionary) if config.verify == "exact" else _NO_PAYLOADS
+    )
     hashes = band_hashes(sigs, plan, config.seed)
     order = bucket_order(hashes)
     return (
@@ -148,8 +154,8 @@ def sketch_packed(
         fingerprints(
             np.tile(np.arange(plan.bands, dtype=np.uint16), hashes.shape[0]), hashes.reshape(-1)
         ),
-        b"".join(payloads),
-        np.fromiter(map(len, payloads), dtype=np.int64, count=len(payloads)),
+        joined,
+        lens,
     )
 
 

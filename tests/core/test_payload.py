@@ -13,6 +13,7 @@ from stream_dedup.core.payload import (
     ZSTD_DICTIONARY,
     ZSTD_MAGICLESS,
     decode_text,
+    encode_joined,
     encode_texts,
     payload_sets,
     rebuild_sets,
@@ -96,6 +97,29 @@ def test_size_bounds_and_rebuilt_sets_read_dictionary_payloads() -> None:
     assert sizes.tolist() == sk.set_len.tolist()
     assert np.array_equal(flat, np.concatenate(sk.sets))
     assert (bounds >= sizes).all() and (bounds < 4 * sizes).all()
+
+
+@pytest.mark.parametrize("trained", [False, True], ids=["plain", "dictionary"])
+def test_a_batch_compressed_at_once_is_each_text_compressed_alone(trained: bool) -> None:
+    """The sketch compresses a batch in one call: each payload must be byte for byte the
+    one a text compressed alone gets (payloads already stored, their sizes, and the
+    frame-header bounds all rest on it), an empty text included."""
+    texts = [*news(300), "", "a \ud800 lone surrogate", "x"]
+    dictionary = train(texts[:200]) if trained else None
+    assert (dictionary is not None) == trained
+    raws = [t.encode("utf-8", "surrogatepass") for t in texts]
+    lengths = [len(r) for r in raws]
+    starts = np.cumsum(lengths) - lengths
+    utf8 = b"".join(raws)
+    joined, sizes = encode_joined(utf8, starts.tolist(), lengths, dictionary)
+    alone = encode_texts(utf8, starts.tolist(), lengths, dictionary)
+    assert joined == b"".join(alone)
+    assert sizes.tolist() == [len(p) for p in alone]
+    ends = np.cumsum(sizes).tolist()
+    assert [decode_text(joined[e - n : e]) for e, n in zip(ends, sizes.tolist(), strict=True)] == (
+        texts
+    )
+    assert encode_joined(b"", [], [], dictionary)[0] == b""
 
 
 def test_payload_is_a_fraction_of_the_set() -> None:
