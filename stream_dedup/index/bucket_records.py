@@ -73,15 +73,41 @@ def bucket_puts(
     first = np.ones(chosen.size, dtype=bool)
     first[1:] = slots[1:] != slots[:-1]
     chosen, slots = chosen[first], slots[first]
-    values: list[bytes] = per_key[chosen].astype("<u8").view("V8").tolist()
+    single = per_key[chosen].astype("<u8")
+    values: list[bytes] = single.view("V8").tolist()
     longer = np.flatnonzero(found.content_len[slots] > 0)
+    counts = np.ones(chosen.size, dtype=np.int64)
+    members = single
     if longer.size:
-        raw = found.contents.astype("<u8").tobytes()  # docnums are never negative
-        at = (8 * found.content_at[slots[longer]]).tolist()
-        size = (8 * found.content_len[slots[longer]]).tolist()
-        for k, a, n in zip(longer.tolist(), at, size, strict=True):
+        contents = found.contents.astype("<u8")  # docnums are never negative
+        raw = contents.tobytes()
+        at, size = found.content_at[slots[longer]], found.content_len[slots[longer]]
+        for k, a, n in zip(longer.tolist(), (8 * at).tolist(), (8 * size).tolist(), strict=True):
             values[k] = raw[a : a + n]
-    return OrderedPuts(_in_order(bkeys, chosen), values), chosen
+        counts[longer] = size
+        members = _joined(single, counts, longer, contents, at, size)
+    return OrderedPuts(_in_order(bkeys, chosen), values, (counts, members)), chosen
+
+
+def _spans(starts: I64, lengths: I64) -> I64:
+    """The positions ``starts[i] .. starts[i] + lengths[i]``, one span after another."""
+    ends = np.cumsum(lengths)
+    out: I64 = np.arange(int(ends[-1]) if ends.size else 0, dtype=np.int64)
+    out += np.repeat(starts - (ends - lengths), lengths)
+    return out
+
+
+def _joined(single: U64, counts: I64, longer: I64, contents: U64, at: I64, size: I64) -> U64:
+    """Every written bucket's members, one bucket after another: a new bucket's one docnum
+    (``single``), or the matching pass's contents (``at``/``size`` in ``contents``) for the
+    buckets ``longer`` lists."""
+    starts = np.cumsum(counts) - counts
+    out = np.empty(int(counts.sum()), dtype="<u8")
+    one = np.ones(counts.size, dtype=bool)
+    one[longer] = False
+    out[starts[one]] = single[one]
+    out[_spans(starts[longer], size)] = contents[_spans(at, size)]
+    return out
 
 
 def _in_order(items: list[bytes], order: npt.NDArray[np.intp]) -> Sequence[bytes]:

@@ -14,10 +14,11 @@ import zlib
 from collections.abc import Sequence
 from itertools import chain
 from operator import itemgetter
-from typing import Any
+from typing import Any, NamedTuple
 from urllib.parse import urlsplit, urlunsplit
 
 import numpy as np
+import numpy.typing as npt
 
 from stream_dedup.index.keys import BUCKET, SCOPED
 
@@ -25,6 +26,7 @@ __all__ = [
     "DEFAULT_NAMESPACE",
     "NAMESPACE",
     "Groups",
+    "PackedBuckets",
     "RedisLayout",
     "decode_grouped_redo",
     "decode_redo",
@@ -141,17 +143,51 @@ class RedisLayout:
         return self._by_tag(rows[:, -1], keys, values, epoch)
 
 
-def encode_redo(epoch: int, keys: Sequence[bytes], values: Sequence[bytes], first: int) -> bytes:
+def encode_redo(
+    epoch: int,
+    keys: Sequence[bytes],
+    values: Sequence[bytes],
+    first: int,
+    buckets: PackedBuckets | None = None,
+) -> bytes:
     """One value holding a write, as the index's keys and values, not yet grouped by
     hash (grouping is work the commit point need not wait for): epoch, count, ``first``
     (the keys before it are mixed, the rest band buckets in key order, grouped apart),
-    every key's and value's length, then the bytes."""
-    counts = np.array([epoch, len(keys), first], dtype="<u8")
+    every key's and value's length, then the bytes.
+
+    ``buckets``, when given, are more band buckets after ``keys`` (a batch's ~30,000, as
+    joined bytes: see :class:`PackedBuckets`), so the record is built without a Python
+    object per bucket; the bytes are those of the same buckets in ``keys`` and ``values``.
+    """
+    n = len(keys) + (0 if buckets is None else buckets.size)
+    counts = np.array([epoch, n, first], dtype="<u8")
     klen = np.fromiter(map(len, keys), dtype="<u4", count=len(keys))
     vlen = np.fromiter(map(len, values), dtype="<u4", count=len(values))
-    return b"".join(
-        [counts.tobytes(), klen.tobytes(), vlen.tobytes(), b"".join(keys), b"".join(values)]
-    )
+    if buckets is None:
+        parts = [klen.tobytes(), vlen.tobytes(), b"".join(keys), b"".join(values)]
+    else:
+        more = np.full(buckets.size, _BUCKET_KEY_SIZE, dtype="<u4")
+        parts = [
+            klen.tobytes(),
+            more.tobytes(),
+            vlen.tobytes(),
+            buckets.sizes.astype("<u4").tobytes(),
+            b"".join(keys),
+            buckets.keys,
+            b"".join(values),
+            buckets.values,
+        ]
+    return b"".join([counts.tobytes(), *parts])
+
+
+class PackedBuckets(NamedTuple):
+    """Band buckets for a redo record as joined bytes: ``size`` keys of 11 bytes each in
+    ``keys``, their values in ``values``, value ``i`` ``sizes[i]`` bytes long."""
+
+    size: int
+    keys: bytes
+    sizes: npt.NDArray[np.uint32]
+    values: bytes
 
 
 def redo_spans(blob: bytes) -> tuple[int, int, np.ndarray[Any, Any], np.ndarray[Any, Any]]:
