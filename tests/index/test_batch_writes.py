@@ -72,7 +72,7 @@ def _run(config: DedupConfig, one_at_a_time: bool, mp: pytest.MonkeyPatch) -> li
 def test_the_batch_built_list_by_list_equals_one_at_a_time(
     overrides: dict[str, str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    config = DedupConfig(**overrides)  # type: ignore[call-arg, arg-type]
+    config = DedupConfig(**overrides)  # type: ignore[arg-type]
     fast = _run(config, False, monkeypatch)
     slow = _run(config, True, monkeypatch)
     kinds = [[v.verdict for v in r.verdicts] for r in fast]
