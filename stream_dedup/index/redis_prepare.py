@@ -17,7 +17,13 @@ from typing import NamedTuple
 
 from stream_dedup.core.hashing import U64
 from stream_dedup.index.backend import OrderedPuts
-from stream_dedup.index.redis_layout import Groups, PackedBuckets, RedisLayout, encode_redo
+from stream_dedup.index.redis_layout import (
+    Groups,
+    PackedBuckets,
+    RedisLayout,
+    decode_redo,
+    encode_redo,
+)
 from stream_dedup.index.redis_log import encode_entry
 from stream_dedup.index.redis_members import compact_buckets, compact_members
 from stream_dedup.index.redis_redo import Flat
@@ -37,6 +43,10 @@ class Write(NamedTuple):
     rest: Flat | None
     redo: bytes
     entry: bytes
+
+    def flat(self) -> Flat:
+        """The rest of the write, decoded from its redo record when not kept."""
+        return self.rest if self.rest is not None else Flat(*decode_redo(self.redo))
 
 
 def prepare_write(
