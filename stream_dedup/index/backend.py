@@ -46,11 +46,20 @@ class OrderedPuts(NamedTuple):
 
     keys: Sequence[bytes]
     values: Sequence[bytes]
-    #: The values as arrays, when the caller has them (band buckets): each key's number
-    #: of members, and the members' docnums one key after another, as ``values`` holds
-    #: them. A backend that stores buckets in its own encoding (Redis) builds its bytes
-    #: from these in a few array operations instead of a Python step per key.
-    members: tuple[npt.NDArray[np.int64], U64] | None = None
+    #: The same puts as arrays, when the caller has them (band buckets): see
+    #: :class:`BucketArrays`.
+    arrays: BucketArrays | None = None
+
+
+class BucketArrays(NamedTuple):
+    """Band buckets' puts as arrays: the keys joined (11 bytes each, in key order), each
+    key's number of members, and the members' docnums one key after another, as the
+    values hold them. A backend that stores buckets in its own encoding (Redis) builds
+    its bytes from these in a few array operations instead of a Python step per key."""
+
+    keys: bytes
+    counts: npt.NDArray[np.int64]
+    members: U64
 
 
 #: No ordered puts.

@@ -63,10 +63,11 @@ def prepare_write(
     mixed_values = compact_buckets(mixed, [puts[k] for k in mixed])
     doc_groups = layout.grouped(list(docs), list(docs.values()), epoch)
     entry = encode_entry(epoch, changed)
-    packed = None if ordered.members is None else compact_members(*ordered.members)
-    if packed is not None:
+    arrays = ordered.arrays
+    packed = None if arrays is None else compact_members(arrays.counts, arrays.members)
+    if arrays is not None and packed is not None:
         sizes, joined = packed
-        buckets = PackedBuckets(len(ordered.keys), b"".join(ordered.keys), sizes, joined)
+        buckets = PackedBuckets(len(ordered.keys), arrays.keys, sizes, joined)
         redo = encode_redo(epoch, mixed, mixed_values, len(mixed), buckets)
         return Write(epoch, doc_groups, None, redo, entry)
     keys = mixed + list(ordered.keys)

@@ -299,10 +299,10 @@ def test_bucket_puts_come_apart_in_key_order_and_only_for_indexed_documents(
 
 def _assert_members_match_values(puts: OrderedPuts) -> None:
     """The buckets' members as arrays hold what their values hold, key by key."""
-    assert puts.members is not None
-    counts, flat = puts.members
-    assert counts.tolist() == [len(v) // 8 for v in puts.values]
-    assert flat.tobytes() == b"".join(puts.values)
+    assert puts.arrays is not None
+    assert puts.arrays.keys == b"".join(puts.keys)
+    assert puts.arrays.counts.tolist() == [len(v) // 8 for v in puts.values]
+    assert puts.arrays.members.tobytes() == b"".join(puts.values)
 
 
 def test_bucket_members_as_arrays_equal_the_values_when_buckets_grow(

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import redis
 
-from stream_dedup.index.backend import OrderedPuts
+from stream_dedup.index.backend import BucketArrays, OrderedPuts
 from stream_dedup.index.keys import bucket_keys
 from stream_dedup.index.redis_backend import RedisBackend
 from stream_dedup.index.redis_layout import RedisLayout
@@ -113,13 +113,19 @@ def test_a_write_from_member_arrays_reads_back_as_one_from_values(redis_url: str
     wide = [_members(7), _members(1, 2, 3), _members(9), _members(4, 5)]
     puts = {b"v" + b"id-1": b"{}", b"x" + bytes(16): _members(3)}
     layout = RedisLayout("members-test")
-    packed = prepare_write(layout, puts, OrderedPuts(keys, wide, (counts, flat)), 2, None)
+    packed = prepare_write(
+        layout, puts, OrderedPuts(keys, wide, BucketArrays(b"".join(keys), counts, flat)), 2, None
+    )
     plain = prepare_write(layout, puts, OrderedPuts(keys, wide), 2, None)
     assert packed.rest is None and plain.rest is not None
     assert packed.redo == plain.redo
     backend = RedisBackend(redis_url, namespace=fresh_namespace())
     try:
-        backend.apply(backend.prepare(puts, OrderedPuts(keys, wide, (counts, flat)), 2))
+        backend.apply(
+            backend.prepare(
+                puts, OrderedPuts(keys, wide, BucketArrays(b"".join(keys), counts, flat)), 2
+            )
+        )
         assert backend.get_many(keys, 2) == wide
         assert backend.get_many(list(puts), 2) == list(puts.values())
     finally:
