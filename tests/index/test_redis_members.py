@@ -9,7 +9,7 @@ import redis
 from stream_dedup.index.backend import BucketArrays, OrderedPuts
 from stream_dedup.index.keys import bucket_keys
 from stream_dedup.index.redis_backend import RedisBackend
-from stream_dedup.index.redis_layout import RedisLayout
+from stream_dedup.index.redis_layout import RedisLayout, decode_redo, encode_redo
 from stream_dedup.index.redis_members import TAG, compact_buckets, compact_members, widen_buckets
 from stream_dedup.index.redis_prepare import prepare_write
 
@@ -130,3 +130,19 @@ def test_a_write_from_member_arrays_reads_back_as_one_from_values(redis_url: str
         assert backend.get_many(list(puts), 2) == list(puts.values())
     finally:
         backend.close()
+
+
+def test_a_redo_record_decodes_to_its_keys_and_values() -> None:
+    """Band bucket keys decode by one array view when every key after ``first`` is one,
+    key by key otherwise (a tail of mixed keys); empty parts too."""
+    rng = np.random.default_rng(3)
+    for n_buckets, n_mixed in [(0, 5), (5, 0), (300, 40), (0, 0)]:
+        buckets = _keys(n_buckets, first=1 + int(rng.integers(0, 1000)))
+        values = [bytes([TAG]) + bytes(4 * int(rng.integers(1, 4))) for _ in buckets]
+        mixed = [b"v" + str(i).encode() * int(rng.integers(1, 4)) for i in range(n_mixed)]
+        texts = [b"y" * int(rng.integers(0, 50)) for _ in mixed]
+        blob = encode_redo(3, mixed + buckets, texts + values, n_mixed)
+        assert decode_redo(blob) == (3, mixed + buckets, texts + values, n_mixed)
+    odd = [b"v1", b"b" + bytes(10), b"vlonger"]
+    abc = [b"a", b"b", b"c"]
+    assert decode_redo(encode_redo(4, odd, abc, 1)) == (4, odd, abc, 1)
