@@ -103,8 +103,10 @@ class Deduplicator:
     def commit(
         self, result: BatchResult, offsets: Mapping[tuple[str, int], int] | None = None
     ) -> None:
-        """Persist a decided batch (and the input offsets it covers) in one atomic write."""
+        """Persist a decided batch (and the input offsets it covers) in one atomic write,
+        then run what it left for later batches (:meth:`after_lease`)."""
         self.index.apply(self.prepare(result, offsets))
+        self.after_lease()
 
     def prepare(
         self, result: BatchResult, offsets: Mapping[tuple[str, int], int] | None = None
@@ -203,7 +205,8 @@ class Deduplicator:
 
     def after_lease(self) -> None:
         """Run what the last decided batches left for later (see :meth:`_later`): the
-        service calls it once a shared index's lease is let go."""
+        service calls it once a shared index's lease is let go, :meth:`commit` once the
+        batch is stored."""
         pending, self._pending = self._pending, []
         for later in pending:
             later()
