@@ -81,19 +81,17 @@ def doc_records(
 ) -> tuple[list[bytes], list[bytes]]:
     """The document keys and records of indexed documents, each ``encode_doc``'s bytes
     (``text``: the payloads are compressed texts)."""
-    doc_keys = np.asarray(docnums, dtype=">u8").view("V8").tolist()
+    doc_keys = [keys.DOC + k for k in np.asarray(docnums, dtype=">u8").view("V8").tolist()]
     mark = _TEXT if text else 0
     out: list[bytes] = []
     for i, c, payload in zip(ids, cluster, payloads, strict=True):
         ib = i.encode("utf-8", "surrogatepass")
         cb = ib if c is i else c.encode("utf-8", "surrogatepass")
         if len(cb) >= _TEXT:
-            return [keys.DOC + k for k in doc_keys], [
-                encode_doc(i, c, p, text) for i, c, p in zip(ids, cluster, payloads, strict=True)
-            ]  # raises the ValueError that names the cluster id's length
+            encode_doc(i, c, payload, text)  # raises the error that names the length
         n, m = len(ib), len(cb) | mark
         out.append(b"".join((n.to_bytes(2, "little"), ib, m.to_bytes(2, "little"), cb, payload)))
-    return [keys.DOC + k for k in doc_keys], out
+    return doc_keys, out
 
 
 def exact_values(docnums: Sequence[int]) -> list[bytes]:
