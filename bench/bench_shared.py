@@ -90,6 +90,7 @@ topics = ["{topic}"]
 [http]
 host = "127.0.0.1"
 port = {port}
+check_port = 0
 [batch]
 max_messages = {args.max_messages}
 max_wait_ms = {args.max_wait_ms}

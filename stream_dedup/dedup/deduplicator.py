@@ -61,6 +61,8 @@ class Deduplicator:
         #: The payload dictionary, loaded from the index or trained on its first texts.
         self.payload_dictionary = DictionaryTrainer(index, self._exact)
         self._warming = False
+        #: Work the batches decided left for after the lease (:meth:`after_lease`).
+        self._pending: list[Callable[[], None]] = []
 
     def warm_up(self, notice: Callable[[str], None] | None = None) -> None:
         """Load the compiled kernels now, so the first batch does not wait for them.
@@ -101,8 +103,10 @@ class Deduplicator:
     def commit(
         self, result: BatchResult, offsets: Mapping[tuple[str, int], int] | None = None
     ) -> None:
-        """Persist a decided batch (and the input offsets it covers) in one atomic write."""
+        """Persist a decided batch (and the input offsets it covers) in one atomic write,
+        then run what it left for later batches (:meth:`after_lease`)."""
         self.index.apply(self.prepare(result, offsets))
+        self.after_lease()
 
     def prepare(
         self, result: BatchResult, offsets: Mapping[tuple[str, int], int] | None = None
@@ -133,6 +137,7 @@ class Deduplicator:
         unless the batch is small); this method gathers its inputs from the index and
         turns its numbers into verdicts and records.
         """
+        self.after_lease()  # what an earlier batch left, if nothing ran it
         sk = sketched if sketched is not None else self.sketch(docs)
         if sk.size != len(docs):
             raise ValueError("the sketch handed in is not the sketch of these documents")
@@ -157,9 +162,7 @@ class Deduplicator:
         verdicts, staged = verdicts_and_writes(
             docs, sk, known, held.records, found, queries, stats, relations
         )
-        self._remember(sk, found)
-        if not self._warming:
-            self.payload_dictionary.gather(sk)
+        self._later(sk, found)
         ordered, written = bucket_puts(
             sk.bucket_keys, sk.bucket_order, held.slot, found, self.plan.bands
         )
@@ -182,6 +185,31 @@ class Deduplicator:
             (found.points_doc, found.points_clock),
             clock,
         )
+
+    def _later(self, sk: Sketch, found: Matches) -> None:
+        """What the batch leaves for the batches after it, not for its own verdicts: its
+        sets kept in the cache, its texts gathered for the payload dictionary. On a
+        shared index that waits for :meth:`after_lease` (the next decide runs it first
+        where nothing did), so the lease does not hold it."""
+        warming = self._warming
+
+        def later() -> None:
+            self._remember(sk, found)
+            if not warming:
+                self.payload_dictionary.gather(sk)
+
+        if self.index.shared:
+            self._pending.append(later)
+        else:
+            later()
+
+    def after_lease(self) -> None:
+        """Run what the last decided batches left for later (see :meth:`_later`): the
+        service calls it once a shared index's lease is let go, :meth:`commit` once the
+        batch is stored."""
+        pending, self._pending = self._pending, []
+        for later in pending:
+            later()
 
     def _remember(self, sk: Sketch, found: Matches) -> None:
         """Keep the sets of the documents this batch indexes: their re-runs, which tend

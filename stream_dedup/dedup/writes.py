@@ -16,6 +16,7 @@ from stream_dedup.core.hashing import U32
 from stream_dedup.core.match import I64, Matches
 from stream_dedup.core.sketch import Sketch
 from stream_dedup.dedup.batch import BatchStats
+from stream_dedup.dedup.batch_writes import decided_once
 from stream_dedup.dedup.excerpts import Relations
 from stream_dedup.dedup.reads import Known
 from stream_dedup.index.staged import StagedWrite
@@ -39,13 +40,32 @@ def verdicts_and_writes(
 ) -> tuple[list[Verdict], StagedWrite]:
     """Each document's verdict, and the records and counters its commit writes.
 
-    ``records`` are the candidates' records (the batch's indexed documents are added);
+    ``records`` are the candidates' records (the batch's indexed documents are added,
+    except in the common batch without repeated ids or containment, built by
+    :func:`~.batch_writes.decided_once`);
     ``queries`` the batch's verification payloads as the matching pass took them (flat,
     start, length per live document), stored as they are unless the sketch holds the
     documents' compressed texts (exact verification), which are stored instead;
     ``stats`` counts the replays and revisions; ``relations`` are the live documents'
     containment fields (:mod:`.excerpts`), ``None`` with containment off.
     """
+    if not known.repeats and relations is None:  # the common batch, built list by list
+        return decided_once(docs, sk, known, records, found, queries)
+    return one_by_one(docs, sk, known, records, found, queries, stats, relations)
+
+
+def one_by_one(
+    docs: Sequence[Document],
+    sk: Sketch,
+    known: Known,
+    records: dict[int, DocRecord],
+    found: Matches,
+    queries: tuple[U32, I64, I64],
+    stats: BatchStats,
+    relations: Relations | None = None,
+) -> tuple[list[Verdict], StagedWrite]:
+    """:func:`verdicts_and_writes` a document at a time, in batch order: what a batch
+    with repeated ids or containment needs (a repeat reads the verdict staged before it)."""
     xkeys, live_pos, stored, repeats = sk.exact_keys, known.live_pos, known.stored, known.repeats
     matched, sims = found.match.tolist(), found.similarity.tolist()
     given, new_text = found.docnum.tolist(), found.new_text.tolist()

@@ -28,6 +28,9 @@ from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, ClassVar, NamedTuple, Protocol, runtime_checkable
 
+import numpy as np
+import numpy.typing as npt
+
 from stream_dedup.core.hashing import U64
 
 #: A write built by :meth:`Backend.prepare`, opaque to everything but its backend.
@@ -43,6 +46,20 @@ class OrderedPuts(NamedTuple):
 
     keys: Sequence[bytes]
     values: Sequence[bytes]
+    #: The same puts as arrays, when the caller has them (band buckets): see
+    #: :class:`BucketArrays`.
+    arrays: BucketArrays | None = None
+
+
+class BucketArrays(NamedTuple):
+    """Band buckets' puts as arrays: the keys joined (11 bytes each, in key order), each
+    key's number of members, and the members' docnums one key after another, as the
+    values hold them. A backend that stores buckets in its own encoding (Redis) builds
+    its bytes from these in a few array operations instead of a Python step per key."""
+
+    keys: bytes
+    counts: npt.NDArray[np.int64]
+    members: U64
 
 
 #: No ordered puts.

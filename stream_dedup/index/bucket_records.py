@@ -9,17 +9,18 @@ batch's new contents come back from it as arrays and are written in key order.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from operator import itemgetter
+from collections.abc import Callable, Iterator, Sequence
+from typing import overload
 
 import numpy as np
 import numpy.typing as npt
 
 from stream_dedup.core.hashing import U64
+from stream_dedup.core.lookup_keys import PACKED_BUCKET_KEY
 from stream_dedup.core.match import I64, Matches
-from stream_dedup.index.backend import NO_ORDERED_PUTS, OrderedPuts
+from stream_dedup.index.backend import NO_ORDERED_PUTS, BucketArrays, OrderedPuts
 
-__all__ = ["Members", "bucket_puts", "held_members", "joined_members"]
+__all__ = ["Built", "Members", "bucket_puts", "held_members", "joined_members"]
 
 #: Members per bucket key: where each key's members start in ``members``, how many there
 #: are, and the docnums of all of them, one key after another.
@@ -73,20 +74,89 @@ def bucket_puts(
     first = np.ones(chosen.size, dtype=bool)
     first[1:] = slots[1:] != slots[:-1]
     chosen, slots = chosen[first], slots[first]
-    values: list[bytes] = per_key[chosen].astype("<u8").view("V8").tolist()
+    single = per_key[chosen].astype("<u8")
     longer = np.flatnonzero(found.content_len[slots] > 0)
+    counts = np.ones(chosen.size, dtype=np.int64)
+    members = single
     if longer.size:
-        raw = found.contents.astype("<u8").tobytes()  # docnums are never negative
-        at = (8 * found.content_at[slots[longer]]).tolist()
-        size = (8 * found.content_len[slots[longer]]).tolist()
+        contents = found.contents.astype("<u8")  # docnums are never negative
+        at, size = found.content_at[slots[longer]], found.content_len[slots[longer]]
+        counts[longer] = size
+        members = _joined(single, counts, longer, contents, at, size)
+    joined = np.frombuffer(b"".join(bkeys), dtype=PACKED_BUCKET_KEY)[chosen]
+    n = int(chosen.size)
+    keys = Built(n, joined.tolist)
+    values = Built(n, lambda: _values(counts, members))
+    return OrderedPuts(keys, values, BucketArrays(joined.tobytes(), counts, members)), chosen
+
+
+def _values(counts: I64, members: U64) -> list[bytes]:
+    """Each bucket's value: its members as uint64 LE."""
+    starts = np.cumsum(counts) - counts
+    values: list[bytes] = members[starts].view("V8").tolist()
+    longer = np.flatnonzero(counts > 1)
+    if longer.size:
+        raw = members.tobytes()
+        at, size = (8 * starts[longer]).tolist(), (8 * counts[longer]).tolist()
         for k, a, n in zip(longer.tolist(), at, size, strict=True):
             values[k] = raw[a : a + n]
-    return OrderedPuts(_in_order(bkeys, chosen), values), chosen
+    return values
 
 
-def _in_order(items: list[bytes], order: npt.NDArray[np.intp]) -> Sequence[bytes]:
-    """``items`` at the positions ``order`` lists (``operator.itemgetter``: no Python loop)."""
-    if order.size < 2:
-        return [items[j] for j in order.tolist()]
-    picked: tuple[bytes, ...] = itemgetter(*order.tolist())(items)
-    return picked
+class Built(Sequence[bytes]):
+    """A list built on first use. A batch's ~30,000 bucket keys and values as Python bytes
+    are what RocksDB's write takes; the Redis backend builds its record from the arrays
+    (:class:`~.backend.BucketArrays`) and never asks for them, so inside a shared index's
+    lease they are never built."""
+
+    __slots__ = ("_items", "_make", "_size")
+
+    def __init__(self, size: int, make: Callable[[], list[bytes]]) -> None:
+        self._size, self._make = size, make
+        self._items: list[bytes] | None = None
+
+    def _list(self) -> list[bytes]:
+        if self._items is None:
+            self._items = self._make()
+        return self._items
+
+    def __len__(self) -> int:
+        return self._size
+
+    @overload
+    def __getitem__(self, i: int) -> bytes: ...
+    @overload
+    def __getitem__(self, i: slice) -> list[bytes]: ...
+    def __getitem__(self, i: int | slice) -> bytes | list[bytes]:
+        return self._list()[i]
+
+    def __iter__(self) -> Iterator[bytes]:
+        return iter(self._list())
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, Sequence):
+            return self._list() == list(other)
+        return NotImplemented
+
+    __hash__ = None  # type: ignore[assignment]
+
+
+def _spans(starts: I64, lengths: I64) -> I64:
+    """The positions ``starts[i] .. starts[i] + lengths[i]``, one span after another."""
+    ends = np.cumsum(lengths)
+    out: I64 = np.arange(int(ends[-1]) if ends.size else 0, dtype=np.int64)
+    out += np.repeat(starts - (ends - lengths), lengths)
+    return out
+
+
+def _joined(single: U64, counts: I64, longer: I64, contents: U64, at: I64, size: I64) -> U64:
+    """Every written bucket's members, one bucket after another: a new bucket's one docnum
+    (``single``), or the matching pass's contents (``at``/``size`` in ``contents``) for the
+    buckets ``longer`` lists."""
+    starts = np.cumsum(counts) - counts
+    out = np.empty(int(counts.sum()), dtype="<u8")
+    one = np.ones(counts.size, dtype=bool)
+    one[longer] = False
+    out[starts[one]] = single[one]
+    out[_spans(starts[longer], size)] = contents[_spans(at, size)]
+    return out

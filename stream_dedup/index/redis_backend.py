@@ -35,7 +35,7 @@ import time
 import uuid
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import ClassVar, NamedTuple
+from typing import ClassVar
 
 import redis
 from redis.cluster import RedisCluster
@@ -50,7 +50,6 @@ from stream_dedup.index.redis_layout import (
     Groups,
     RedisLayout,
     decode_grouped_redo,
-    encode_redo,
     glob_escaped,
     redacted,
 )
@@ -60,14 +59,13 @@ from stream_dedup.index.redis_log import (
     TAKE,
     ChangeCursor,
     Changes,
-    encode_entry,
 )
-from stream_dedup.index.redis_members import compact_buckets, widen_buckets
+from stream_dedup.index.redis_members import widen_buckets
+from stream_dedup.index.redis_prepare import Write, prepare_write
 from stream_dedup.index.redis_redo import (
     COMMIT,
     FOLLOW,
     VERSION_FIELD,
-    Flat,
     Overlay,
     RedoQueue,
     plain,
@@ -79,7 +77,6 @@ __all__ = ["DEFAULT_NAMESPACE", "RedisBackend", "redacted"]
 #: Fields per HMGET / HSET command: long enough to amortise a command, short enough not to
 #: stall a Redis node (single-threaded) for other clients.
 _CHUNK = 1000
-_DOC = ord("d")
 
 #: Goes on only while ``token`` holds the lease, and extends it.
 _FENCED = """
@@ -96,17 +93,6 @@ if redis.call('GET', KEYS[1]) == ARGV[1] then
 end
 return 0
 """
-
-
-class _Write(NamedTuple):
-    """A prepared write: the document records (by hash), the rest (not yet by hash), the
-    rest's redo record, and its change log entry."""
-
-    epoch: int
-    docs: Groups
-    rest: Flat
-    redo: bytes
-    entry: bytes
 
 
 class RedisBackend:
@@ -247,22 +233,14 @@ class RedisBackend:
         ordered: OrderedPuts = NO_ORDERED_PUTS,
         epoch: int = 0,
         changed: U64 | None = None,
-    ) -> _Write:
+    ) -> Write:
         """The write of ``puts`` and ``ordered`` (band buckets in key order): the
         document records grouped by hash now (they are written before the commit
-        point), the rest only as the flat redo record the commit point stores; it is
-        grouped by hash when applied, after the lease (:mod:`.redis_redo`)."""
-        docs = {k: v for k, v in puts.items() if k[0] == _DOC}
-        mixed = [k for k in puts if k[0] != _DOC]
-        keys = mixed + list(ordered.keys)
-        values = compact_buckets(mixed, [puts[k] for k in mixed])
-        values += compact_buckets(ordered.keys, ordered.values)
-        rest = Flat(epoch, keys, values, len(mixed))
-        doc_groups = self._keys.grouped(list(docs), list(docs.values()), epoch)
-        redo = encode_redo(epoch, keys, values, len(mixed))
-        return _Write(epoch, doc_groups, rest, redo, encode_entry(epoch, changed))
+        point), the rest only as the redo record the commit point stores; it is
+        grouped by hash when applied, after the lease (:mod:`.redis_prepare`)."""
+        return prepare_write(self._keys, puts, ordered, epoch, changed)
 
-    def apply(self, prepared: _Write) -> None:
+    def apply(self, prepared: Write) -> None:
         """Store ``prepared``: the document records, the commit point (which releases
         the lease), then, outside the lease, the earlier writes still waiting and this
         one, each hash in version order (:mod:`.redis_redo`)."""

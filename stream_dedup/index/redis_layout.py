@@ -14,10 +14,11 @@ import zlib
 from collections.abc import Sequence
 from itertools import chain
 from operator import itemgetter
-from typing import Any
+from typing import Any, NamedTuple
 from urllib.parse import urlsplit, urlunsplit
 
 import numpy as np
+import numpy.typing as npt
 
 from stream_dedup.index.keys import BUCKET, SCOPED
 
@@ -25,6 +26,7 @@ __all__ = [
     "DEFAULT_NAMESPACE",
     "NAMESPACE",
     "Groups",
+    "PackedBuckets",
     "RedisLayout",
     "decode_grouped_redo",
     "decode_redo",
@@ -141,17 +143,51 @@ class RedisLayout:
         return self._by_tag(rows[:, -1], keys, values, epoch)
 
 
-def encode_redo(epoch: int, keys: Sequence[bytes], values: Sequence[bytes], first: int) -> bytes:
+def encode_redo(
+    epoch: int,
+    keys: Sequence[bytes],
+    values: Sequence[bytes],
+    first: int,
+    buckets: PackedBuckets | None = None,
+) -> bytes:
     """One value holding a write, as the index's keys and values, not yet grouped by
     hash (grouping is work the commit point need not wait for): epoch, count, ``first``
     (the keys before it are mixed, the rest band buckets in key order, grouped apart),
-    every key's and value's length, then the bytes."""
-    counts = np.array([epoch, len(keys), first], dtype="<u8")
+    every key's and value's length, then the bytes.
+
+    ``buckets``, when given, are more band buckets after ``keys`` (a batch's ~30,000, as
+    joined bytes: see :class:`PackedBuckets`), so the record is built without a Python
+    object per bucket; the bytes are those of the same buckets in ``keys`` and ``values``.
+    """
+    n = len(keys) + (0 if buckets is None else buckets.size)
+    counts = np.array([epoch, n, first], dtype="<u8")
     klen = np.fromiter(map(len, keys), dtype="<u4", count=len(keys))
     vlen = np.fromiter(map(len, values), dtype="<u4", count=len(values))
-    return b"".join(
-        [counts.tobytes(), klen.tobytes(), vlen.tobytes(), b"".join(keys), b"".join(values)]
-    )
+    if buckets is None:
+        parts = [klen.tobytes(), vlen.tobytes(), b"".join(keys), b"".join(values)]
+    else:
+        more = np.full(buckets.size, _BUCKET_KEY_SIZE, dtype="<u4")
+        parts = [
+            klen.tobytes(),
+            more.tobytes(),
+            vlen.tobytes(),
+            buckets.sizes.astype("<u4").tobytes(),
+            b"".join(keys),
+            buckets.keys,
+            b"".join(values),
+            buckets.values,
+        ]
+    return b"".join([counts.tobytes(), *parts])
+
+
+class PackedBuckets(NamedTuple):
+    """Band buckets for a redo record as joined bytes: ``size`` keys of 11 bytes each in
+    ``keys``, their values in ``values``, value ``i`` ``sizes[i]`` bytes long."""
+
+    size: int
+    keys: bytes
+    sizes: npt.NDArray[np.uint32]
+    values: bytes
 
 
 def redo_spans(blob: bytes) -> tuple[int, int, np.ndarray[Any, Any], np.ndarray[Any, Any]]:
@@ -166,12 +202,24 @@ def redo_spans(blob: bytes) -> tuple[int, int, np.ndarray[Any, Any], np.ndarray[
 
 
 def decode_redo(blob: bytes) -> tuple[int, list[bytes], list[bytes], int]:
-    """Epoch, keys, values and ``first`` of a record of :func:`encode_redo`."""
+    """Epoch, keys, values and ``first`` of a record of :func:`encode_redo`.
+
+    A write's own instance applies it from here too, after the lease (its ~35,000 fields
+    are not kept as Python objects from inside the lease): so the slices are taken by
+    ``map`` in C, and the band bucket keys, 11 bytes each and side by side, by one array
+    view."""
     epoch, first, keys, values = redo_spans(blob)
-    out = []
-    for spans in (keys, values):
-        out.append([blob[a:b] for a, b in spans.tolist()])
-    return epoch, out[0], out[1], first
+    get = blob.__getitem__
+    tail = keys[first:]
+    if tail.size and (tail[:, 1] - tail[:, 0] == _BUCKET_KEY_SIZE).all():
+        start = int(tail[0, 0])
+        head = list(map(get, map(slice, keys[:first, 0].tolist(), keys[:first, 1].tolist())))
+        rows = np.frombuffer(blob, dtype=f"V{_BUCKET_KEY_SIZE}", count=len(tail), offset=start)
+        key_list = head + rows.tolist()
+    else:
+        key_list = list(map(get, map(slice, keys[:, 0].tolist(), keys[:, 1].tolist())))
+    value_list = list(map(get, map(slice, values[:, 0].tolist(), values[:, 1].tolist())))
+    return epoch, key_list, value_list, first
 
 
 def encode_grouped_redo(epoch: int, groups: Groups) -> bytes:

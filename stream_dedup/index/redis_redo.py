@@ -242,9 +242,9 @@ class RedoQueue:
         self._client, self._wire, self._layout = client, wire, layout
         #: This instance's own records not known to be applied (it need not read them),
         #: as stored and as written.
-        self._own: dict[int, tuple[bytes, Flat]] = {}
+        self._own: dict[int, tuple[bytes, Flat | None]] = {}
 
-    def keep(self, version: int, blob: bytes, redo: Flat) -> None:
+    def keep(self, version: int, blob: bytes, redo: Flat | None) -> None:
         self._own[version] = (blob, redo)
 
     def _blobs(self, versions: Sequence[int]) -> dict[int, bytes]:
@@ -277,7 +277,8 @@ class RedoQueue:
         for v in ordered:
             if v not in found:  # applied and deleted by another instance meanwhile
                 continue
-            redo = self._own[v][1] if v in self._own else Flat(*decode_redo(found[v]))
+            kept = self._own[v][1] if v in self._own else None
+            redo = kept if kept is not None else Flat(*decode_redo(found[v]))
             if redo.epoch:
                 commands.append((b"SADD", epoch_set, redo.epoch))
             commands.extend(versioned(self._layout, v, redo.grouped(self._layout)))

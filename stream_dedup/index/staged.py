@@ -10,6 +10,8 @@ replayed verdict and never sees its bytes.
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
+
 from stream_dedup.index import keys
 from stream_dedup.index.records import (
     REVISION_SEP,
@@ -99,3 +101,12 @@ class StagedWrite:
     def new_text(self, exact_key: bytes, docnum: int) -> None:
         """Name ``docnum`` the first document with the text of ``exact_key``."""
         self.puts[exact_key] = docnum.to_bytes(8, "little")
+
+    def records(self, record_keys: Sequence[bytes], values: Sequence[bytes]) -> None:
+        """Stage records built for the whole batch at once (:mod:`.batch_records`)."""
+        self.puts.update(zip(record_keys, values, strict=True))
+
+    def count(self, counts: Mapping[str, int]) -> None:
+        """Count documents decided by the batch at once (:data:`COUNTERS`' names)."""
+        for name, n in counts.items():
+            self.counters[name] += n

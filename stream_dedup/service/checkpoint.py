@@ -323,6 +323,7 @@ class SharedIndex(CommitStrategy):
             built.append(out)
             self._index.apply(self._decider.dedup.prepare(out.result))  # 1. store
         metrics.lease_held.observe(self._index.lease_end() - held)
+        self._decider.dedup.after_lease()
         return out
 
 

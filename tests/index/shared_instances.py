@@ -46,4 +46,5 @@ def decide_and_store(dedup: Deduplicator, docs: list[Document]) -> dict[str, str
     with dedup.index.exclusive():
         result = dedup.decide(docs)
         dedup.index.apply(dedup.prepare(result))
+    dedup.after_lease()
     return {v.id: v.duplicate_of for v in result.verdicts}

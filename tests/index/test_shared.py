@@ -104,7 +104,7 @@ def test_a_write_cut_short_by_a_release_before_redo_queues_is_finished_at_openin
         # A kill after the redo record, before the rest: the document records (written
         # first, as ``apply`` does) and the redo record stay, nothing else.
         backend._put(pending.write.epoch, pending.write.docs)
-        grouped = pending.write.rest.grouped(backend._keys)
+        grouped = pending.write.flat().grouped(backend._keys)
         backend._client.set(backend._keys.redo, encode_grouped_redo(pending.write.epoch, grouped))
         assert backend.get_many([keys.verdict_key("c0")]) == [None]
     second = shared()  # opening takes the lease, which applies the redo record

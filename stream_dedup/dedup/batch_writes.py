@@ -1,0 +1,120 @@
+"""Verdicts and index writes of a batch whose documents are each decided once.
+
+The common batch, every id new and containment off, needs none of the per-document
+steps of :func:`~.writes.verdicts_and_writes` (a repeat reading the verdict staged
+before it, containment fields): its verdicts follow from the matching pass's arrays,
+and its records are built list by list (:mod:`stream_dedup.index.batch_records`). On a
+shared index this runs inside the lease, where the step per document was most of the
+deciding. The one dependency between documents, a duplicate of a document indexed
+earlier in the same batch taking that document's cluster, is resolved in batch order
+over the duplicates alone.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from stream_dedup.core.hashing import U32
+from stream_dedup.core.match import I64, Matches
+from stream_dedup.core.sketch import Sketch
+from stream_dedup.dedup.reads import Known
+from stream_dedup.index.batch_records import (
+    doc_records,
+    empty_verdict_records,
+    exact_values,
+    verdict_records,
+)
+from stream_dedup.index.staged import StagedWrite
+from stream_dedup.index.store import DocRecord
+from stream_dedup.models import Document, Verdict, VerdictKind
+
+__all__ = ["decided_once"]
+
+_UNIQUE, _DUPLICATE = VerdictKind.UNIQUE, VerdictKind.DUPLICATE
+
+
+def decided_once(
+    docs: Sequence[Document],
+    sk: Sketch,
+    known: Known,
+    records: dict[int, DocRecord],
+    found: Matches,
+    queries: tuple[U32, I64, I64],
+) -> tuple[list[Verdict], StagedWrite]:
+    """Each document's verdict and the batch's writes, as
+    :func:`~.writes.verdicts_and_writes` gives them for a batch without repeated ids and
+    without containment; ``records`` (the candidates' records) is only read."""
+    ids = [d.id for d in docs]
+    live_ids = [ids[i] for i in sk.live]
+    of, sim, cluster = _matches(live_ids, records, found)
+    live_verdicts = [
+        Verdict(i, _UNIQUE if o is None else _DUPLICATE, o, s, c)
+        for i, o, s, c in zip(live_ids, of, sim, cluster, strict=True)
+    ]
+    staged = StagedWrite()
+    staged.records(*verdict_records(live_ids, of, sim, cluster, sk.exact_keys))
+    indexed = np.flatnonzero(found.docnum >= 0)
+    at, nums = indexed.tolist(), found.docnum[indexed].tolist()
+    doc_ids, doc_clusters = [live_ids[p] for p in at], [cluster[p] for p in at]
+    payloads = _payloads(sk, queries, at)
+    staged.records(*doc_records(nums, doc_ids, doc_clusters, payloads, bool(sk.payloads)))
+    new = np.flatnonzero(found.new_text & (found.docnum >= 0))
+    texts = [sk.exact_keys[p] for p in new.tolist()]
+    staged.records(texts, exact_values(found.docnum[new].tolist()))
+    verdicts = live_verdicts
+    if len(live_ids) != len(ids):  # empty content: unique, not indexed
+        empty = [d for d, p in zip(ids, known.live_pos, strict=True) if p is None]
+        staged.records(*empty_verdict_records(empty))
+        verdicts = [
+            Verdict(i, _UNIQUE, None, None, i, True) if p is None else live_verdicts[p]
+            for i, p in zip(ids, known.live_pos, strict=True)
+        ]
+    staged.count(
+        {
+            "documents": len(ids),
+            "duplicates": int(np.count_nonzero(found.match >= 0)),
+            "empty": len(ids) - len(live_ids),
+            "indexed": len(at),
+        }
+    )
+    return verdicts, staged
+
+
+def _matches(
+    live_ids: list[str], records: dict[int, DocRecord], found: Matches
+) -> tuple[list[str | None], list[float | None], list[str]]:
+    """Per live document: the id it duplicates (``None``: unique), the similarity, and
+    its cluster. A match indexed earlier in this batch gives the cluster that document
+    was given (matches only point back, so batch order resolves every one)."""
+    n = len(live_ids)
+    of: list[str | None] = [None] * n
+    sim: list[float | None] = [None] * n
+    cluster = list(live_ids)
+    dups = np.flatnonzero(found.match >= 0)
+    if not dups.size:
+        return of, sim, cluster
+    given = np.flatnonzero(found.docnum >= 0)
+    owner = dict(zip(found.docnum[given].tolist(), given.tolist(), strict=True))
+    sims = found.similarity[dups].tolist()
+    for p, n_match, s in zip(dups.tolist(), found.match[dups].tolist(), sims, strict=True):
+        rec = records.get(n_match)
+        if rec is None:
+            q = owner[n_match]
+            of[p], cluster[p] = live_ids[q], cluster[q]
+        else:
+            of[p], cluster[p] = rec.doc_id, rec.cluster_id
+        sim[p] = round(s, 6)
+    return of, sim, cluster
+
+
+def _payloads(sk: Sketch, queries: tuple[U32, I64, I64], at: list[int]) -> list[bytes]:
+    """What the records of the live documents ``at`` store: their compressed texts when
+    the sketch holds them (exact verification), else their verification payloads."""
+    if sk.payloads:
+        return [sk.payloads[p] for p in at]
+    q_flat, q_at, q_len = queries
+    raw = q_flat.tobytes()
+    starts, ends = (4 * q_at[at]).tolist(), (4 * (q_at[at] + q_len[at])).tolist()
+    return [raw[a:b] for a, b in zip(starts, ends, strict=True)]
