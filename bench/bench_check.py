@@ -170,6 +170,7 @@ def phase(
     port = args.check_port
     before = scrape(run.port).get("stream_dedup_index_documents", 0)
     served = server_buckets(port)
+    cpu_before = scrape(port).get("process_cpu_seconds_total", 0.0)
     stop = threading.Event()
     producer = None
     sent: list[int] = []
@@ -177,11 +178,15 @@ def phase(
         producer = threading.Thread(target=ingest, args=(run, feed, args.ingest_rate, stop, sent))
         producer.start()
         time.sleep(1.0)  # the service is deciding the offered load before checks start
+    # for a profiler attached to the check process (py-spy): when each phase runs
+    print(f"  phase {'idle' if feed is None else 'ingesting'}: checks start", flush=True)
     began = time.monotonic()
     lat = checks(port, bodies, args.rate, args.seconds)
     spent = time.monotonic() - began
     after = scrape(run.port).get("stream_dedup_index_documents", 0)
     served_after = server_buckets(port)
+    cpu_after = scrape(port).get("process_cpu_seconds_total", 0.0)
+    load = os.getloadavg()[0]
     stop.set()
     if producer is not None:
         producer.join()
@@ -194,6 +199,9 @@ def phase(
         "sent": float(sum(sent)),
         "server_p50_le_ms": bucket_quantile(served, served_after, 0.50) * 1000,
         "server_p99_le_ms": bucket_quantile(served, served_after, 0.99) * 1000,
+        # the answering process's CPU over the phase (its catch-ups included) per check
+        "cpu_per_check_ms": (cpu_after - cpu_before) / len(lat) * 1000,
+        "load_1m": load,
     }
 
 
@@ -276,6 +284,8 @@ def main() -> int:
                         f"service (histogram bucket bounds): idle p99 <= "
                         f"{idle['server_p99_le_ms']:g} ms, ingesting p50 <= "
                         f"{busy['server_p50_le_ms']:g} ms, p99 <= {busy['server_p99_le_ms']:g} ms"
+                        f"; CPU per check idle {idle['cpu_per_check_ms']:.2f} ms, ingesting "
+                        f"{busy['cpu_per_check_ms']:.2f} ms; load {busy['load_1m']:.1f}"
                     )
                     offered += busy["sent"]
                     wait_indexed(run, offered)

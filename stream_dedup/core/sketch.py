@@ -92,11 +92,18 @@ _NO_SETS: tuple[U32, npt.NDArray[np.int64]] = (
 
 
 def sketch(
-    texts: Sequence[str], config: DedupConfig, plan: BandPlan, dictionary: Dictionary | None = None
+    texts: Sequence[str],
+    config: DedupConfig,
+    plan: BandPlan,
+    dictionary: Dictionary | None = None,
+    *,
+    payloads: bool = True,
 ) -> Sketch:
     """The :class:`Sketch` of a batch of raw document contents; the payloads compressed
-    with the index's ``dictionary``, if it has one (:mod:`.payload_dictionary`)."""
-    return unpack(sketch_packed(texts, config, plan, dictionary))
+    with the index's ``dictionary``, if it has one (:mod:`.payload_dictionary`).
+    ``payloads=False`` leaves them out (empty): a check stores nothing, and compressing
+    its text was a tenth of its sketch."""
+    return unpack(sketch_packed(texts, config, plan, dictionary, payloads=payloads))
 
 
 #: A :class:`Sketch` as plain values for a pipe: the verification sets as one array and
@@ -119,7 +126,12 @@ PackedSketch = tuple[
 
 
 def sketch_packed(
-    texts: Sequence[str], config: DedupConfig, plan: BandPlan, dictionary: Dictionary | None = None
+    texts: Sequence[str],
+    config: DedupConfig,
+    plan: BandPlan,
+    dictionary: Dictionary | None = None,
+    *,
+    payloads: bool = True,
 ) -> PackedSketch:
     """:func:`sketch` as the plain values the sketch worker sends (see :func:`unpack`).
 
@@ -132,7 +144,7 @@ def sketch_packed(
         live, flat, sizes, sigs, digests, texts_at = _sketch_char(texts, config)
     else:
         live, flat, sizes, sigs, digests, texts_at = _sketch_numpy(texts, config)
-    payloads = encode_texts(*texts_at, dictionary) if config.verify == "exact" else []
+    encoded = encode_texts(*texts_at, dictionary) if payloads and config.verify == "exact" else []
     hashes = band_hashes(sigs, plan, config.seed)
     order = bucket_order(hashes)
     return (
@@ -148,8 +160,8 @@ def sketch_packed(
         fingerprints(
             np.tile(np.arange(plan.bands, dtype=np.uint16), hashes.shape[0]), hashes.reshape(-1)
         ),
-        b"".join(payloads),
-        np.fromiter(map(len, payloads), dtype=np.int64, count=len(payloads)),
+        b"".join(encoded),
+        np.fromiter(map(len, encoded), dtype=np.int64, count=len(encoded)),
     )
 
 
