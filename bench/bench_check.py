@@ -63,15 +63,16 @@ def wait_indexed(run: Run, n: float, timeout_s: float = 300) -> None:
     raise RuntimeError(f"the index did not reach {n} documents")
 
 
-def server_buckets(port: int) -> dict[float, float]:
-    """The service's own check-latency histogram: cumulative count per upper bound."""
+def server_buckets(port: int, name: str = "check_duration") -> dict[float, float]:
+    """A histogram of the answering process (its check latency, or ``check_follow``: its
+    follows of the index): cumulative count per upper bound."""
     import urllib.request
 
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as resp:
         text = resp.read().decode()
     out = {}
     for line in text.splitlines():
-        if line.startswith("stream_dedup_check_duration_seconds_bucket{"):
+        if line.startswith(f"stream_dedup_{name}_seconds_bucket{{"):
             bound = line.split('le="', 1)[1].split('"', 1)[0]
             out[float(bound)] = float(line.rsplit(" ", 1)[1])
     return out
@@ -80,7 +81,9 @@ def server_buckets(port: int) -> dict[float, float]:
 def bucket_quantile(before: dict[float, float], after: dict[float, float], q: float) -> float:
     """The upper bound of the bucket holding quantile ``q`` of the requests in between."""
     counts = sorted((b, after[b] - before.get(b, 0.0)) for b in after)
-    total = counts[-1][1]
+    total = counts[-1][1] if counts else 0.0
+    if not total:
+        return 0.0
     for bound, count in counts:
         if count >= q * total:
             return bound
@@ -170,7 +173,9 @@ def phase(
     port = args.check_port
     before = scrape(run.port).get("stream_dedup_index_documents", 0)
     served = server_buckets(port)
-    cpu_before = scrape(port).get("process_cpu_seconds_total", 0.0)
+    before_scrape = scrape(port)
+    cpu_before = before_scrape.get("process_cpu_seconds_total", 0.0)
+    follows = server_buckets(port, "check_follow")
     stop = threading.Event()
     producer = None
     sent: list[int] = []
@@ -185,7 +190,11 @@ def phase(
     spent = time.monotonic() - began
     after = scrape(run.port).get("stream_dedup_index_documents", 0)
     served_after = server_buckets(port)
-    cpu_after = scrape(port).get("process_cpu_seconds_total", 0.0)
+    after_scrape = scrape(port)
+    cpu_after = after_scrape.get("process_cpu_seconds_total", 0.0)
+    follows_after = server_buckets(port, "check_follow")
+    follow_s = after_scrape.get("stream_dedup_check_follow_seconds_sum", 0.0)
+    follow_s -= before_scrape.get("stream_dedup_check_follow_seconds_sum", 0.0)
     load = os.getloadavg()[0]
     stop.set()
     if producer is not None:
@@ -201,6 +210,11 @@ def phase(
         "server_p99_le_ms": bucket_quantile(served, served_after, 0.99) * 1000,
         # the answering process's CPU over the phase (its catch-ups included) per check
         "cpu_per_check_ms": (cpu_after - cpu_before) / len(lat) * 1000,
+        # its follows of the index (the checks wait for a RocksDB catch-up): how many,
+        # the share of the phase spent in them, and the bucket bound of their p99
+        "follows": follows_after.get(float("inf"), 0.0) - follows.get(float("inf"), 0.0),
+        "follow_share": follow_s / spent,
+        "follow_p99_le_ms": bucket_quantile(follows, follows_after, 0.99) * 1000,
         "load_1m": load,
     }
 
@@ -285,7 +299,9 @@ def main() -> int:
                         f"{idle['server_p99_le_ms']:g} ms, ingesting p50 <= "
                         f"{busy['server_p50_le_ms']:g} ms, p99 <= {busy['server_p99_le_ms']:g} ms"
                         f"; CPU per check idle {idle['cpu_per_check_ms']:.2f} ms, ingesting "
-                        f"{busy['cpu_per_check_ms']:.2f} ms; load {busy['load_1m']:.1f}"
+                        f"{busy['cpu_per_check_ms']:.2f} ms; ingesting, {busy['follows']:.0f} "
+                        f"follows, {busy['follow_share']:.1%} of the time, p99 <= "
+                        f"{busy['follow_p99_le_ms']:g} ms; load {busy['load_1m']:.1f}"
                     )
                     offered += busy["sent"]
                     wait_indexed(run, offered)

@@ -108,5 +108,7 @@ def test_the_check_process_answers_from_a_redis_index_and_changes_no_key(
         assert found["matches"][0]["similarity"] == 1.0
         expected_late = offline_answers(first + second, [late["title"]], k=1)[0]
         assert found["matches"] == expected_late
+        # each follow timed (at least the one after the service's notice of the commit)
+        assert check_metric(svc, "stream_dedup_check_follow_seconds_count") >= 1
     finally:
         svc.stop()
