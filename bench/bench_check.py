@@ -18,6 +18,12 @@ the index's documents added over the phase. Beside the latency seen by the clien
 service's own ``stream_dedup_check_duration_seconds`` (body read to answer) gives the
 bucket bounds of its p50/p99: the difference is time spent before the request's handler
 ran (the accept queue, the handler thread's start, waits for the interpreter lock).
+The answering process's own costs per check over each phase: its CPU
+(``process_cpu_seconds_total``), its threads' time on a CPU and on a run queue waiting
+for one (the kernel's ``/proc/PID/task/*/schedstat``: how much of the tail is a CPU
+shortage), and the check process's follows of the index (count, share of the phase, p99
+bucket bound: checks wait for a catch-up). Each phase prints a line when its checks start,
+for a profiler attached meanwhile (``py-spy record -p PID``).
 Phases 2 and 3 alternate ``--repeats`` times on the one service; medians are reported.
 Target: p99 <= 20 ms at 200 requests/s while the service ingests 5,000 docs/s.
 
@@ -88,6 +94,36 @@ def bucket_quantile(before: dict[float, float], after: dict[float, float], q: fl
         if count >= q * total:
             return bound
     return float("inf")
+
+
+def answering_pid(run: Run, checks: str) -> int:
+    """The process answering the checks: the service, or its check process (the child
+    running ``stream_dedup.service.check_server``)."""
+    assert run.proc is not None
+    if checks == "inline":
+        return run.proc.pid
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            ppid = int(stat.read_text().rsplit(")", 1)[1].split()[1])
+            cmdline = (stat.parent / "cmdline").read_bytes()
+        except (OSError, ValueError, IndexError):
+            continue
+        if ppid == run.proc.pid and b"check_server" in cmdline:
+            return int(stat.parent.name)
+    raise RuntimeError("no check process found")
+
+
+def sched_ns(pid: int) -> tuple[int, int]:
+    """Nanoseconds the threads of ``pid`` ran on a CPU and waited on a run queue for one
+    (the kernel's ``schedstat``), summed over the threads alive now."""
+    ran = waited = 0
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            fields = (task / "schedstat").read_text().split()
+        except OSError:
+            continue  # the thread ended
+        ran, waited = ran + int(fields[0]), waited + int(fields[1])
+    return ran, waited
 
 
 _local = threading.local()
@@ -176,6 +212,7 @@ def phase(
     before_scrape = scrape(port)
     cpu_before = before_scrape.get("process_cpu_seconds_total", 0.0)
     follows = server_buckets(port, "check_follow")
+    ran, waited = sched_ns(args.answering_pid)
     stop = threading.Event()
     producer = None
     sent: list[int] = []
@@ -193,6 +230,7 @@ def phase(
     after_scrape = scrape(port)
     cpu_after = after_scrape.get("process_cpu_seconds_total", 0.0)
     follows_after = server_buckets(port, "check_follow")
+    ran_after, waited_after = sched_ns(args.answering_pid)
     follow_s = after_scrape.get("stream_dedup_check_follow_seconds_sum", 0.0)
     follow_s -= before_scrape.get("stream_dedup_check_follow_seconds_sum", 0.0)
     load = os.getloadavg()[0]
@@ -215,6 +253,9 @@ def phase(
         "follows": follows_after.get(float("inf"), 0.0) - follows.get(float("inf"), 0.0),
         "follow_share": follow_s / spent,
         "follow_p99_le_ms": bucket_quantile(follows, follows_after, 0.99) * 1000,
+        # its threads' time on a CPU and waiting for one (run queue), per check
+        "on_cpu_per_check_ms": (ran_after - ran) / len(lat) / 1e6,
+        "cpu_wait_per_check_ms": (waited_after - waited) / len(lat) / 1e6,
         "load_1m": load,
     }
 
@@ -258,7 +299,9 @@ def main() -> int:
     results: dict[str, Any] = {
         "date": datetime.now(UTC).isoformat(timespec="seconds"),
         "cpus": os.cpu_count(),
-        "args": {k: v for k, v in vars(args).items() if k not in ("json", "check_port")},
+        "args": {
+            k: v for k, v in vars(args).items() if k not in ("json", "check_port", "answering_pid")
+        },
         "idle": [],
         "ingesting": [],
     }
@@ -281,6 +324,7 @@ def main() -> int:
                 produce_all(bootstrap, run.topic, preload)
                 wait_indexed(run, len(preload))
                 checks(args.check_port, bodies, 50, 2)  # warm the path (connections, caches)
+                args.answering_pid = answering_pid(run, args.checks)
                 for r in range(args.repeats):
                     idle = phase(run, bodies, args, None)
                     feed = [
@@ -301,7 +345,11 @@ def main() -> int:
                         f"; CPU per check idle {idle['cpu_per_check_ms']:.2f} ms, ingesting "
                         f"{busy['cpu_per_check_ms']:.2f} ms; ingesting, {busy['follows']:.0f} "
                         f"follows, {busy['follow_share']:.1%} of the time, p99 <= "
-                        f"{busy['follow_p99_le_ms']:g} ms; load {busy['load_1m']:.1f}"
+                        f"{busy['follow_p99_le_ms']:g} ms; per check on a CPU / waiting for one: "
+                        f"idle {idle['on_cpu_per_check_ms']:.2f} / "
+                        f"{idle['cpu_wait_per_check_ms']:.2f} ms, ingesting "
+                        f"{busy['on_cpu_per_check_ms']:.2f} / {busy['cpu_wait_per_check_ms']:.2f}"
+                        f" ms; load {busy['load_1m']:.1f}"
                     )
                     offered += busy["sent"]
                     wait_indexed(run, offered)
