@@ -113,16 +113,29 @@ def answering_pid(run: Run, checks: str) -> int:
     raise RuntimeError("no check process found")
 
 
-def sched_ns(pid: int) -> tuple[int, int]:
-    """Nanoseconds the threads of ``pid`` ran on a CPU and waited on a run queue for one
-    (the kernel's ``schedstat``), summed over the threads alive now."""
-    ran = waited = 0
+def sched_ns(pid: int) -> dict[str, tuple[int, int]]:
+    """Per thread of ``pid``: nanoseconds it ran on a CPU and waited on a run queue for
+    one (the kernel's ``schedstat``)."""
+    out = {}
     for task in Path(f"/proc/{pid}/task").iterdir():
         try:
             fields = (task / "schedstat").read_text().split()
         except OSError:
             continue  # the thread ended
-        ran, waited = ran + int(fields[0]), waited + int(fields[1])
+        out[task.name] = (int(fields[0]), int(fields[1]))
+    return out
+
+
+def sched_delta(
+    before: dict[str, tuple[int, int]], after: dict[str, tuple[int, int]]
+) -> tuple[int, int]:
+    """Time on a CPU and waiting for one between two looks, summed over the threads alive
+    at the second (each connection has its thread: a phase's threads start with it, and
+    the threads of the last phase's connections, idle, end during it)."""
+    ran = waited = 0
+    for tid, (r, w) in after.items():
+        r0, w0 = before.get(tid, (0, 0))
+        ran, waited = ran + r - r0, waited + w - w0
     return ran, waited
 
 
@@ -212,7 +225,7 @@ def phase(
     before_scrape = scrape(port)
     cpu_before = before_scrape.get("process_cpu_seconds_total", 0.0)
     follows = server_buckets(port, "check_follow")
-    ran, waited = sched_ns(args.answering_pid)
+    sched = sched_ns(args.answering_pid)
     stop = threading.Event()
     producer = None
     sent: list[int] = []
@@ -230,7 +243,7 @@ def phase(
     after_scrape = scrape(port)
     cpu_after = after_scrape.get("process_cpu_seconds_total", 0.0)
     follows_after = server_buckets(port, "check_follow")
-    ran_after, waited_after = sched_ns(args.answering_pid)
+    ran, waited = sched_delta(sched, sched_ns(args.answering_pid))
     follow_s = after_scrape.get("stream_dedup_check_follow_seconds_sum", 0.0)
     follow_s -= before_scrape.get("stream_dedup_check_follow_seconds_sum", 0.0)
     load = os.getloadavg()[0]
@@ -254,8 +267,8 @@ def phase(
         "follow_share": follow_s / spent,
         "follow_p99_le_ms": bucket_quantile(follows, follows_after, 0.99) * 1000,
         # its threads' time on a CPU and waiting for one (run queue), per check
-        "on_cpu_per_check_ms": (ran_after - ran) / len(lat) / 1e6,
-        "cpu_wait_per_check_ms": (waited_after - waited) / len(lat) / 1e6,
+        "on_cpu_per_check_ms": ran / len(lat) / 1e6,
+        "cpu_wait_per_check_ms": waited / len(lat) / 1e6,
         "load_1m": load,
     }
 
