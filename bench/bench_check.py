@@ -126,17 +126,45 @@ def sched_ns(pid: int) -> dict[str, tuple[int, int]]:
     return out
 
 
-def sched_delta(
-    before: dict[str, tuple[int, int]], after: dict[str, tuple[int, int]]
-) -> tuple[int, int]:
-    """Time on a CPU and waiting for one between two looks, summed over the threads alive
-    at the second (each connection has its thread: a phase's threads start with it, and
-    the threads of the last phase's connections, idle, end during it)."""
-    ran = waited = 0
-    for tid, (r, w) in after.items():
-        r0, w0 = before.get(tid, (0, 0))
-        ran, waited = ran + r - r0, waited + w - w0
-    return ran, waited
+class SchedSampler:
+    """The threads of ``pid``: time on a CPU and waiting for one over a phase, summed.
+
+    Each kept-alive connection has its thread in the answering process, started with the
+    phase's first check on it and ended when the phase's client threads let their
+    connections go, before the phase's last look: so the threads are looked at every
+    ``every_s`` meanwhile, each counted from its first look (0 for one started since the
+    phase began) to its last (a thread's last ``every_s`` before it ended is lost).
+    """
+
+    def __init__(self, pid: int, every_s: float = 0.2) -> None:
+        self._pid, self._every_s = pid, every_s
+        self._first: dict[str, tuple[int, int]] = {}
+        self._last: dict[str, tuple[int, int]] = {}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def __enter__(self) -> SchedSampler:
+        self._first = sched_ns(self._pid)
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def _run(self) -> None:
+        while not self._stop.wait(self._every_s):
+            for tid, value in sched_ns(self._pid).items():
+                self._last[tid] = value
+                self._first.setdefault(tid, (0, 0))
+
+    def totals(self) -> tuple[int, int]:
+        """Nanoseconds on a CPU, and waiting on a run queue, over the phase."""
+        ran = waited = 0
+        for tid, (r, w) in self._last.items():
+            r0, w0 = self._first[tid]
+            ran, waited = ran + r - r0, waited + w - w0
+        return ran, waited
 
 
 _local = threading.local()
@@ -225,7 +253,6 @@ def phase(
     before_scrape = scrape(port)
     cpu_before = before_scrape.get("process_cpu_seconds_total", 0.0)
     follows = server_buckets(port, "check_follow")
-    sched = sched_ns(args.answering_pid)
     stop = threading.Event()
     producer = None
     sent: list[int] = []
@@ -236,14 +263,15 @@ def phase(
     # for a profiler attached to the check process (py-spy): when each phase runs
     print(f"  phase {'idle' if feed is None else 'ingesting'}: checks start", flush=True)
     began = time.monotonic()
-    lat = checks(port, bodies, args.rate, args.seconds)
+    with SchedSampler(args.answering_pid) as sched:
+        lat = checks(port, bodies, args.rate, args.seconds)
     spent = time.monotonic() - began
     after = scrape(run.port).get("stream_dedup_index_documents", 0)
     served_after = server_buckets(port)
     after_scrape = scrape(port)
     cpu_after = after_scrape.get("process_cpu_seconds_total", 0.0)
     follows_after = server_buckets(port, "check_follow")
-    ran, waited = sched_delta(sched, sched_ns(args.answering_pid))
+    ran, waited = sched.totals()
     follow_s = after_scrape.get("stream_dedup_check_follow_seconds_sum", 0.0)
     follow_s -= before_scrape.get("stream_dedup_check_follow_seconds_sum", 0.0)
     load = os.getloadavg()[0]
