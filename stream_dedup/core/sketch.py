@@ -101,8 +101,8 @@ def sketch(
 ) -> Sketch:
     """The :class:`Sketch` of a batch of raw document contents; the payloads compressed
     with the index's ``dictionary``, if it has one (:mod:`.payload_dictionary`).
-    ``payloads=False`` leaves them out (empty): a check stores nothing, and compressing
-    its text was a tenth of its sketch."""
+    ``payloads=False`` leaves them out (empty): a check stores nothing, so compressing
+    its text (a few per cent of its sketch) would be work thrown away."""
     return unpack(sketch_packed(texts, config, plan, dictionary, payloads=payloads))
 
 

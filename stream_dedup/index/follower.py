@@ -19,7 +19,7 @@ know the writer's new keys without reading them): every read asks the backend, w
 a check's few dozen keys costs less than keeping a filter in step.
 
 Following has two steps. The catch-up itself (RocksDB replays the writer's log into its
-own memtables: as much work as the writer's write, 15-40 ms of CPU for a 2,000-document
+own memtables: as much work as the writer's write, 10-30 ms of CPU for a 2,000-document
 batch, hundreds of milliseconds of wall time on a loaded machine) takes no lock of ours,
 but rocksdict keeps the interpreter lock for the whole call: checks on other threads of
 the process wait for its end (``docs/check.md``), and a check whose reads straddle it may
