@@ -18,6 +18,12 @@ the index's documents added over the phase. Beside the latency seen by the clien
 service's own ``stream_dedup_check_duration_seconds`` (body read to answer) gives the
 bucket bounds of its p50/p99: the difference is time spent before the request's handler
 ran (the accept queue, the handler thread's start, waits for the interpreter lock).
+The answering process's own costs per check over each phase: its CPU
+(``process_cpu_seconds_total``), its threads' time on a CPU and on a run queue waiting
+for one (the kernel's ``/proc/PID/task/*/schedstat``: how much of the tail is a CPU
+shortage), and the check process's follows of the index (count, share of the phase, p99
+bucket bound: checks wait for a catch-up). Each phase prints a line when its checks start,
+for a profiler attached meanwhile (``py-spy record -p PID``).
 Phases 2 and 3 alternate ``--repeats`` times on the one service; medians are reported.
 Target: p99 <= 20 ms at 200 requests/s while the service ingests 5,000 docs/s.
 
@@ -63,15 +69,16 @@ def wait_indexed(run: Run, n: float, timeout_s: float = 300) -> None:
     raise RuntimeError(f"the index did not reach {n} documents")
 
 
-def server_buckets(port: int) -> dict[float, float]:
-    """The service's own check-latency histogram: cumulative count per upper bound."""
+def server_buckets(port: int, name: str = "check_duration") -> dict[float, float]:
+    """A histogram of the answering process (its check latency, or ``check_follow``: its
+    follows of the index): cumulative count per upper bound."""
     import urllib.request
 
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as resp:
         text = resp.read().decode()
     out = {}
     for line in text.splitlines():
-        if line.startswith("stream_dedup_check_duration_seconds_bucket{"):
+        if line.startswith(f"stream_dedup_{name}_seconds_bucket{{"):
             bound = line.split('le="', 1)[1].split('"', 1)[0]
             out[float(bound)] = float(line.rsplit(" ", 1)[1])
     return out
@@ -80,11 +87,84 @@ def server_buckets(port: int) -> dict[float, float]:
 def bucket_quantile(before: dict[float, float], after: dict[float, float], q: float) -> float:
     """The upper bound of the bucket holding quantile ``q`` of the requests in between."""
     counts = sorted((b, after[b] - before.get(b, 0.0)) for b in after)
-    total = counts[-1][1]
+    total = counts[-1][1] if counts else 0.0
+    if not total:
+        return 0.0
     for bound, count in counts:
         if count >= q * total:
             return bound
     return float("inf")
+
+
+def answering_pid(run: Run, checks: str) -> int:
+    """The process answering the checks: the service, or its check process (the child
+    running ``stream_dedup.service.check_server``)."""
+    assert run.proc is not None
+    if checks == "inline":
+        return run.proc.pid
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            ppid = int(stat.read_text().rsplit(")", 1)[1].split()[1])
+            cmdline = (stat.parent / "cmdline").read_bytes()
+        except (OSError, ValueError, IndexError):
+            continue
+        if ppid == run.proc.pid and b"check_server" in cmdline:
+            return int(stat.parent.name)
+    raise RuntimeError("no check process found")
+
+
+def sched_ns(pid: int) -> dict[str, tuple[int, int]]:
+    """Per thread of ``pid``: nanoseconds it ran on a CPU and waited on a run queue for
+    one (the kernel's ``schedstat``)."""
+    out = {}
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            fields = (task / "schedstat").read_text().split()
+        except OSError:
+            continue  # the thread ended
+        out[task.name] = (int(fields[0]), int(fields[1]))
+    return out
+
+
+class SchedSampler:
+    """The threads of ``pid``: time on a CPU and waiting for one over a phase, summed.
+
+    Each kept-alive connection has its thread in the answering process, started with the
+    phase's first check on it and ended when the phase's client threads let their
+    connections go, before the phase's last look: so the threads are looked at every
+    ``every_s`` meanwhile, each counted from its first look (0 for one started since the
+    phase began) to its last (a thread's last ``every_s`` before it ended is lost).
+    """
+
+    def __init__(self, pid: int, every_s: float = 0.2) -> None:
+        self._pid, self._every_s = pid, every_s
+        self._first: dict[str, tuple[int, int]] = {}
+        self._last: dict[str, tuple[int, int]] = {}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def __enter__(self) -> SchedSampler:
+        self._first = sched_ns(self._pid)
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def _run(self) -> None:
+        while not self._stop.wait(self._every_s):
+            for tid, value in sched_ns(self._pid).items():
+                self._last[tid] = value
+                self._first.setdefault(tid, (0, 0))
+
+    def totals(self) -> tuple[int, int]:
+        """Nanoseconds on a CPU, and waiting on a run queue, over the phase."""
+        ran = waited = 0
+        for tid, (r, w) in self._last.items():
+            r0, w0 = self._first[tid]
+            ran, waited = ran + r - r0, waited + w - w0
+        return ran, waited
 
 
 _local = threading.local()
@@ -170,6 +250,9 @@ def phase(
     port = args.check_port
     before = scrape(run.port).get("stream_dedup_index_documents", 0)
     served = server_buckets(port)
+    before_scrape = scrape(port)
+    cpu_before = before_scrape.get("process_cpu_seconds_total", 0.0)
+    follows = server_buckets(port, "check_follow")
     stop = threading.Event()
     producer = None
     sent: list[int] = []
@@ -177,11 +260,21 @@ def phase(
         producer = threading.Thread(target=ingest, args=(run, feed, args.ingest_rate, stop, sent))
         producer.start()
         time.sleep(1.0)  # the service is deciding the offered load before checks start
+    # for a profiler attached to the check process (py-spy): when each phase runs
+    print(f"  phase {'idle' if feed is None else 'ingesting'}: checks start", flush=True)
     began = time.monotonic()
-    lat = checks(port, bodies, args.rate, args.seconds)
+    with SchedSampler(args.answering_pid) as sched:
+        lat = checks(port, bodies, args.rate, args.seconds)
     spent = time.monotonic() - began
     after = scrape(run.port).get("stream_dedup_index_documents", 0)
     served_after = server_buckets(port)
+    after_scrape = scrape(port)
+    cpu_after = after_scrape.get("process_cpu_seconds_total", 0.0)
+    follows_after = server_buckets(port, "check_follow")
+    ran, waited = sched.totals()
+    follow_s = after_scrape.get("stream_dedup_check_follow_seconds_sum", 0.0)
+    follow_s -= before_scrape.get("stream_dedup_check_follow_seconds_sum", 0.0)
+    load = os.getloadavg()[0]
     stop.set()
     if producer is not None:
         producer.join()
@@ -194,6 +287,17 @@ def phase(
         "sent": float(sum(sent)),
         "server_p50_le_ms": bucket_quantile(served, served_after, 0.50) * 1000,
         "server_p99_le_ms": bucket_quantile(served, served_after, 0.99) * 1000,
+        # the answering process's CPU over the phase (its catch-ups included) per check
+        "cpu_per_check_ms": (cpu_after - cpu_before) / len(lat) * 1000,
+        # its follows of the index (the checks wait for a RocksDB catch-up): how many,
+        # the share of the phase spent in them, and the bucket bound of their p99
+        "follows": follows_after.get(float("inf"), 0.0) - follows.get(float("inf"), 0.0),
+        "follow_share": follow_s / spent,
+        "follow_p99_le_ms": bucket_quantile(follows, follows_after, 0.99) * 1000,
+        # its threads' time on a CPU and waiting for one (run queue), per check
+        "on_cpu_per_check_ms": ran / len(lat) / 1e6,
+        "cpu_wait_per_check_ms": waited / len(lat) / 1e6,
+        "load_1m": load,
     }
 
 
@@ -236,7 +340,9 @@ def main() -> int:
     results: dict[str, Any] = {
         "date": datetime.now(UTC).isoformat(timespec="seconds"),
         "cpus": os.cpu_count(),
-        "args": {k: v for k, v in vars(args).items() if k not in ("json", "check_port")},
+        "args": {
+            k: v for k, v in vars(args).items() if k not in ("json", "check_port", "answering_pid")
+        },
         "idle": [],
         "ingesting": [],
     }
@@ -259,6 +365,7 @@ def main() -> int:
                 produce_all(bootstrap, run.topic, preload)
                 wait_indexed(run, len(preload))
                 checks(args.check_port, bodies, 50, 2)  # warm the path (connections, caches)
+                args.answering_pid = answering_pid(run, args.checks)
                 for r in range(args.repeats):
                     idle = phase(run, bodies, args, None)
                     feed = [
@@ -276,6 +383,14 @@ def main() -> int:
                         f"service (histogram bucket bounds): idle p99 <= "
                         f"{idle['server_p99_le_ms']:g} ms, ingesting p50 <= "
                         f"{busy['server_p50_le_ms']:g} ms, p99 <= {busy['server_p99_le_ms']:g} ms"
+                        f"; CPU per check idle {idle['cpu_per_check_ms']:.2f} ms, ingesting "
+                        f"{busy['cpu_per_check_ms']:.2f} ms; ingesting, {busy['follows']:.0f} "
+                        f"follows, {busy['follow_share']:.1%} of the time, p99 <= "
+                        f"{busy['follow_p99_le_ms']:g} ms; per check on a CPU / waiting for one: "
+                        f"idle {idle['on_cpu_per_check_ms']:.2f} / "
+                        f"{idle['cpu_wait_per_check_ms']:.2f} ms, ingesting "
+                        f"{busy['on_cpu_per_check_ms']:.2f} / {busy['cpu_wait_per_check_ms']:.2f}"
+                        f" ms; load {busy['load_1m']:.1f}"
                     )
                     offered += busy["sent"]
                     wait_indexed(run, offered)

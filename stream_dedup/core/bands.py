@@ -23,6 +23,7 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
+from stream_dedup.core import _kernels, jit
 from stream_dedup.core.config import DEFAULT_RECALL_AT_THRESHOLD
 from stream_dedup.core.hashing import POLY, U32, U64, fmix64, mix_seed
 
@@ -95,9 +96,17 @@ def explicit_bands(bands: int, rows: int, num_perm: int, threshold: float) -> Ba
 
 
 def band_hashes(sigs: U32, plan: BandPlan, seed: int) -> U64:
-    """``(n_docs, bands)`` uint64: a seeded hash of each band's r signature values."""
+    """``(n_docs, bands)`` uint64: a seeded hash of each band's r signature values.
+
+    The compiled kernel (:func:`._kernels.band_hash_rows`) gives the same numbers in one
+    loop; the numpy form serves when numba is not loaded (a small batch, a short command).
+    """
     n = sigs.shape[0]
     acc = np.empty((n, plan.bands), dtype=np.uint64)
+    if jit.runs_compiled(documents=n):
+        rows_of = jit.compiled(_kernels.band_hash_rows)
+        rows_of(sigs, plan.rows, mix_seed(seed, _SALT_BAND), POLY, acc)
+        return acc
     acc[:] = mix_seed(seed, _SALT_BAND)
     acc += np.arange(plan.bands, dtype=np.uint64)[None, :]
     used = sigs[:, : plan.bands * plan.rows].astype(np.uint64).reshape(n, plan.bands, plan.rows)

@@ -8,6 +8,8 @@ arrays, never on numpy scalars, so numpy never warns about the wrap.
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 import numpy.typing as npt
 
@@ -37,7 +39,11 @@ def fmix64(h: U64, scratch: U64 | None = None) -> U64:
     return h
 
 
+@functools.cache
 def mix_seed(seed: int, salt: int) -> np.uint64:
-    """A well-spread 64-bit constant derived from ``seed`` and a per-use ``salt``."""
+    """A well-spread 64-bit constant derived from ``seed`` and a per-use ``salt``.
+
+    Cached: two ``fmix64`` calls on a one-value array cost ~20 us, paid by every sketch of
+    a check (one document) otherwise; the seeds and salts in use are a handful."""
     arr = np.array([(seed * 0x100000001B3 + salt) & 0xFFFFFFFFFFFFFFFF], dtype=np.uint64)
     return np.uint64(fmix64(fmix64(arr))[0])

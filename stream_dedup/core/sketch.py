@@ -96,11 +96,18 @@ _NO_PAYLOADS: tuple[bytes, npt.NDArray[np.int64]] = (b"", np.empty(0, dtype=np.i
 
 
 def sketch(
-    texts: Sequence[str], config: DedupConfig, plan: BandPlan, dictionary: Dictionary | None = None
+    texts: Sequence[str],
+    config: DedupConfig,
+    plan: BandPlan,
+    dictionary: Dictionary | None = None,
+    *,
+    payloads: bool = True,
 ) -> Sketch:
     """The :class:`Sketch` of a batch of raw document contents; the payloads compressed
-    with the index's ``dictionary``, if it has one (:mod:`.payload_dictionary`)."""
-    return unpack(sketch_packed(texts, config, plan, dictionary))
+    with the index's ``dictionary``, if it has one (:mod:`.payload_dictionary`).
+    ``payloads=False`` leaves them out (empty): a check stores nothing, so compressing
+    its text (a few per cent of its sketch) would be work thrown away."""
+    return unpack(sketch_packed(texts, config, plan, dictionary, payloads=payloads))
 
 
 #: A :class:`Sketch` as plain values for a pipe: the verification sets as one array and
@@ -123,7 +130,12 @@ PackedSketch = tuple[
 
 
 def sketch_packed(
-    texts: Sequence[str], config: DedupConfig, plan: BandPlan, dictionary: Dictionary | None = None
+    texts: Sequence[str],
+    config: DedupConfig,
+    plan: BandPlan,
+    dictionary: Dictionary | None = None,
+    *,
+    payloads: bool = True,
 ) -> PackedSketch:
     """:func:`sketch` as the plain values the sketch worker sends (see :func:`unpack`).
 
@@ -137,7 +149,9 @@ def sketch_packed(
     else:
         live, flat, sizes, sigs, digests, texts_at = _sketch_numpy(texts, config)
     joined, lens = (
-        encode_joined(*texts_at, dictionary) if config.verify == "exact" else _NO_PAYLOADS
+        encode_joined(*texts_at, dictionary)
+        if payloads and config.verify == "exact"
+        else _NO_PAYLOADS
     )
     hashes = band_hashes(sigs, plan, config.seed)
     order = bucket_order(hashes)

@@ -64,7 +64,7 @@ def check_texts(
     first, ties to the earliest), each at least sharing a band or the exact text; nothing
     is written. ``config`` and ``plan`` are the index's detector and band plan."""
     check_k(k)
-    sk = sketch(list(texts), config, plan)
+    sk = sketch(list(texts), config, plan, payloads=False)  # nothing is stored
     cache = SetCache(_CACHE_BYTES, config)  # a candidate of several texts is rebuilt once
     with index.consistent():
         held = _read(index, sk, max(k, config.max_candidates))

@@ -19,10 +19,12 @@ know the writer's new keys without reading them): every read asks the backend, w
 a check's few dozen keys costs less than keeping a filter in step.
 
 Following has two steps. The catch-up itself (RocksDB replays the writer's log into its
-own memtables: as much work as the writer's write, hundreds of milliseconds for a
-2,000-document batch on a loaded machine) runs beside the checks, which meanwhile may see
-the new records with the counters and epochs of the commit before (a view one batch older
-in part, never a wrong one, as in the writer's process: ``docs/check.md``). Then, under
+own memtables: as much work as the writer's write, 10-30 ms of CPU for a 2,000-document
+batch, hundreds of milliseconds of wall time on a loaded machine) takes no lock of ours,
+but rocksdict keeps the interpreter lock for the whole call: checks on other threads of
+the process wait for its end (``docs/check.md``), and a check whose reads straddle it may
+see the new records with the counters and epochs of the commit before (a view one batch
+older in part, never a wrong one, as in the writer's process). Then, under
 the index's state lock (:class:`~.state_lock.StateLock`), as a writer's swap: the
 counters and epochs re-read, and a reopen when the epochs changed; checks wait for that
 part only (a read of a few keys; a reopen, tens of milliseconds, once per epoch).

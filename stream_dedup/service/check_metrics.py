@@ -13,11 +13,18 @@ __all__ = ["CHECK_OUTCOMES", "CheckMetrics", "CheckProcessMetrics"]
 CHECK_OUTCOMES = ("ok", "bad_request", "too_large", "unavailable", "failed")
 #: A check answers in milliseconds; 20 ms is the latency it is held to at p99.
 _BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 1.0)
+#: A follow of the index: ~1 ms with nothing new, tens to hundreds of ms for a large batch.
+_FOLLOW_BUCKETS = (0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
 
 
 class CheckMetrics:
     """``stream_dedup_check_requests_total{outcome}`` (every outcome at zero from the
-    start) and ``stream_dedup_check_duration_seconds``."""
+    start), ``stream_dedup_check_duration_seconds`` and, in the check process,
+    ``stream_dedup_check_follow_seconds``: each follow of the committed index. Why the
+    last: on RocksDB a follow replays the writer's new log records, and the binding keeps
+    the interpreter lock for all of it, so every check arriving meanwhile waits for its
+    end; a follow's length is what the checks' tail waits for while the service ingests
+    (``docs/check.md``)."""
 
     def __init__(self, r: CollectorRegistry) -> None:
         self.requests = Counter(
@@ -32,6 +39,13 @@ class CheckMetrics:
             "stream_dedup_check_duration_seconds",
             "One check request, from its body read to its answer (index reads and scoring).",
             buckets=_BUCKETS,
+            registry=r,
+        )
+        self.follow = Histogram(
+            "stream_dedup_check_follow_seconds",
+            "One follow of the committed index by the check process (a RocksDB catch-up "
+            "with the writer's log, then its counters re-read); checks wait for it.",
+            buckets=_FOLLOW_BUCKETS,
             registry=r,
         )
 

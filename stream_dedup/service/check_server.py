@@ -12,10 +12,12 @@ says ``ready``. Its port also answers ``/metrics`` (its requests and latency, th
 process's CPU and memory), ``/healthz`` and ``/readyz``.
 
 ``NOTICES`` is a pipe on which the service writes a byte after each commit. The main
-thread waits on it and follows the index (:meth:`FollowerIndex.follow`) at once, beside
-the checks, which never wait for a catch-up: a check sees the batches committed up to the
-last catch-up (behind by about one catch-up's time while the service ingests). Notices
-that arrive during a catch-up make one more. Without a notice for a second it follows
+thread waits on it and follows the index (:meth:`FollowerIndex.follow`) at once: a check
+sees the batches committed up to the last catch-up (behind by about one catch-up's time
+while the service ingests). On RocksDB the catch-up keeps the interpreter lock for its
+whole length (rocksdict does not release it), so a check arriving meanwhile waits for its
+end; each follow is timed (``stream_dedup_check_follow_seconds``). Notices that arrive
+during a catch-up make one more. Without a notice for a second it follows
 anyway (other instances of a shared Redis index commit too). The pipe's end of file is the
 service gone, killed included: the process then stops, leaving nothing running. SIGINT
 and SIGTERM are ignored, as the sketch worker ignores them: the service stops it.
@@ -30,6 +32,7 @@ import select
 import signal
 import socket
 import sys
+import time
 from multiprocessing.connection import Connection
 
 from prometheus_client import CollectorRegistry, PlatformCollector, ProcessCollector
@@ -102,12 +105,13 @@ def serve(conn: Connection, notices: Notices, sock: socket.socket) -> None:
         lambda: (open_now, {"role": "checks", "documents": index.counter("documents")}),
         sock=sock,
     )
+    metrics = CheckMetrics(registry)
     http.checks = CheckEndpoint(
         index,
         (config.dedup, config.dedup.band_plan()),
         config.input.document_format(),
         config.http,
-        CheckMetrics(registry),
+        metrics,
         lambda: open_now,
     )
     try:
@@ -117,7 +121,9 @@ def serve(conn: Connection, notices: Notices, sock: socket.socket) -> None:
         while not notices.gone:
             select.select([notices.fd], [], [], _FOLLOW_EVERY_S)
             notices.moved()  # every notice so far: one catch-up covers them all
+            started = time.perf_counter()
             index.follow()
+            metrics.follow.observe(time.perf_counter() - started)
     finally:
         open_now = False
         http.stop()

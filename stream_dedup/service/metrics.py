@@ -55,6 +55,7 @@ stream_dedup_group_order_wait_seconds_total     counter    waits for the group's
 stream_dedup_transactions_total{outcome}        counter    exactly-once: committed / aborted
 stream_dedup_check_requests_total{outcome}      counter    POST /check, /check/batch answered
 stream_dedup_check_duration_seconds             histogram  one check request, read to answer
+stream_dedup_check_follow_seconds               histogram  check process: one follow of the index
 ==============================================  =========  =================================
 
 With them the client library's own ``process_*`` (the service process's CPU seconds,

@@ -9,6 +9,7 @@ import datasketch
 import numpy as np
 import pytest
 
+from stream_dedup.core import jit
 from stream_dedup.core.bands import (
     BandPlan,
     band_hashes,
@@ -127,6 +128,24 @@ def test_band_hashes_deterministic_and_golden() -> None:
         == "26fdcacb54cd8a811930f77ea5288cbff666508c2d6c4319589ca652593d864b"
     )
     assert not np.array_equal(keys, band_hashes(sig, plan, 2))
+
+
+@pytest.mark.parametrize("plan", [BandPlan(18, 7, 128, 0.8), BandPlan(5, 3, 16, 0.5)])
+@pytest.mark.parametrize("n", [0, 1, 7, 300])
+def test_band_hashes_compiled_kernel_gives_the_numpy_form_bytes(plan: BandPlan, n: int) -> None:
+    """The compiled band hash (used once numba is loaded: the service, a check) and the
+    numpy form store the same bucket keys: bit for bit, for any signature values."""
+    rng = np.random.default_rng(n)
+    sigs = rng.integers(0, 2**32, size=(n, plan.num_perm), dtype=np.uint64).astype(SIG_DTYPE)
+    with jit.forced(False):
+        reference = band_hashes(sigs, plan, 7)
+    with jit.forced(True):
+        compiled = band_hashes(sigs, plan, 7)
+    assert compiled.shape == (n, plan.bands)
+    np.testing.assert_array_equal(compiled, reference)
+    if n:
+        with jit.forced(True):
+            assert not np.array_equal(band_hashes(sigs, plan, 8), reference)
 
 
 def test_band_keys_differ_between_bands_with_equal_values() -> None:

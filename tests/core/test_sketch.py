@@ -99,6 +99,24 @@ def test_sketch_lines_up_live_documents_with_their_keys() -> None:
     assert np.array_equal(sk.bucket_fingerprints, bucket_fingerprints(sk.bucket_keys))
 
 
+@pytest.mark.parametrize("compiled", [True, False])
+def test_a_sketch_without_payloads_has_the_same_keys_sets_and_signatures(compiled: bool) -> None:
+    """What a check sketches (``payloads=False``: it stores nothing) differs from a
+    batch's sketch only by the payloads it leaves out."""
+    config = DedupConfig()
+    texts = ["first text here", "", "second one, a little longer than the first"]
+    with jit.forced(compiled):
+        full = sketch(texts, config, config.band_plan())
+        bare = sketch(texts, config, config.band_plan(), payloads=False)
+    assert len(full.payloads) == 2 and all(full.payloads)
+    assert bare.payloads == []
+    assert bare.live == full.live and bare.exact_keys == full.exact_keys
+    assert bare.bucket_keys == full.bucket_keys
+    np.testing.assert_array_equal(bare.sigs, full.sigs)
+    np.testing.assert_array_equal(bare.set_flat, full.set_flat)
+    np.testing.assert_array_equal(bare.bucket_fingerprints, full.bucket_fingerprints)
+
+
 @pytest.mark.parametrize("form", [jit.compiled, jit.python])
 def test_drop_repeats_keeps_each_value_of_a_run_once_and_respects_empty_runs(
     form: Callable[[Any], Any],
