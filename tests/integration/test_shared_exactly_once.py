@@ -47,9 +47,7 @@ pytestmark = [pytest.mark.broker, pytest.mark.slow]
 
 DOCUMENTS = 900
 PARTITIONS = 4
-#: Every third kill aimed inside an open transaction (two of six); `make soak` runs the
-#: group-order exactly-once loop with 10 more.
-KILLS = 6
+KILLS = 10
 BAD_EVERY = 100
 
 
@@ -93,8 +91,7 @@ def test_two_instances_killed_in_turn_commit_each_event_once(
         return start_script(script, configs[n], log)
 
     procs = [start(0), start(1)]
-    # ~50 s of input: the kills land while it flows (an aimed kill needs a transaction open)
-    feeder = slow_feeder(bootstrap, topics.input, messages, pause_s=0.55)
+    feeder = slow_feeder(bootstrap, topics.input, messages, pause_s=0.8)
     try:
         for port in ports:
             wait_until(lambda p=port: up(p), 60, "both instances up")
