@@ -141,6 +141,48 @@ class LatencyRun:
         return [(b - a) / third for a, b in itertools.pairwise(cpu)]
 
 
+def read_events(
+    bootstrap: str,
+    topic: str,
+    kafka: Mapping[str, str],
+    total: int,
+    state: tuple[list[tuple[float, float]], threading.Event, threading.Event],
+) -> None:
+    """The latency run's reader of the event topics: (send time, latency) of each timed
+    document into ``received``, ``warmed`` set by the first probe's event; until ``total``
+    arrived or ``done`` is set."""
+    received, warmed, done = state
+    consumer = Consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": f"lat-{topic}",
+            "enable.auto.commit": False,
+            **kafka,
+        }
+    )
+    consumer.assign(
+        [
+            TopicPartition(f"{topic}.unique", 0, OFFSET_BEGINNING),
+            TopicPartition(f"{topic}.duplicates", 0, OFFSET_BEGINNING),
+        ]
+    )
+    while len(received) < total and not done.is_set():
+        # poll() returns on the first message; consume(n, timeout) alone would wait
+        # until n messages or the timeout, adding up to the timeout to the latency.
+        first = consumer.poll(0.1)
+        if first is None:
+            continue
+        for msg in [first, *consumer.consume(1000, 0)]:
+            if msg.error() is None:
+                now = time.time()
+                doc = json.loads(msg.value() or b"{}")["document"]
+                if "sent" in doc:
+                    received.append((doc["sent"], now - doc["sent"]))
+                else:
+                    warmed.set()
+    consumer.close()
+
+
 def latency(
     bootstrap: str,
     workdir: Path,
@@ -164,38 +206,11 @@ def latency(
     warmed = threading.Event()
     done = threading.Event()
 
-    def consume() -> None:
-        consumer = Consumer(
-            {
-                "bootstrap.servers": bootstrap,
-                "group.id": f"lat-{run.topic}",
-                "enable.auto.commit": False,
-                **kafka,
-            }
-        )
-        consumer.assign(
-            [
-                TopicPartition(f"{run.topic}.unique", 0, OFFSET_BEGINNING),
-                TopicPartition(f"{run.topic}.duplicates", 0, OFFSET_BEGINNING),
-            ]
-        )
-        while len(received) < total and not done.is_set():
-            # poll() returns on the first message; consume(n, timeout) alone would wait
-            # until n messages or the timeout, adding up to the timeout to the latency.
-            first = consumer.poll(0.1)
-            if first is None:
-                continue
-            for msg in [first, *consumer.consume(1000, 0)]:
-                if msg.error() is None:
-                    now = time.time()
-                    doc = json.loads(msg.value() or b"{}")["document"]
-                    if "sent" in doc:
-                        received.append((doc["sent"], now - doc["sent"]))
-                    else:
-                        warmed.set()
-        consumer.close()
-
-    reader = threading.Thread(target=consume, daemon=True)
+    reader = threading.Thread(
+        target=read_events,
+        args=(bootstrap, run.topic, kafka, total, (received, warmed, done)),
+        daemon=True,
+    )
     reader.start()
     producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 1, "acks": "all"})
     for probe in range(60):
