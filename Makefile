@@ -31,10 +31,14 @@ check: lint typecheck
 # processes rather than on the CPU, so even two cores run it in well under the serial time.
 # Every fixture starts its own servers on free ports and names its topics and Redis
 # namespaces per test, so the workers never share state. TEST_WORKERS=0 runs it serially.
+# One test at a time to each worker (--maxschedchunk 1): the slow tests are collected
+# first (tests/conftest.py), and xdist's default first hand-out of ~100 consecutive tests
+# per worker gave every one of them to the first worker, which then ran them one after
+# another while the others finished the short tests and waited.
 TEST_WORKERS ?= 3
 
 test: check
-	$(BIN)/pytest -n $(TEST_WORKERS)
+	$(BIN)/pytest -n $(TEST_WORKERS) --dist load --maxschedchunk 1
 
 # The long crash, outage and rebalance runs that `make test` leaves out (~3 minutes).
 soak: $(STAMP)

@@ -36,17 +36,14 @@ exactly-once >= 7,000 docs/s.
 from __future__ import annotations
 
 import argparse
-import io
 import itertools
 import json
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import threading
 import time
-import urllib.request
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -57,117 +54,12 @@ from typing import Any
 from confluent_kafka import OFFSET_BEGINNING, Consumer, Producer, TopicPartition
 from proc_cpu import CpuSample, per_document_us, process_cpu_s, render
 from service_compare import compare
+from service_run import Run, documents, produce_all, quantile, scrape
 
-from stream_dedup.tools.broker import (
-    TANSU_CONSUMER_SETTINGS,
-    EmbeddedBroker,
-    create_topics,
-    free_port,
-)
-from stream_dedup.tools.generate import StreamSpec, write_jsonl
+from stream_dedup.tools.broker import TANSU_CONSUMER_SETTINGS, EmbeddedBroker, free_port
 
-
-def documents(n: int, seed: int) -> list[dict[str, Any]]:
-    buf = io.StringIO()
-    write_jsonl(StreamSpec(documents=n, seed=seed), buf)
-    return [json.loads(line) for line in buf.getvalue().splitlines()]
-
-
-def scrape(port: int) -> dict[str, float]:
-    """Unlabelled samples from /metrics ({} while the port does not answer)."""
-    try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2) as resp:
-            text = resp.read().decode()
-    except OSError:
-        return {}
-    out = {}
-    for line in text.splitlines():
-        if line and not line.startswith("#") and "{" not in line:
-            name, value = line.split()[:2]
-            out[name] = float(value)
-    return out
-
-
-class Run:
-    """Fresh topics, a config file, and the service as a subprocess."""
-
-    def __init__(
-        self,
-        bootstrap: str,
-        workdir: Path,
-        args: argparse.Namespace,
-        kafka: Mapping[str, str],
-        containment: float = 0.0,
-    ) -> None:
-        self.topic = f"bench-{uuid.uuid4().hex[:8]}"
-        self.bootstrap = bootstrap
-        self.port = free_port()
-        create_topics(bootstrap, [self.topic], partitions=args.partitions)
-        create_topics(bootstrap, [f"{self.topic}.unique", f"{self.topic}.duplicates"])
-        create_topics(bootstrap, [f"{self.topic}.dlq"])
-        self.config = workdir / f"{self.topic}.toml"
-        self.config.write_text(
-            f"""
-[input]
-topics = ["{self.topic}"]
-[index]
-path = "{workdir / self.topic}"
-[http]
-host = "127.0.0.1"
-port = {self.port}
-[batch]
-max_messages = {args.max_messages}
-max_wait_ms = {args.max_wait_ms}
-[service]
-delivery = "{args.delivery}"
-[dedup]
-{f"containment = {containment}" if containment else ""}
-[log]
-level = "WARNING"
-[kafka]
-"bootstrap.servers" = "{bootstrap}"
-"group.id" = "g-{self.topic}"
-"session.timeout.ms" = "6000"
-"heartbeat.interval.ms" = "1000"
-"""
-            + "".join(f'"{k}" = "{v}"\n' for k, v in kafka.items()),
-            encoding="utf-8",
-        )
-        self.proc: subprocess.Popen[bytes] | None = None
-
-    def start(self) -> None:
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "stream_dedup.cli", "run", "--config", str(self.config)],
-            stdout=subprocess.DEVNULL,
-        )
-
-    def wait_ready(self, timeout_s: float = 60) -> None:
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/readyz", timeout=2):
-                    return
-            except OSError:
-                time.sleep(0.05)
-        raise RuntimeError("service did not become ready")
-
-    def stop(self) -> None:
-        if self.proc is not None:
-            self.proc.terminate()
-            self.proc.wait(timeout=60)
-
-
-def produce_all(bootstrap: str, topic: str, docs: list[dict[str, Any]]) -> None:
-    producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 20, "acks": "all"})
-    for d in docs:
-        while True:
-            try:
-                producer.produce(topic, json.dumps(d).encode())
-                break
-            except BufferError:
-                producer.poll(0.05)
-        producer.poll(0)
-    producer.flush(120)
+# The harness, and the broker's free_port, as the other service benchmarks import them.
+__all__ = ["Run", "documents", "free_port", "main", "produce_all", "quantile", "scrape"]
 
 
 #: Sustained docs/s each delivery mode is to reach on the 2-CPU reference machine.
@@ -249,6 +141,48 @@ class LatencyRun:
         return [(b - a) / third for a, b in itertools.pairwise(cpu)]
 
 
+def read_events(
+    bootstrap: str,
+    topic: str,
+    kafka: Mapping[str, str],
+    total: int,
+    state: tuple[list[tuple[float, float]], threading.Event, threading.Event],
+) -> None:
+    """The latency run's reader of the event topics: (send time, latency) of each timed
+    document into ``received``, ``warmed`` set by the first probe's event; until ``total``
+    arrived or ``done`` is set."""
+    received, warmed, done = state
+    consumer = Consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": f"lat-{topic}",
+            "enable.auto.commit": False,
+            **kafka,
+        }
+    )
+    consumer.assign(
+        [
+            TopicPartition(f"{topic}.unique", 0, OFFSET_BEGINNING),
+            TopicPartition(f"{topic}.duplicates", 0, OFFSET_BEGINNING),
+        ]
+    )
+    while len(received) < total and not done.is_set():
+        # poll() returns on the first message; consume(n, timeout) alone would wait
+        # until n messages or the timeout, adding up to the timeout to the latency.
+        first = consumer.poll(0.1)
+        if first is None:
+            continue
+        for msg in [first, *consumer.consume(1000, 0)]:
+            if msg.error() is None:
+                now = time.time()
+                doc = json.loads(msg.value() or b"{}")["document"]
+                if "sent" in doc:
+                    received.append((doc["sent"], now - doc["sent"]))
+                else:
+                    warmed.set()
+    consumer.close()
+
+
 def latency(
     bootstrap: str,
     workdir: Path,
@@ -272,38 +206,11 @@ def latency(
     warmed = threading.Event()
     done = threading.Event()
 
-    def consume() -> None:
-        consumer = Consumer(
-            {
-                "bootstrap.servers": bootstrap,
-                "group.id": f"lat-{run.topic}",
-                "enable.auto.commit": False,
-                **kafka,
-            }
-        )
-        consumer.assign(
-            [
-                TopicPartition(f"{run.topic}.unique", 0, OFFSET_BEGINNING),
-                TopicPartition(f"{run.topic}.duplicates", 0, OFFSET_BEGINNING),
-            ]
-        )
-        while len(received) < total and not done.is_set():
-            # poll() returns on the first message; consume(n, timeout) alone would wait
-            # until n messages or the timeout, adding up to the timeout to the latency.
-            first = consumer.poll(0.1)
-            if first is None:
-                continue
-            for msg in [first, *consumer.consume(1000, 0)]:
-                if msg.error() is None:
-                    now = time.time()
-                    doc = json.loads(msg.value() or b"{}")["document"]
-                    if "sent" in doc:
-                        received.append((doc["sent"], now - doc["sent"]))
-                    else:
-                        warmed.set()
-        consumer.close()
-
-    reader = threading.Thread(target=consume, daemon=True)
+    reader = threading.Thread(
+        target=read_events,
+        args=(bootstrap, run.topic, kafka, total, (received, warmed, done)),
+        daemon=True,
+    )
     reader.start()
     producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 1, "acks": "all"})
     for probe in range(60):
@@ -343,9 +250,82 @@ def latency(
     return LatencyRun(received, cpu, seconds)
 
 
-def quantile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+def throughput_phase(
+    bootstrap: str,
+    work: Path,
+    args: argparse.Namespace,
+    kafka: Mapping[str, str],
+    pid: int | None,
+    results: dict[str, Any],
+) -> None:
+    """``--repeats`` throughput runs (each ``--containment`` setting alternately), printed
+    and added to ``results``."""
+    settings = [float(c) for c in args.containment.split(",")]
+    rates, cpus, by_setting = [], [], {c: [] for c in settings}
+    for r in range(args.repeats):
+        for c in settings if r % 2 == 0 else settings[::-1]:
+            rate, cpu = throughput(bootstrap, work, args, r, kafka, pid, c)
+            rates.append(rate)
+            cpus.append(cpu)
+            by_setting[c].append((rate, cpu))
+            print(f"  throughput run {r + 1} (containment {c}): {rate:,.0f} docs/s; {render(cpu)}")
+    results["throughput_docs_per_s"] = rates
+    results["throughput_cpu_us_per_document"] = cpus
+    print(
+        f"throughput: median {statistics.median(rates):,.0f} docs/s over "
+        f"{args.documents:,} documents (runs: "
+        + ", ".join(f"{r:,.0f}" for r in rates)
+        + f")  {args.delivery} target >= {TARGETS[args.delivery]:,}"
+    )
+    if len(settings) == 2:
+        compare(settings, by_setting)
+
+
+def latency_phase(
+    bootstrap: str,
+    work: Path,
+    args: argparse.Namespace,
+    kafka: Mapping[str, str],
+    pid: int | None,
+    results: dict[str, Any],
+) -> None:
+    """``--repeats`` latency runs at ``--rate``, printed and added to ``results``."""
+    p50s, p99s, thirds, shares = [], [], [], []
+    for r in range(args.repeats):
+        run = latency(bootstrap, work, args, 100 + r, kafka, pid)
+        lat = [x for _, x in run.samples]
+        p50s.append(quantile(lat, 0.50) * 1000)
+        p99s.append(quantile(lat, 0.99) * 1000)
+        thirds.append([quantile(part, 0.99) * 1000 for part in run.thirds()])
+        share = run.broker_share()
+        shares.append(share)
+        print(
+            f"  latency run {r + 1}: p50 {p50s[-1]:.1f} ms, p99 {p99s[-1]:.1f} ms; "
+            "p99 by third of the run "
+            + " / ".join(f"{v:.1f}" for v in thirds[-1])
+            + " ms"
+            + (
+                "; broker CPU by third "
+                + " / ".join(f"{100 * v:.0f}%" for v in share)
+                + " of a core"
+                if share is not None
+                else ""
+            )
+        )
+    results["latency_ms"] = {
+        "p50": p50s,
+        "p99": p99s,
+        "p99_by_third": thirds,
+        "rate": args.rate,
+    }
+    results["broker_cpu_share_by_third"] = shares
+    print(
+        f"latency at {args.rate:,.0f} docs/s offered: median p50 "
+        f"{statistics.median(p50s):.1f} ms, median p99 "
+        f"{statistics.median(p99s):.1f} ms (runs p99: "
+        + ", ".join(f"{v:.1f}" for v in p99s)
+        + ")  target p99 <= 100 ms"
+    )
 
 
 def main() -> int:
@@ -393,68 +373,11 @@ def main() -> int:
     try:
         with tempfile.TemporaryDirectory(prefix="bench-service-") as tmp:
             work = Path(tmp)
+            pid = broker.pid if broker is not None else None
             if not args.skip_throughput:
-                pid = broker.pid if broker is not None else None
-                settings = [float(c) for c in args.containment.split(",")]
-                rates, cpus, by_setting = [], [], {c: [] for c in settings}
-                for r in range(args.repeats):
-                    for c in settings if r % 2 == 0 else settings[::-1]:
-                        rate, cpu = throughput(bootstrap, work, args, r, kafka, pid, c)
-                        rates.append(rate)
-                        cpus.append(cpu)
-                        by_setting[c].append((rate, cpu))
-                        print(
-                            f"  throughput run {r + 1} (containment {c}): {rate:,.0f} docs/s; "
-                            f"{render(cpu)}"
-                        )
-                results["throughput_docs_per_s"] = rates
-                results["throughput_cpu_us_per_document"] = cpus
-                print(
-                    f"throughput: median {statistics.median(rates):,.0f} docs/s over "
-                    f"{args.documents:,} documents (runs: "
-                    + ", ".join(f"{r:,.0f}" for r in rates)
-                    + f")  {args.delivery} target >= {TARGETS[args.delivery]:,}"
-                )
-                if len(settings) == 2:
-                    compare(settings, by_setting)
+                throughput_phase(bootstrap, work, args, kafka, pid, results)
             if not args.skip_latency:
-                p50s, p99s, thirds, shares = [], [], [], []
-                pid = broker.pid if broker is not None else None
-                for r in range(args.repeats):
-                    run = latency(bootstrap, work, args, 100 + r, kafka, pid)
-                    lat = [x for _, x in run.samples]
-                    p50s.append(quantile(lat, 0.50) * 1000)
-                    p99s.append(quantile(lat, 0.99) * 1000)
-                    thirds.append([quantile(part, 0.99) * 1000 for part in run.thirds()])
-                    share = run.broker_share()
-                    shares.append(share)
-                    print(
-                        f"  latency run {r + 1}: p50 {p50s[-1]:.1f} ms, p99 {p99s[-1]:.1f} ms; "
-                        "p99 by third of the run "
-                        + " / ".join(f"{v:.1f}" for v in thirds[-1])
-                        + " ms"
-                        + (
-                            "; broker CPU by third "
-                            + " / ".join(f"{100 * v:.0f}%" for v in share)
-                            + " of a core"
-                            if share is not None
-                            else ""
-                        )
-                    )
-                results["latency_ms"] = {
-                    "p50": p50s,
-                    "p99": p99s,
-                    "p99_by_third": thirds,
-                    "rate": args.rate,
-                }
-                results["broker_cpu_share_by_third"] = shares
-                print(
-                    f"latency at {args.rate:,.0f} docs/s offered: median p50 "
-                    f"{statistics.median(p50s):.1f} ms, median p99 "
-                    f"{statistics.median(p99s):.1f} ms (runs p99: "
-                    + ", ".join(f"{v:.1f}" for v in p99s)
-                    + ")  target p99 <= 100 ms"
-                )
+                latency_phase(bootstrap, work, args, kafka, pid, results)
     finally:
         if broker is not None:
             broker.stop()

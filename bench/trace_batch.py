@@ -85,14 +85,16 @@ PACKAGE_DIR = Path(stream_dedup.__file__).resolve().parent
 #: The longest window of steps that :func:`fold` looks for repetitions of.
 FOLD_LONGEST = 8
 #: At the service level, the dedup layer counts as one unit (a module before it became a
-#: package), and so does the index's face, ``DedupIndex`` (its reads and its commit
-#: preparation were in ``index/store.py`` before they got modules of their own).
+#: package), and so does the index's face, ``DedupIndex`` (its reads, its commit
+#: preparation and its intent and offsets were in ``index/store.py`` before they got
+#: modules of their own).
 SERVICE_UNITS = {
     "stream_dedup.dedup": "stream_dedup.dedup",
     "stream_dedup.index": "stream_dedup.index.store",
     "stream_dedup.index.store": "stream_dedup.index.store",
     "stream_dedup.index.reads": "stream_dedup.index.store",
     "stream_dedup.index.pending": "stream_dedup.index.store",
+    "stream_dedup.index.progress": "stream_dedup.index.store",
     "stream_dedup.index.staged": "stream_dedup.index.store",
 }
 

@@ -149,6 +149,8 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     Under pytest-xdist a worker takes tests in collection order, so a minute-long kill
     loop collected late starts when the others are done and runs alone at the end. Started
     first, the long tests overlap the many short ones and the suite ends sooner. The sort
-    is stable: the order within each group stays the collection order.
+    is stable: the order within each group stays the collection order. ``make test`` hands
+    the workers one test at a time (``--maxschedchunk 1``): in xdist's default chunks of
+    ~100 consecutive tests, every slow test went to the first worker.
     """
     items.sort(key=lambda item: item.get_closest_marker("slow") is None)

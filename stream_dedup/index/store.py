@@ -10,10 +10,7 @@ single write is what lets the service resume exactly where it stopped. An index 
 through :func:`stream_dedup.index.opener.open_index`.
 
 Before a batch's events leave the process, the service records the batch's input ranges as
-the *batch intent* (:meth:`DedupIndex.write_intent`); the commit that stores the batch
-clears it in the same write. An intent found at start-up names exactly the batch whose
-events may already be out, so the service can decide that same batch again. Ranges are
-plain ``(topic, partition) -> (start, end)`` pairs: the index knows nothing of Kafka.
+the *batch intent* (:mod:`.progress`); the commit that stores the batch clears it.
 
 Retention (:mod:`stream_dedup.index.retention`): the records of documents live in epochs;
 reads go to every live epoch, a batch writes to one, and the commit that lets an epoch go
@@ -30,7 +27,6 @@ its start and brings the key filters up to date from the backend's change log
 from __future__ import annotations
 
 import contextlib
-import json
 import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import replace
@@ -54,6 +50,7 @@ from stream_dedup.index.pending import (
     offset_records,
     written_fingerprints,
 )
+from stream_dedup.index.progress import IndexProgress
 from stream_dedup.index.reads import IndexReads
 from stream_dedup.index.retention import (
     I64,
@@ -82,16 +79,14 @@ __all__ = [
     "StoredVerdict",
 ]
 
-#: Input ranges of one batch: (topic, partition) -> (first offset, last offset + 1).
-Ranges = Mapping[tuple[str, int], tuple[int, int]]
 
-
-class DedupIndex(IndexReads):
+class DedupIndex(IndexReads, IndexProgress):
     """One open index. One process writes an index (RocksDB's lock), from one thread;
     other threads may read it inside :meth:`~.reads.IndexReads.consistent`.
 
     Its typed reads are those of :class:`~stream_dedup.index.reads.IndexReads`; its writes
-    are a batch's commit (:meth:`prepare`, :meth:`apply`), the batch intent and offsets.
+    are a batch's commit (:meth:`prepare`, :meth:`apply`), and the batch intent and offsets
+    of :class:`~stream_dedup.index.progress.IndexProgress`.
 
     Open one with :func:`~stream_dedup.index.opener.open_index`, which picks the backend.
     ``retention`` says how much of the stream it holds (see
@@ -356,39 +351,6 @@ class DedupIndex(IndexReads):
         epochs = self._timeline.epochs
         docs = epochs[-1].first - epochs[-2].first if len(epochs) > 1 else 0
         return 2 * (self._params.bands + 2) * max(1, docs)
-
-    def write_intent(self, ranges: Ranges) -> None:
-        """Record the input ranges of the batch about to be emitted (one small atomic put).
-
-        Written before any of the batch's events are produced, so that after a crash the
-        same batch (same ranges, hence the same documents) can be decided again and its
-        replayed events equal the ones already emitted. Cleared by the next :meth:`commit`.
-        """
-        body = sorted([t, p, start, end] for (t, p), (start, end) in ranges.items())
-        self._backend.write({keys.INTENT: json.dumps(body, separators=(",", ":")).encode()})
-        self._intent_pending = True
-        self._writes += 1
-
-    def write_offsets(self, offsets: Mapping[tuple[str, int], int]) -> None:
-        """Store the next input offsets alone (one small atomic write): how a shared
-        index records progress once a batch's events are confirmed."""
-        if offsets:
-            self._backend.write(offset_records(offsets))
-            self._writes += 1
-
-    def intent(self) -> dict[tuple[str, int], tuple[int, int]] | None:
-        """The ranges of a batch announced but never committed, or ``None``."""
-        raw = self._backend.get_many([keys.INTENT])[0]
-        if not raw:
-            return None
-        return {(str(t), int(p)): (int(a), int(b)) for t, p, a, b in json.loads(raw)}
-
-    def offsets(self) -> dict[tuple[str, int], int]:
-        """The next offset to consume per (topic, partition), as last committed."""
-        return {
-            keys.parse_offset_key(k): int.from_bytes(v, "little")
-            for k, v in self._backend.scan_prefix(keys.OFFSET)
-        }
 
     def size_bytes(self) -> int:
         return self._backend.size_bytes()

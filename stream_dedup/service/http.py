@@ -58,95 +58,21 @@ class HttpEndpoints:
         ready: Probe,
         sock: socket.socket | None = None,
     ) -> None:
-        routes: dict[str, Probe] = {"/healthz": health, "/readyz": ready}
+        self.registry = registry
+        self.routes: dict[str, Probe] = {"/healthz": health, "/readyz": ready}
         self.checks: CheckEndpoint | None = None
         self.checks_port: int | None = None
-        endpoints = self
-
-        class Handler(BaseHTTPRequestHandler):
-            # Keep-alive: a client that sends many checks reuses its connection, and the
-            # port takes no connection and starts no thread per request (each a wait for
-            # the interpreter lock while the loop decides a batch). Every reply has a
-            # Content-Length. The headers and the body are two writes: without TCP_NODELAY
-            # the body of a kept-alive reply waits for the client's delayed ACK (~40 ms).
-            protocol_version = "HTTP/1.1"
-            disable_nagle_algorithm = True
-            # A connection idle (or a body unsent) this long is closed: a kept-alive client
-            # that went away does not hold a thread for ever.
-            timeout = 60
-
-            def do_GET(self) -> None:
-                path = self.path.split("?", 1)[0]
-                if path == "/metrics":
-                    try:
-                        body = generate_latest(registry)
-                    except Exception as exc:  # a collector failed: say so, keep serving
-                        log.exception(
-                            "collecting metrics failed",
-                            extra={"fields": {"action": "see the error; the loop goes on"}},
-                        )
-                        text = f"collecting metrics failed: {type(exc).__name__}: {exc}\n"
-                        self._send(500, "text/plain", text.encode())
-                        return
-                    self._send(200, CONTENT_TYPE_LATEST, body)
-                elif path in _CHECKS:
-                    self._json(405, {"error": "method_not_allowed", "detail": "use POST"})
-                elif path in routes:
-                    ok, details = routes[path]()
-                    payload = {"status": "ok" if ok else "unavailable", **details}
-                    self._send(200 if ok else 503, "application/json", json.dumps(payload).encode())
-                else:
-                    self._send(
-                        404, "text/plain", b"not found: try /metrics, /healthz, /readyz, /check\n"
-                    )
-
-            def do_POST(self) -> None:
-                path, _, query = self.path.partition("?")
-                checks = endpoints.checks
-                if path not in _CHECKS:
-                    self.close_connection = True  # its body is not read
-                    self._json(404, {"error": "not_found", "detail": "POST /check, /check/batch"})
-                    return
-                if checks is None and endpoints.checks_port is not None:
-                    self.close_connection = True
-                    port = endpoints.checks_port
-                    detail = f"checks are answered on port {port} (http.check_port)"
-                    self._json(421, {"error": "misdirected", "detail": detail})
-                    return
-                if checks is None:
-                    self.close_connection = True
-                    self._json(503, {"error": "unavailable", "detail": "the index is not open"})
-                    return
-                given = self.headers.get("Content-Length")
-                length = int(given) if given is not None and given.isdigit() else None
-                code, body = checks.handle(path, query, length, self.rfile.read)
-                if code in (411, 413):
-                    self.close_connection = True  # the body was not read
-                self._json(code, body)
-
-            def _json(self, code: int, body: dict[str, object]) -> None:
-                self._send(code, "application/json", json.dumps(body, ensure_ascii=False).encode())
-
-            def _send(self, code: int, ctype: str, body: bytes) -> None:
-                self.send_response(code)
-                self.send_header("Content-Type", ctype)
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
-
-            def log_message(self, format: str, *args: object) -> None:
-                """Silence per-request access logs; scrapes would drown the service's logs."""
-
         if sock is not None:
-            self._server = ThreadingHTTPServer(sock.getsockname(), Handler, False)
+            self._server = _Server(sock.getsockname(), _Handler, False)
             self._server.socket.close()
             self._server.socket = sock
         else:
             try:
-                self._server = ThreadingHTTPServer((host, port), Handler)
+                self._server = _Server((host, port), _Handler)
             except OSError as exc:
                 raise cannot_listen(host, port, exc) from exc
         self._server.daemon_threads = True
+        self._server.endpoints = self
         self._thread = threading.Thread(target=self._server.serve_forever, name="http", daemon=True)
 
     @property
@@ -167,6 +93,91 @@ class HttpEndpoints:
         if self._thread.is_alive():
             self._server.shutdown()
         self._server.server_close()
+
+
+class _Server(ThreadingHTTPServer):
+    """The threaded server, with the endpoints its handlers answer for."""
+
+    endpoints: HttpEndpoints
+
+
+class _Handler(BaseHTTPRequestHandler):
+    """One connection's requests, answered from the :class:`HttpEndpoints` of its server."""
+
+    server: _Server
+
+    # Keep-alive: a client that sends many checks reuses its connection, and the
+    # port takes no connection and starts no thread per request (each a wait for
+    # the interpreter lock while the loop decides a batch). Every reply has a
+    # Content-Length. The headers and the body are two writes: without TCP_NODELAY
+    # the body of a kept-alive reply waits for the client's delayed ACK (~40 ms).
+    protocol_version = "HTTP/1.1"
+    disable_nagle_algorithm = True
+    # A connection idle (or a body unsent) this long is closed: a kept-alive client
+    # that went away does not hold a thread for ever.
+    timeout = 60
+
+    def do_GET(self) -> None:
+        path = self.path.split("?", 1)[0]
+        routes = self.server.endpoints.routes
+        if path == "/metrics":
+            try:
+                body = generate_latest(self.server.endpoints.registry)
+            except Exception as exc:  # a collector failed: say so, keep serving
+                log.exception(
+                    "collecting metrics failed",
+                    extra={"fields": {"action": "see the error; the loop goes on"}},
+                )
+                text = f"collecting metrics failed: {type(exc).__name__}: {exc}\n"
+                self._send(500, "text/plain", text.encode())
+                return
+            self._send(200, CONTENT_TYPE_LATEST, body)
+        elif path in _CHECKS:
+            self._json(405, {"error": "method_not_allowed", "detail": "use POST"})
+        elif path in routes:
+            ok, details = routes[path]()
+            payload = {"status": "ok" if ok else "unavailable", **details}
+            self._send(200 if ok else 503, "application/json", json.dumps(payload).encode())
+        else:
+            self._send(404, "text/plain", b"not found: try /metrics, /healthz, /readyz, /check\n")
+
+    def do_POST(self) -> None:
+        path, _, query = self.path.partition("?")
+        endpoints = self.server.endpoints
+        checks = endpoints.checks
+        if path not in _CHECKS:
+            self.close_connection = True  # its body is not read
+            self._json(404, {"error": "not_found", "detail": "POST /check, /check/batch"})
+            return
+        if checks is None and endpoints.checks_port is not None:
+            self.close_connection = True
+            port = endpoints.checks_port
+            detail = f"checks are answered on port {port} (http.check_port)"
+            self._json(421, {"error": "misdirected", "detail": detail})
+            return
+        if checks is None:
+            self.close_connection = True
+            self._json(503, {"error": "unavailable", "detail": "the index is not open"})
+            return
+        given = self.headers.get("Content-Length")
+        length = int(given) if given is not None and given.isdigit() else None
+        code, body = checks.handle(path, query, length, self.rfile.read)
+        if code in (411, 413):
+            self.close_connection = True  # the body was not read
+        self._json(code, body)
+
+    def _json(self, code: int, body: dict[str, object]) -> None:
+        self._send(code, "application/json", json.dumps(body, ensure_ascii=False).encode())
+
+    def _send(self, code: int, ctype: str, body: bytes) -> None:
+        self.send_response(code)
+        self.send_header("Content-Type", ctype)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, format: str, *args: object) -> None:
+        """Silence per-request access logs; scrapes would drown the service's logs."""
 
 
 def cannot_listen(host: str, port: int, exc: OSError, setting: str = "http.port") -> ConfigError:

@@ -25,7 +25,7 @@ from confluent_kafka import Consumer, KafkaException
 from prometheus_client import CollectorRegistry
 
 from stream_dedup.dedup import Deduplicator
-from stream_dedup.index import DedupIndex, open_index
+from stream_dedup.index import DedupIndex
 from stream_dedup.index.params import IndexParams
 from stream_dedup.logs import fields
 from stream_dedup.service import gc_tuning
@@ -33,7 +33,7 @@ from stream_dedup.service.broker_watch import BrokerWatch
 from stream_dedup.service.check_http import CheckEndpoint
 from stream_dedup.service.check_process import CheckProcess
 from stream_dedup.service.checkpoint import CommitStrategy, kafka_commit_reporter, open_strategy
-from stream_dedup.service.config import IndexConfig, ServiceConfig
+from stream_dedup.service.config import ServiceConfig
 from stream_dedup.service.decide import Decider
 from stream_dedup.service.http import HttpEndpoints
 from stream_dedup.service.index_outage import IndexOutage
@@ -44,6 +44,7 @@ from stream_dedup.service.metrics import Metrics
 from stream_dedup.service.ordering import RecordTime
 from stream_dedup.service.prefetch.ahead import SketchAhead
 from stream_dedup.service.prefetch.worker import SketchWorkerError
+from stream_dedup.service.starting import join_notice, log_started, open_configured_index
 from stream_dedup.service.stopping import StartInterruptedError, StopRequest
 from stream_dedup.service.switching import switch_interval
 
@@ -52,22 +53,7 @@ log = logging.getLogger("stream_dedup.service")
 
 #: Keys between progress lines while the key filter is built at start-up (a few seconds).
 _FILTER_LOG_EVERY = 5_000_000
-#: How long the first assignment may take before the log says the group is still forming
-#: (a broker holds a join until earlier members' ``session.timeout.ms`` has run out).
-_JOIN_NOTICE_S = 10.0
-
 DeduplicatorFactory = Callable[[DedupIndex, ServiceConfig], Deduplicator]
-
-
-def open_configured_index(settings: IndexConfig, params: IndexParams) -> DedupIndex:
-    """The index the ``[index]`` settings name: a RocksDB directory this instance owns, or
-    the Redis index every instance of the group shares."""
-    return open_index(
-        settings.location(),
-        params,
-        sync=settings.sync,
-        retention=settings.policy(),
-    )
 
 
 def default_deduplicator(index: DedupIndex, config: ServiceConfig) -> Deduplicator:
@@ -266,7 +252,7 @@ class Service:
             on_revoke=life.revoke,
             on_lost=life.lose,
         )
-        self._log_started()
+        log_started(self.config, self.index, self.http, self.checks)
         life.start()
         code = 0
         joining: float | None = time.monotonic()  # until the first assignment
@@ -276,7 +262,7 @@ class Service:
                 self._beat()
                 gc_tuning.collect_due()
                 if joining is not None:
-                    joining = self._joining(joining, life.assigned)
+                    joining = join_notice(self.config, joining, life.assigned)
                 if consumer_watch.fatal is not None:
                     raise KafkaException(consumer_watch.fatal)
                 if life.turn():
@@ -330,42 +316,6 @@ class Service:
             self.checks.start()  # it follows the index from here on
         if self._stop.is_set():
             raise StartInterruptedError
-
-    def _joining(self, since: float, assigned: int) -> float | None:
-        """Before the first assignment: say once when the group takes long to form, so a
-        quiet log is not taken for a hang; ``None`` once partitions are assigned."""
-        if assigned:
-            return None
-        if time.monotonic() - since < _JOIN_NOTICE_S:
-            return since
-        log.info(
-            "still waiting for the consumer group to assign partitions",
-            extra=fields(
-                group=self.config.kafka.get("group.id"),
-                topics=list(self.config.input.topics),
-                action="wait: a broker holds a join until earlier members' session.timeout.ms "
-                "has passed; check that the input topics exist",
-            ),
-        )
-        return None
-
-    def _log_started(self) -> None:
-        cfg = self.config
-        log.info(
-            "started",
-            extra=fields(
-                topics=list(cfg.input.topics),
-                unique_topic=cfg.unique_topic,
-                duplicate_topic=cfg.duplicate_topic,
-                dlq_topic=cfg.dlq_topic,
-                index=self.index.location,
-                indexed_documents=self.index.counter("documents"),
-                http_port=self.http.port if self.http else None,
-                check_port=self.checks.port if self.checks else None,
-                group=cfg.kafka.get("group.id"),
-                next="joining the consumer group; partitions are logged when assigned",
-            ),
-        )
 
     def _shutdown(self, consumer: Consumer, strategy: CommitStrategy, ahead: SketchAhead) -> None:
         """Leave the group, then release everything else even if leaving failed: the

@@ -5,11 +5,11 @@ pass their own and read values with ``registry.get_sample_value``). Names follow
 Prometheus practice: prefix ``stream_dedup_``, counters end in ``_total``, base units
 (seconds, bytes). Labels are bounded and created up front at zero so that dashboards and
 alerts see a series before the first event. Values that are only known at scrape time
-(index size, consumer lag) come from a custom collector instead of being pushed from the
-hot loop. The per-document histograms are :class:`BulkHistogram`: one numpy pass per batch
-instead of a locked ``observe`` per document. The ``*_created`` series of the client
-library are not exported (:func:`prometheus_client.disable_created_metrics`): they double the
-series count and no query here uses them.
+(index size, consumer lag) come from a custom collector (:mod:`.scrape_metrics`) instead of
+being pushed from the hot loop. The per-document histograms are :class:`BulkHistogram`: one
+numpy pass per batch instead of a locked ``observe`` per document. The ``*_created`` series
+of the client library are not exported (:func:`prometheus_client.disable_created_metrics`):
+they double the series count and no query here uses them.
 
 ==============================================  =========  =================================
 name                                            type       meaning
@@ -66,7 +66,7 @@ from __future__ import annotations
 
 import json
 import threading
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
 from prometheus_client import (
@@ -78,85 +78,22 @@ from prometheus_client import (
     ProcessCollector,
     disable_created_metrics,
 )
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
-from prometheus_client.registry import Collector
 
-from stream_dedup.errors import DecodeError, IndexUnreachableError
+from stream_dedup.errors import DecodeError
 from stream_dedup.index.store import IndexStats
 from stream_dedup.models import VerdictKind
 from stream_dedup.service.bulk_histogram import BulkHistogram
 from stream_dedup.service.check_metrics import CheckMetrics, CheckProcessMetrics
+from stream_dedup.service.scrape_metrics import PREFIX, ScrapeCollector
 
 if TYPE_CHECKING:
     from stream_dedup.dedup import BatchStats
-
-PREFIX = "stream_dedup"
 
 _LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 _COUNT_BUCKETS = (0, 1, 2, 5, 10, 20, 50, 100, 200, 500, 1000)
 _BATCH_BUCKETS = (1, 10, 50, 100, 500, 1000, 2000, 5000, 10000)
 
 __all__ = ["PREFIX", "BulkHistogram", "Metrics"]
-
-
-class _ScrapeCollector(Collector):
-    """Index size and consumer lag, read when Prometheus scrapes."""
-
-    def __init__(self, metrics: Metrics) -> None:
-        self._m = metrics
-
-    def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
-        docs = GaugeMetricFamily(
-            f"{PREFIX}_index_documents", "Documents decided and recorded in the index."
-        )
-        size = GaugeMetricFamily(f"{PREFIX}_index_size_bytes", "Index size on disk, in bytes.")
-        filters = GaugeMetricFamily(
-            f"{PREFIX}_index_filter_bytes", "Memory held by the index's key filters, in bytes."
-        )
-        held = GaugeMetricFamily(
-            f"{PREFIX}_index_held_documents",
-            "Documents the index holds: indexed and not expired by retention.",
-        )
-        evicted = CounterMetricFamily(
-            f"{PREFIX}_index_evicted_documents", "Documents expired by retention."
-        )
-        oldest = GaugeMetricFamily(
-            f"{PREFIX}_index_oldest_document_timestamp_seconds",
-            "Unix time (stream clock) at which the oldest held document was decided.",
-        )
-        clock = GaugeMetricFamily(
-            f"{PREFIX}_index_clock_timestamp_seconds",
-            "The stream's clock: the latest document time decided, Unix seconds.",
-        )
-        epochs = GaugeMetricFamily(
-            f"{PREFIX}_index_epochs", "Live epochs of the index (slices of the retention)."
-        )
-        source = self._m.index_source
-        try:
-            read = source() if source is not None else None
-        except IndexUnreachableError:  # left out while Redis is away (stream_dedup_index_up)
-            read = None
-        if read is not None:
-            stats, n_filter = read
-            docs.add_metric([], stats.documents)
-            size.add_metric([], stats.size_bytes)
-            filters.add_metric([], n_filter)
-            held.add_metric([], stats.held)
-            evicted.add_metric([], stats.expired)
-            if stats.oldest_time is not None:
-                oldest.add_metric([], stats.oldest_time)
-            if stats.clock is not None:
-                clock.add_metric([], stats.clock)
-            epochs.add_metric([], stats.epochs)
-        yield from (docs, size, filters, held, evicted, oldest, clock, epochs)
-        lag = GaugeMetricFamily(
-            f"{PREFIX}_consumer_lag_messages",
-            "Messages behind the partition end, from librdkafka statistics.",
-            labels=["topic", "partition"],
-        )
-        for (topic, partition), value in sorted(self._m.lag().items()):
-            lag.add_metric([topic, str(partition)], value)
-        yield lag
 
 
 class Metrics:
@@ -181,7 +118,7 @@ class Metrics:
         self._register_transactions(registry)
         self.checks = CheckMetrics(registry)
         self.check_process = CheckProcessMetrics(registry)
-        registry.register(_ScrapeCollector(self))
+        registry.register(ScrapeCollector(self))
         # The service process's CPU, memory and open files (process_*; Linux only, as
         # they read /proc) and the Python version (python_info), as the client library's
         # default registry has them; the sketch worker's process is not among them.

@@ -17,20 +17,14 @@ from tests.conftest import fresh_namespace
 TIME = RecordTime()
 
 
-@pytest.fixture(params=["redis", "redis-cluster"])
-def backend_kind(request: pytest.FixtureRequest) -> str:
-    kind: str = request.param
-    return kind
-
-
 @pytest.fixture
-def members(redis_backend_url: str) -> Iterator[Callable[[], GroupHeads]]:
+def members(shared_redis_url: str) -> Iterator[Callable[[], GroupHeads]]:
     """``make()``: one more instance's exchange (its own connection) for one group."""
     namespace = fresh_namespace()
     opened: list[RedisBackend] = []
 
     def make() -> GroupHeads:
-        backend = RedisBackend(redis_backend_url, namespace=namespace)
+        backend = RedisBackend(shared_redis_url, namespace=namespace)
         opened.append(backend)
         return backend.group_heads("group-a")
 

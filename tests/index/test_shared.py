@@ -5,7 +5,7 @@ from __future__ import annotations
 import io
 import shutil
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -26,21 +26,8 @@ from stream_dedup.models import Document
 from stream_dedup.tools import redis_local
 from tests.conftest import fresh_namespace
 
-from .shared_instances import decide_and_store, shared_instances
+from .shared_instances import decide_and_store
 from .test_dedup import article
-
-
-@pytest.fixture(params=["redis", "redis-cluster"])
-def backend_kind(request: pytest.FixtureRequest) -> str:
-    kind: str = request.param
-    return kind
-
-
-@pytest.fixture
-def shared(redis_backend_url: str) -> Iterator[Callable[[], Deduplicator]]:
-    """``make()``: one more instance (its own connection and index object) on one index."""
-    with shared_instances(redis_backend_url) as make:
-        yield make
 
 
 def test_copies_racing_at_two_instances_make_exactly_one_unique(
@@ -88,7 +75,7 @@ def test_an_instance_finds_what_another_decided(shared: Callable[[], Deduplicato
 
 
 def test_a_write_cut_short_by_a_release_before_redo_queues_is_finished_at_opening(
-    shared: Callable[[], Deduplicator], redis_backend_url: str
+    shared: Callable[[], Deduplicator], shared_redis_url: str
 ) -> None:
     """An index left by a release that kept one redo record (a plain key, ``{ns}!redo``)
     and crashed between it and the end of its write: opening applies the whole write
@@ -150,7 +137,7 @@ def test_a_wrong_password_is_a_clear_error(redis_url: str) -> None:
 
 
 def test_stats_reads_a_shared_index(
-    shared: Callable[[], Deduplicator], redis_backend_url: str, capsys: pytest.CaptureFixture[str]
+    shared: Callable[[], Deduplicator], shared_redis_url: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
     dedup = shared()
     decide_and_store(dedup, [Document(f"o{i}", article(i)) for i in range(12)])
@@ -159,12 +146,12 @@ def test_stats_reads_a_shared_index(
     assert isinstance(backend, RedisBackend)
     namespace = backend.location.rsplit("namespace ", 1)[1].rstrip(")")
     out = io.StringIO()
-    assert main(["stats", "--redis", redis_backend_url, "--namespace", namespace], out) == 0
+    assert main(["stats", "--redis", shared_redis_url, "--namespace", namespace], out) == 0
     rows = dict(line.split(None, 1) for line in out.getvalue().splitlines())
     assert rows["documents"].strip() == "13"
     assert rows["duplicates"].strip() == "1"
     assert rows["size"].startswith("in Redis")
-    missing = ["stats", "--redis", redis_backend_url, "--namespace", "no-such-index"]
+    missing = ["stats", "--redis", shared_redis_url, "--namespace", "no-such-index"]
     assert main(missing, io.StringIO()) == 3
     assert "is not a stream-dedup index" in capsys.readouterr().err
 
@@ -223,14 +210,14 @@ def test_a_lease_reads_no_clock_points_without_retention(
 
 
 def test_two_instances_with_retention_decide_as_one_and_read_only_new_clock_points(
-    redis_backend_url: str,
+    shared_redis_url: str,
 ) -> None:
     """Retention on a shared index: instances taking turns give the verdicts of one
     in-memory index under the same retention, and a lease reads the clock's change points
     of the other instance's batches only (no scan of every point held)."""
     namespace, config = fresh_namespace(), DedupConfig()
     params, retention = IndexParams.of(config), Retention(window=600, max_documents=50)
-    backends = [RedisBackend(redis_backend_url, namespace=namespace) for _ in range(2)]
+    backends = [RedisBackend(shared_redis_url, namespace=namespace) for _ in range(2)]
     instances = [Deduplicator(DedupIndex(b, params, retention), config) for b in backends]
     reference = Deduplicator(DedupIndex(MemoryBackend(), params, retention), config)
     docs = []

@@ -23,12 +23,6 @@ from .shared_instances import decide_and_store, shared_instances
 from .test_dedup import article
 
 
-@pytest.fixture(params=["redis", "redis-cluster"])
-def backend_kind(request: pytest.FixtureRequest) -> str:
-    kind: str = request.param
-    return kind
-
-
 class Counting(RedisBackend):
     """A Redis backend that counts the record fields it reads (epoch > 0 or not)."""
 
@@ -40,9 +34,9 @@ class Counting(RedisBackend):
 
 
 @pytest.fixture
-def shared(redis_backend_url: str) -> Iterator[Callable[[], Deduplicator]]:
+def shared(shared_redis_url: str) -> Iterator[Callable[[], Deduplicator]]:
     """``make()``: one more instance on one index, its backend counting its reads."""
-    with shared_instances(redis_backend_url, Counting) as make:
+    with shared_instances(shared_redis_url, Counting) as make:
         yield make
 
 

@@ -9,9 +9,7 @@ never puts its values over a newer write's.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
-
-import pytest
+from collections.abc import Callable
 
 from stream_dedup.dedup import Deduplicator
 from stream_dedup.index import keys
@@ -21,21 +19,8 @@ from stream_dedup.index.redis_log import LOG_ENTRIES
 from stream_dedup.index.redis_redo import VERSION_FIELD, Overlay, versioned
 from stream_dedup.models import Document
 
-from .shared_instances import decide_and_store, shared_instances
+from .shared_instances import decide_and_store
 from .test_dedup import article
-
-
-@pytest.fixture(params=["redis", "redis-cluster"])
-def backend_kind(request: pytest.FixtureRequest) -> str:
-    kind: str = request.param
-    return kind
-
-
-@pytest.fixture
-def shared(redis_backend_url: str) -> Iterator[Callable[[], Deduplicator]]:
-    """``make()``: one more instance (its own connection and index object) on one index."""
-    with shared_instances(redis_backend_url) as make:
-        yield make
 
 
 def backend_of(dedup: Deduplicator) -> RedisBackend:

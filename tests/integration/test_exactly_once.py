@@ -20,7 +20,7 @@ from confluent_kafka import Consumer, Producer, TopicPartition
 
 from stream_dedup.errors import IndexIOError, TransactionError
 from stream_dedup.index import open_index
-from stream_dedup.service import loop
+from stream_dedup.service import starting
 
 from .committed_reader import read_committed
 from .support import (
@@ -112,7 +112,7 @@ def test_a_stop_after_the_transaction_commits_stores_the_batch_without_emitting_
 
     # The index write after the third transaction fails: Kafka has the batch, the index
     # only its intent.
-    monkeypatch.setattr(loop, "open_index", open_failing)
+    monkeypatch.setattr(starting, "open_index", open_failing)
     svc = ServiceThread(config).start()
     with pytest.raises(IndexIOError):
         svc.wait_for("stream_dedup_commits_total", float("inf"), timeout_s=60)

@@ -28,7 +28,7 @@ import pytest
 
 from stream_dedup.tools.broker import free_port
 from tests.conftest import fresh_namespace
-from tests.quality.conftest import GroundTruth, build_truth, news_corpus
+from tests.quality.conftest import GroundTruth, news_corpus, shared_truth
 
 from .committed_reader import read_committed
 from .support import (
@@ -53,8 +53,8 @@ DOCUMENTS = 1200
 
 
 @pytest.fixture(scope="module")
-def truth() -> GroundTruth:
-    return build_truth(news_corpus(DOCUMENTS))
+def truth(tmp_path_factory: pytest.TempPathFactory, worker_id: str) -> GroundTruth:
+    return shared_truth(news_corpus(DOCUMENTS), tmp_path_factory, worker_id)
 
 
 @dataclass

@@ -18,7 +18,7 @@ from stream_dedup.errors import IndexIOError
 from stream_dedup.index import DedupIndex, RocksBackend, open_index
 from stream_dedup.index.params import IndexParams
 from stream_dedup.index.rocks import PreparedBatch
-from stream_dedup.service import loop
+from stream_dedup.service import starting
 
 from .support import (
     ServiceThread,
@@ -83,7 +83,7 @@ def test_a_failing_index_write_stops_the_service_and_the_batch_is_replayed(
     path = tmp_path / "index"
     config = make_config(bootstrap, topics, path, batch={"max_messages": BATCH})
 
-    monkeypatch.setattr(loop, "open_index", open_failing)
+    monkeypatch.setattr(starting, "open_index", open_failing)
     svc = ServiceThread(config).start()
     with pytest.raises(IndexIOError, match="No space left on device"):
         svc.wait_for("stream_dedup_commits_total", float("inf"), timeout_s=60)

@@ -20,7 +20,7 @@ import pytest
 from confluent_kafka import Producer
 
 from stream_dedup.cli.app import main as cli_main
-from tests.quality.conftest import Corpus, GroundTruth, build_truth, kijiji_corpus, news_corpus
+from tests.quality.conftest import Corpus, GroundTruth, kijiji_corpus, news_corpus, shared_truth
 
 from .support import ServiceThread, Topics, events, make_config, read_topic
 
@@ -33,8 +33,11 @@ BASE_MS = 1_795_000_000_000
 
 
 @pytest.fixture(scope="module")
-def truths() -> dict[str, GroundTruth]:
-    return {c.name: build_truth(c) for c in (kijiji_corpus(), news_corpus())}
+def truths(tmp_path_factory: pytest.TempPathFactory, worker_id: str) -> dict[str, GroundTruth]:
+    return {
+        c.name: shared_truth(c, tmp_path_factory, worker_id)
+        for c in (kijiji_corpus(), news_corpus())
+    }
 
 
 def offline_verdicts(corpus: Corpus, work: Path) -> list[dict[str, Any]]:

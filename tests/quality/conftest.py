@@ -15,6 +15,8 @@ a persisted RocksDB index, and the tests compare its verdict lines with the trut
 
 from __future__ import annotations
 
+import fcntl
+import hashlib
 import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -180,10 +182,44 @@ def build_truth(corpus: Corpus) -> GroundTruth:
     return GroundTruth(corpus, normalised, shingles, left[keep], right[keep], jaccard[keep])
 
 
+def shared_truth(
+    corpus: Corpus, tmp_path_factory: pytest.TempPathFactory, worker_id: str
+) -> GroundTruth:
+    """:func:`build_truth`, its pairs computed once per run for all pytest-xdist workers.
+
+    The product takes up to a minute for the 3,000-document news stream on a busy host,
+    and the quality, time-order and group-order tests each need a truth on whichever
+    worker runs them: the first worker to ask computes the pairs (the others wait on a
+    lock) and leaves them in the run's shared temporary directory, keyed by the corpus's
+    contents. The texts and shingles, cheap beside the product, are made anew.
+    """
+    if worker_id == "master":  # no workers: the session fixture's cache is enough
+        return build_truth(corpus)
+    root = tmp_path_factory.getbasetemp().parent  # one per run, shared by its workers
+    digest = hashlib.sha256("\0".join(corpus.contents).encode()).hexdigest()[:16]
+    path = root / f"truth-{corpus.name}-{digest}.npz"
+    with (root / f"{path.name}.lock").open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not path.exists():
+            truth = build_truth(corpus)
+            with path.open("wb") as out:
+                np.savez(out, left=truth.left, right=truth.right, jaccard=truth.jaccard)
+            return truth
+    pairs = np.load(path)
+    normalised = [normalize(c) for c in corpus.contents]
+    shingles = [string_shingles(t) for t in normalised]
+    return GroundTruth(
+        corpus, normalised, shingles, pairs["left"], pairs["right"], pairs["jaccard"]
+    )
+
+
 @pytest.fixture(scope="session")
-def truths() -> dict[str, GroundTruth]:
+def truths(tmp_path_factory: pytest.TempPathFactory, worker_id: str) -> dict[str, GroundTruth]:
     """Ground truth of every corpus, by name (computed once per session)."""
-    return {c.name: build_truth(c) for c in (kijiji_corpus(), news_corpus())}
+    return {
+        c.name: shared_truth(c, tmp_path_factory, worker_id)
+        for c in (kijiji_corpus(), news_corpus())
+    }
 
 
 @pytest.fixture(scope="session", params=["kijiji", "news"])

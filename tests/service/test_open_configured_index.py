@@ -9,7 +9,7 @@ from stream_dedup.core.config import DedupConfig
 from stream_dedup.index.params import IndexParams
 from stream_dedup.index.retention import Retention
 from stream_dedup.service.config import IndexConfig, RedisConfig
-from stream_dedup.service.loop import open_configured_index
+from stream_dedup.service.starting import open_configured_index
 from tests.conftest import fresh_namespace
 
 PARAMS = IndexParams.of(DedupConfig())

@@ -1,0 +1,148 @@
+"""The commit strategies of a shared index: decide and store under its lease, then deliver.
+
+The reverse of the order of an index one instance owns (:mod:`.checkpoint`), because the
+other instances must see a batch's documents before this one lets the lease go; why it
+loses nothing is in ``docs/shared-index.md``.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+from confluent_kafka import Consumer
+
+from stream_dedup.core.sketch import Sketch
+from stream_dedup.dedup import BatchResult
+from stream_dedup.service.batches import Ranges, TpKey
+from stream_dedup.service.commit_strategy import CommitStrategy, T, next_offsets
+from stream_dedup.service.config import ServiceConfig
+from stream_dedup.service.decide import DecidedBatch, Decider
+from stream_dedup.service.index_outage import IndexOutage
+from stream_dedup.service.inputs import Decoded
+from stream_dedup.service.kafka import EventProducer
+from stream_dedup.service.metrics import Metrics
+
+__all__ = ["SharedExactlyOnce", "SharedIndex"]
+
+
+class SharedIndex(CommitStrategy):
+    """Decide and store under the shared index's lease, deliver outside it.
+
+    The reverse of the owned index's order, because other instances must see the batch's
+    documents before this one lets the lease go. Nothing is lost by it: the offsets are
+    stored only after the events are confirmed, and a batch consumed again after a crash
+    between the two finds every verdict stored and re-emits identical events
+    (``docs/shared-index.md``). There are no intents: ``replaying`` is never true here.
+
+    A Redis outage is ridden out (:class:`~stream_dedup.service.index_outage.IndexOutage`,
+    up to ``index.redis.outage_limit_s``): steps 1 and 4 are each retried whole, as a
+    replay in process would run them.
+    """
+
+    def __init__(
+        self,
+        producer: EventProducer,
+        consumer: Consumer,
+        decider: Decider,
+        metrics: Metrics,
+        config: ServiceConfig,
+        keep_waiting: Callable[[], bool],
+    ) -> None:
+        super().__init__(producer, consumer, decider, metrics, config, keep_waiting)
+        self._outage = IndexOutage(config.index.redis.outage_limit_s, metrics, keep_waiting)
+
+    @property
+    def index_down_since(self) -> float | None:
+        return self._outage.down_since
+
+    def ride_out(self, operation: str, step: Callable[[], T]) -> T:
+        return self._outage.call(operation, step)
+
+    def stored_offsets(self) -> dict[TpKey, int]:
+        return self._outage.call("reading offsets", self._index.offsets)
+
+    def stored_intent(self) -> Ranges | None:
+        return self._outage.call("reading the batch intent", self._index.intent)
+
+    def stored_documents(self) -> int:
+        return self._outage.call("counting documents", lambda: self._index.counter("documents"))
+
+    def commit(
+        self, decoded: Decoded, sketched: Sketch | None, ranges: Ranges, *, replaying: bool
+    ) -> BatchResult:
+        out = self._store(decoded, sketched, ranges)  # 1. decide and store, under the lease
+        started = time.perf_counter()
+        offsets = next_offsets(ranges)
+        self._produce(out.records, out.refused)  # 2. produce
+        self._confirm(offsets)  # 3. confirm every delivery
+        self._outage.call("storing offsets", lambda: self._index.write_offsets(offsets))  # 4.
+        self._commit_kafka(offsets)  # 5. offsets to Kafka, for lag tools
+        self._committed(started)
+        return out.result
+
+    def _store(self, decoded: Decoded, sketched: Sketch | None, ranges: Ranges) -> DecidedBatch:
+        """Step 1, retried whole through an outage of the index; then ``on_stored`` (the
+        group's time order publishes its new heads before delivery)."""
+        built: list[DecidedBatch] = []  # one per attempt that got as far as deciding
+        out = self._outage.call(
+            "deciding and storing a batch",
+            lambda: self._decide_and_store(decoded, sketched, built),
+        )
+        if self.on_stored is not None:
+            self.on_stored(ranges)
+        return out
+
+    def _decide_and_store(
+        self, decoded: Decoded, sketched: Sketch | None, built: list[DecidedBatch]
+    ) -> DecidedBatch:
+        """Step 1: under the lease, decide the batch and store it (one atomic write).
+
+        Run again after an outage, it takes a new lease, which first applies a write the
+        outage interrupted after its commit point; the batch's documents stored by then
+        get their stored verdicts back, so its events are the same as the first try's.
+        ``built`` holds the earlier attempts' builds: their dead letters are counted once.
+        """
+        metrics = self._metrics
+        waited = time.perf_counter()
+        with self._index.exclusive():
+            held = time.perf_counter()
+            metrics.lease_wait.observe(held - waited)
+            out = self._decider.build(decoded, sketched, told=bool(built))
+            built.append(out)
+            self._index.apply(self._decider.dedup.prepare(out.result))  # 1. store
+        metrics.lease_held.observe(self._index.lease_end() - held)
+        self._decider.dedup.after_lease()
+        return out
+
+
+class SharedExactlyOnce(SharedIndex):
+    """The shared index's order with the delivery in one Kafka transaction.
+
+    Store-then-deliver: the batch is decided and stored under the lease first (as
+    :class:`SharedIndex`), then its records and input offsets go in one transaction with
+    the group's metadata (a member of an older generation is refused: zombie fencing).
+    Kafka's committed group offsets are the input's position (:meth:`stored_offsets`): a
+    crash before the commit leaves them before the batch, whose next owner replays the
+    stored verdicts, byte-identical, in a new transaction. The index's offsets, written
+    after the commit, are bookkeeping only (``docs/shared-index.md``, exactly-once).
+    """
+
+    replay_action = "none: it is delivered once"
+
+    def stored_offsets(self) -> dict[TpKey, int]:
+        """None: every partition starts at the group's committed offset (read stable, so
+        a transaction still open on it is waited for), never at the index's."""
+        return {}
+
+    def commit(
+        self, decoded: Decoded, sketched: Sketch | None, ranges: Ranges, *, replaying: bool
+    ) -> BatchResult:
+        out = self._store(decoded, sketched, ranges)  # 1. decide and store, under the lease
+        started = time.perf_counter()
+        offsets = next_offsets(ranges)
+        self._produce(out.records, out.refused)  # 2. produce, in a transaction
+        self._confirm(offsets, self._consumer.consumer_group_metadata())  # 3. commit it
+        self._outage.call("storing offsets", lambda: self._index.write_offsets(offsets))  # 4.
+        self._committed(started)
+        return out.result
