@@ -49,10 +49,18 @@ class EpochFamilies:
         #: The handle of epoch 0's documents family (``None`` once closed).
         self.docs_handle = db.get_column_family_handle(DOCS_FAMILY) if has_docs else None
         self._by_epoch: dict[int, Families] = {0: (db, self._docs, None, self.docs_handle)}
+        listed = set(opened)
         for name in opened:
             number = epoch_number(name)
-            if number is not None and number not in self._by_epoch:
-                self._open(number)
+            if number is None or number in self._by_epoch:
+                continue
+            if read_only and not {epoch_family(number), epoch_docs_family(number)} <= listed:
+                # The writer creates an epoch's two families one after the other, and drops
+                # them so: a view opened in between sees one of them. Neither holds anything
+                # committed (the commit naming a new epoch comes after both exist; a dropped
+                # one had expired), so the view skips that epoch rather than fail.
+                continue
+            self._open(number)
 
     def _open(self, epoch: int) -> Families:
         """The families of ``epoch``, created if they do not exist yet."""

@@ -9,6 +9,7 @@ import hashlib
 from pathlib import Path
 
 import pytest
+from rocksdict import Options, Rdict
 
 from stream_dedup.core.config import DedupConfig
 from stream_dedup.dedup import Deduplicator
@@ -18,6 +19,8 @@ from stream_dedup.index.follower import FollowerIndex
 from stream_dedup.index.opener import open_follower
 from stream_dedup.index.params import IndexParams
 from stream_dedup.index.retention import RetentionChange
+from stream_dedup.index.rocks import RocksBackend
+from stream_dedup.index.rocks_families import epoch_docs_family, epoch_family
 from stream_dedup.models import Document
 from tests.index.test_dedup import article, edit
 
@@ -131,3 +134,31 @@ def test_a_follower_on_redis_reads_the_writers_commits(redis_url: str) -> None:
     finally:
         follower.close()
         index.close()
+
+
+def test_a_view_opened_while_the_writer_creates_an_epoch_skips_it(tmp_path: Path) -> None:
+    """The writer creates (and drops) an epoch's two families one after the other: a
+    secondary or read-only view opened in between sees one, holding nothing committed,
+    and opens without it instead of failing."""
+    config = DedupConfig()
+    dedup = writer(tmp_path / "idx", config)
+    dedup.process(batch(0))
+    dedup.index.close()
+    families = Rdict.list_cf(str(tmp_path / "idx"))
+    db = Rdict(
+        str(tmp_path / "idx"),
+        Options(raw_mode=True),
+        column_families={name: Options(raw_mode=True) for name in families},
+    )
+    db.create_column_family(epoch_family(7), Options(raw_mode=True))  # its docs not yet
+    try:
+        for kind in ({"secondary": True}, {"read_only": True}):
+            view = RocksBackend(tmp_path / "idx", **kind)
+            assert view.epochs() == [0]
+            view.close()
+        db.create_column_family(epoch_docs_family(7), Options(raw_mode=True))
+        view = RocksBackend(tmp_path / "idx", read_only=True)
+        assert view.epochs() == [0, 7]  # both families: the epoch is held
+        view.close()
+    finally:
+        db.close()
