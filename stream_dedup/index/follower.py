@@ -35,12 +35,16 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 
+from stream_dedup.errors import IndexStoreError
 from stream_dedup.index import keys
 from stream_dedup.index.backend import Backend
 from stream_dedup.index.store import DedupIndex
 from stream_dedup.index.timeline_store import stored_epochs
 
 __all__ = ["FollowerIndex"]
+
+#: Reopenings of a view in one follow before giving up (see ``_hold_committed_epochs``).
+_REOPENS = 5
 
 
 class FollowerIndex(DedupIndex):
@@ -66,12 +70,31 @@ class FollowerIndex(DedupIndex):
             caught = catch_up() if catch_up is not None else True
             with self._state_lock.writing():
                 if catch_up is not None:
-                    raw = backend.get_many([keys.EPOCHS])[0] if caught else None
-                    live = set(stored_epochs(raw).numbers()) | {0} if raw else set(backend.epochs())
-                    if not caught or live != set(backend.epochs()):
-                        backend.reopen()  # type: ignore[attr-defined]
+                    self._hold_committed_epochs(caught)
                 self._load_state(since=self._counters["indexed"])
             self.catch_ups += 1
+
+    def _hold_committed_epochs(self, caught: bool) -> None:
+        """Reopen the view until it holds exactly the epochs its committed timeline names.
+
+        A reopen lists the writer's column families, then opens the database with them;
+        a batch that opens a new epoch can commit in between, and the view then names an
+        epoch whose families it did not open. Each try sees a later commit, and a writer
+        opens at most one epoch per batch, so a few suffice.
+        """
+        backend = self._backend
+        for _ in range(_REOPENS):
+            if caught:
+                raw = backend.get_many([keys.EPOCHS])[0]
+                held = set(backend.epochs())
+                if (set(stored_epochs(raw).numbers()) | {0} if raw else held) == held:
+                    return
+            backend.reopen()  # type: ignore[attr-defined]
+            caught = True
+        raise IndexStoreError(
+            f"{backend.location}: the index's epochs changed at each of {_REOPENS} reopenings "
+            "of its view; the check process is started again"
+        )
 
     def prepare(self, *args: object, **kwargs: object) -> object:  # type: ignore[override]
         raise RuntimeError("a follower index is read-only: the process that owns it writes")

@@ -54,6 +54,8 @@ from stream_dedup.index.rocks_scans import epoch_items, epoch_keys
 from stream_dedup.index.rocks_view import linked_view, remove_view
 
 _READ_CHUNK = 512
+#: Tries to open a secondary instance (see ``RocksBackend._open``).
+_SECONDARY_OPENS = 5
 
 
 class PreparedBatch(NamedTuple):
@@ -115,12 +117,19 @@ class RocksBackend:
             move_documents(self._db, self._epochs.docs_handle, self._write_opts, self._path)
 
     def _open(self) -> None:
-        try:
-            families = self._open_database()
-        except Exception as exc:  # rocksdict raises plain Exception with RocksDB's text
-            if self._view is not None:
-                remove_view(self._view)
-            raise open_failed(self._path, exc) from exc
+        # A secondary lists the writer's families, then opens them: retention can drop
+        # one in between ("Column family not found"), so it lists and opens again.
+        tries = _SECONDARY_OPENS if self._secondary else 1
+        for attempt in range(tries):
+            try:
+                families = self._open_database()
+                break
+            except Exception as exc:  # rocksdict raises plain Exception with RocksDB's text
+                if self._view is not None:
+                    remove_view(self._view)
+                    self._view = None
+                if attempt + 1 == tries:
+                    raise open_failed(self._path, exc) from exc
         #: Each epoch's families (see :mod:`.rocks_epochs`).
         self._epochs = EpochFamilies(self._db, self._path, self._read_only, families)
 

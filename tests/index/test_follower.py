@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import hashlib
 from pathlib import Path
+from typing import Any
 
 import pytest
 from rocksdict import Options, Rdict
@@ -162,3 +163,53 @@ def test_a_view_opened_while_the_writer_creates_an_epoch_skips_it(tmp_path: Path
         view.close()
     finally:
         db.close()
+
+
+@pytest.mark.parametrize(
+    "keep",
+    [
+        pytest.param(400, id="an-epoch-opened"),  # epochs of 50 documents, none dropped yet
+        pytest.param(100, id="an-epoch-dropped"),  # epochs of 12: each batch drops some
+    ],
+)
+def test_a_view_reopened_while_the_writer_commits_is_opened_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, keep: int
+) -> None:
+    """A reopen lists the writer's families, then opens them, and a batch can commit in
+    between. One that opens an epoch leaves the view naming an epoch it did not open;
+    one that drops an epoch's families makes the opening fail. Either way the view is
+    opened again, rather than fail (the check process died of it once, restarted during
+    ingest)."""
+    config = DedupConfig()
+    dedup = writer(tmp_path / "index", config, keep=keep)
+    dedup.process(batch(0))
+    follower = open_follower(tmp_path / "index")
+    real = Rdict
+    between = [2]  # the batch the writer commits between a listing and the opening
+
+    def listing_then_a_commit(*args: Any) -> list[str]:
+        names: list[str] = real.list_cf(*args)
+        if between:
+            dedup.process(batch(between.pop()))  # a new epoch: families made, committed
+            dedup.index._backend.flush()  # type: ignore[attr-defined]
+        return names
+
+    class RacedRdict:
+        list_cf = staticmethod(listing_then_a_commit)
+
+        def __new__(cls, *args: Any, **kwargs: Any) -> Rdict:  # type: ignore[misc]
+            return real(*args, **kwargs)
+
+    try:
+        dedup.process(batch(1))  # a new epoch: the next follow reopens the view
+        dedup.index._backend.flush()  # type: ignore[attr-defined]
+        monkeypatch.setattr("stream_dedup.index.rocks.Rdict", RacedRdict)
+        follower.follow()
+        assert not between  # the writer did commit in the middle of the reopen
+        assert follower.timeline.numbers() == dedup.index.timeline.numbers()
+        asked = [article(2 * 50 + 7)]
+        got = check_texts(follower, config, dedup.plan, asked, 1)
+        assert [m.id for m in got[0]] == ["b2-7"]
+    finally:
+        follower.close()
+        dedup.index.close()
