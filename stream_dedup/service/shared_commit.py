@@ -7,13 +7,15 @@ loses nothing is in ``docs/shared-index.md``.
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable
 
-from confluent_kafka import Consumer
+from confluent_kafka import Consumer, KafkaException, TopicPartition
 
 from stream_dedup.core.sketch import Sketch
 from stream_dedup.dedup import BatchResult
+from stream_dedup.logs import fields
 from stream_dedup.service.batches import Ranges, TpKey
 from stream_dedup.service.commit_strategy import CommitStrategy, T, next_offsets
 from stream_dedup.service.config import ServiceConfig
@@ -21,9 +23,12 @@ from stream_dedup.service.decide import DecidedBatch, Decider
 from stream_dedup.service.index_outage import IndexOutage
 from stream_dedup.service.inputs import Decoded
 from stream_dedup.service.kafka import EventProducer
+from stream_dedup.service.lost_index import BROKER_TIMEOUT_S
 from stream_dedup.service.metrics import Metrics
 
 __all__ = ["SharedExactlyOnce", "SharedIndex"]
+
+log = logging.getLogger("stream_dedup.service")
 
 
 class SharedIndex(CommitStrategy):
@@ -122,18 +127,59 @@ class SharedExactlyOnce(SharedIndex):
     Store-then-deliver: the batch is decided and stored under the lease first (as
     :class:`SharedIndex`), then its records and input offsets go in one transaction with
     the group's metadata (a member of an older generation is refused: zombie fencing).
-    Kafka's committed group offsets are the input's position (:meth:`stored_offsets`): a
-    crash before the commit leaves them before the batch, whose next owner replays the
-    stored verdicts, byte-identical, in a new transaction. The index's offsets, written
-    after the commit, are bookkeeping only (``docs/shared-index.md``, exactly-once).
+    Kafka's committed group offsets are the input's position: a crash before the commit
+    leaves them before the batch, whose next owner replays the stored verdicts,
+    byte-identical, in a new transaction. The index's offsets, written after each commit,
+    are never ahead of them on a broker that keeps every committed transaction's offsets;
+    where they are ahead, the broker lost a commit and the index's are where to resume
+    (:meth:`stored_offsets`, ``docs/shared-index.md``, exactly-once).
     """
 
     replay_action = "none: it is delivered once"
 
     def stored_offsets(self) -> dict[TpKey, int]:
-        """None: every partition starts at the group's committed offset (read stable, so
-        a transaction still open on it is waited for), never at the index's."""
-        return {}
+        """The partitions whose index offset is ahead of the group's committed one, at the
+        index's offset; every other partition starts at the group's (read stable, so a
+        transaction still open on it is waited for).
+
+        The index's offset of a partition is written only after a transaction carrying
+        that offset committed, so on Apache Kafka it never passes the group's and this is
+        empty (but after a run in at-least-once mode, which stores the index's first). A
+        broker that drops a committed transaction's offsets (Tansu 0.6.0 defers them while
+        another producer's transaction is open on an output partition, and loses them when
+        both producers restart) would otherwise have the batch replayed and its events
+        committed twice.
+        """
+        index = super().stored_offsets()
+        if not index:
+            return {}
+        try:
+            answer = self._consumer.committed(
+                [TopicPartition(t, p) for t, p in index], BROKER_TIMEOUT_S
+            )
+        except KafkaException as exc:
+            log.warning(
+                "cannot read the group's committed offsets to compare with the index's",
+                extra=fields(error=str(exc), action="none: resuming from the group's offsets"),
+            )
+            return {}
+        group = {(tp.topic, tp.partition): tp.offset for tp in answer if tp.error is None}
+        ahead = {tp: offset for tp, offset in index.items() if offset > group.get(tp, -1)}
+        if ahead:
+            behind = {f"{t}:{p}": [group.get((t, p), -1), o] for (t, p), o in ahead.items()}
+            log.warning(
+                "the index's offsets are ahead of the consumer group's",
+                extra=fields(
+                    partitions=behind,  # [the group's, the index's]
+                    action=(
+                        "none: resuming at the index's offsets, which only committed"
+                        " transactions write in this mode (the broker did not keep their"
+                        " offsets, the last run delivered at least once, or the group's"
+                        " offsets were reset: the index decides where to resume)"
+                    ),
+                ),
+            )
+        return ahead
 
     def commit(
         self, decoded: Decoded, sketched: Sketch | None, ranges: Ranges, *, replaying: bool

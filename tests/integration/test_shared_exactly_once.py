@@ -15,10 +15,16 @@ import json
 import random
 import subprocess
 from collections import Counter
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
+from confluent_kafka import Consumer, TopicPartition
 
+from stream_dedup.index import open_index
+from stream_dedup.index.opener import RedisSettings
+from stream_dedup.index.params import IndexParams
+from stream_dedup.service.config import RedisConfig
 from stream_dedup.tools.broker import free_port
 from tests.conftest import fresh_namespace
 
@@ -35,9 +41,13 @@ from .instances import (
 )
 from .support import (
     SLOW_COMMIT,
+    ServiceThread,
     Topics,
+    kijiji_documents,
+    make_config,
     offline_reference,
     open_transaction_mark,
+    produce,
     scrape,
     start_script,
 )
@@ -140,3 +150,58 @@ def test_two_instances_killed_in_turn_commit_each_event_once(
                 for ev in out)  # fmt: skip
     print(f"agreement with one instance in decision order: {agree / len(out):.4f}")
     assert agree >= 0.995 * len(out)  # as at-least-once (test_shared_index.py)
+
+
+def test_a_partition_resumes_where_the_group_or_the_index_is_further(
+    bootstrap: str, redis_url: str, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The index's offsets are written only after their transaction committed, so where
+    they are ahead of the group's the broker did not keep a commit's offsets (or the last
+    run delivered at least once): the partition resumes there, not at the group's, which
+    would commit those events twice. Where the group is ahead, it resumes at the group's."""
+    topics = Topics.fresh()
+    topics.create(bootstrap, partitions=2)
+    docs = kijiji_documents(40)
+    per_partition = {0: docs[:20], 1: docs[20:]}
+    for p, part in per_partition.items():
+        produce(bootstrap, topics.input, ((None, json.dumps(d).encode(), None) for d in part), p)
+    group_at, index_at = {0: 5, 1: 15}, {0: 12, 1: 8}
+    committer = Consumer({"bootstrap.servers": bootstrap, "group.id": topics.group})
+    try:
+        committer.commit(
+            offsets=[TopicPartition(topics.input, p, o) for p, o in group_at.items()],
+            asynchronous=False,
+        )
+    finally:
+        committer.close()
+    namespace = fresh_namespace()
+    config = make_config(
+        bootstrap,
+        topics,
+        tmp_path / "unused",
+        service={"delivery": "exactly-once"},
+        kafka={"transactional.id": f"{topics.group}-0"},
+    )
+    redis = RedisConfig(redis_url, namespace=namespace)
+    config = replace(config, index=replace(config.index, backend="redis", redis=redis))
+    index = open_index(RedisSettings(redis_url, namespace), IndexParams.of(config.dedup))
+    try:
+        index.write_offsets({(topics.input, p): o for p, o in index_at.items()})
+    finally:
+        index.close()
+    expected = {
+        d["id"] for p, part in per_partition.items() for d in part[max(group_at[p], index_at[p]) :]
+    }
+
+    with caplog.at_level("WARNING", logger="stream_dedup.service"):
+        service = ServiceThread(config).start()
+        try:
+            service.wait_for("stream_dedup_index_documents", len(expected))
+        finally:
+            assert service.stop() == 0
+    logs = [read_committed(bootstrap, t) for t in (topics.unique, topics.duplicates)]
+    decided = Counter(json.loads(v or b"null")["id"] for log_ in logs for _k, v in log_.committed)
+    assert decided == Counter(expected)  # each once, and none before the later offset
+    warned = [r for r in caplog.records if "ahead of the consumer group" in r.getMessage()]
+    assert len(warned) == 1
+    assert warned[0].fields["partitions"] == {f"{topics.input}:0": [5, 12]}  # type: ignore[attr-defined]
