@@ -14,18 +14,16 @@ needs (the protocol is in ``docs/shared-index.md``):
   expired epoch goes by unlinking its 256 hashes (Redis frees them in the background).
 * **Atomic writes across slots** (a redo record). Redis Cluster has no transaction
   across slots, so :meth:`RedisBackend.apply` first stores the write as one value in
-  the own slot (``!redo``), then applies it, then deletes it. Every value written is the
-  field's full new value, so applying a write twice is the same as once: whoever next
-  takes the lease (or opens the index) finds a redo record left by a crash and applies
-  it before reading anything. The document records (``d``, most of a write's bytes) are
-  written just before the redo record instead of inside it: until the redo record
-  exists nothing names their docnums, and a crash leaves them to be overwritten by the
-  next batch given those docnums.
+  the own slot (``!redos``, versioned), then applies it, then deletes it. Every value
+  written is the field's full new value, so applying a write twice is the same as once:
+  whoever next takes the lease reads through a redo record not applied yet, and the next
+  write (or opening the index) applies it. The whole write, document records included,
+  is in the redo record: the commit point is one script and one round trip, and nothing
+  is written before it.
 * **The lease** (:meth:`RedisBackend.exclusive`). Instances decide and store one batch at
-  a time: ``SET !lock <token> NX PX <ttl>``. Each write is preceded by a script that
-  checks the token and extends the lease, so an instance whose lease expired (paused
-  past ``lock_ttl_ms``) does not start a write over a newer holder's. A killed holder's
-  lease expires after ``lock_ttl_ms``.
+  a time: ``SET !lock <token> NX PX <ttl>``. The commit point's script checks the token,
+  so an instance whose lease expired (paused past ``lock_ttl_ms``) writes nothing. A
+  killed holder's lease expires after ``lock_ttl_ms``.
 """
 
 from __future__ import annotations
@@ -78,14 +76,6 @@ __all__ = ["DEFAULT_NAMESPACE", "RedisBackend", "redacted"]
 #: stall a Redis node (single-threaded) for other clients.
 _CHUNK = 1000
 
-#: Goes on only while ``token`` holds the lease, and extends it.
-_FENCED = """
-if redis.call('GET', KEYS[1]) ~= ARGV[1] then
-  return redis.error_reply('LEASE lost: another instance holds the index')
-end
-redis.call('PEXPIRE', KEYS[1], ARGV[2])
-return 1
-"""
 #: Releases the lease only if ``token`` holds it.
 _RELEASE = """
 if redis.call('GET', KEYS[1]) == ARGV[1] then
@@ -131,7 +121,6 @@ class RedisBackend:
         #: ``lock_ttl_ms`` for this instance's own lease to expire.
         self._unreleased: bytes | None = None
         self._writes = 0
-        self._fenced = self._client.register_script(_FENCED)
         self._release = self._client.register_script(_RELEASE)
         self._wire = Wire(self._client)
         self._queue = RedoQueue(self._client, self._wire, layout)
@@ -234,31 +223,43 @@ class RedisBackend:
         epoch: int = 0,
         changed: U64 | None = None,
     ) -> Write:
-        """The write of ``puts`` and ``ordered`` (band buckets in key order): the
-        document records grouped by hash now (they are written before the commit
-        point), the rest only as the redo record the commit point stores; it is
-        grouped by hash when applied, after the lease (:mod:`.redis_prepare`)."""
-        return prepare_write(self._keys, puts, ordered, epoch, changed)
+        """The write of ``puts`` and ``ordered`` (band buckets in key order) as the redo
+        record its commit point stores, document records included; it is grouped by
+        hash when applied, after the lease (:mod:`.redis_prepare`)."""
+        return prepare_write(puts, ordered, epoch, changed)
 
     def apply(self, prepared: Write) -> None:
-        """Store ``prepared``: the document records, the commit point (which releases
-        the lease), then, outside the lease, the earlier writes still waiting and this
-        one, each hash in version order (:mod:`.redis_redo`)."""
-        token = self._token or b""
+        """Store ``prepared``: the commit point, one script that checks the lease,
+        stores the whole write as its redo record and releases the lease; then, outside
+        the lease, the earlier writes still waiting and this one, each hash in version
+        order (:mod:`.redis_redo`). Nothing is written before the commit point, so an
+        instance that lost its lease writes nothing at all."""
         with self._failing("writing"):
-            if token:
-                self._fenced(keys=[self._lock], args=[token, self._lock_ttl_ms])
-            self._put(prepared.epoch, prepared.docs)  # nothing names them before the redo
-            version, *waiting = self._commit(  # the commit point: redo record, log entry
-                keys=[self._lock, self._redos, *self._log_keys],
-                args=[token, self._lock_ttl_ms, prepared.redo, prepared.entry, LOG_ENTRIES],
-            )
-            if token:
-                self._token, self.released_at = None, time.perf_counter()
-            self._queue.keep(int(version), prepared.redo, prepared.rest)
-            self._queue.apply([int(v) for v in waiting], self._epoch_set)
-        self._cursor.own(int(version))  # only once the write is whole: see ChangeCursor
+            version, waiting = self.commit_point(prepared)
+            self._queue.keep(version, prepared.redo, prepared.rest)
+            self._queue.apply(waiting, self._epoch_set)
+        self._cursor.own(version)  # only once the write is whole: see ChangeCursor
         self._writes += 1
+
+    def commit_point(self, prepared: Write) -> tuple[int, list[int]]:
+        """The one script of :meth:`apply` inside the lease (:data:`.redis_redo.COMMIT`):
+        the write's version and the versions waiting to be applied (this one among
+        them). The lease is let go; nothing of the write is applied yet."""
+        token = self._token or b""
+        version, *waiting = self._commit(
+            keys=[self._lock, self._redos, *self._log_keys, self._epoch_set],
+            args=[
+                token,
+                self._lock_ttl_ms,
+                prepared.redo,
+                prepared.entry,
+                LOG_ENTRIES,
+                prepared.epoch,
+            ],
+        )
+        if token:
+            self._token, self.released_at = None, time.perf_counter()
+        return int(version), [int(v) for v in waiting]
 
     def _put(self, epoch: int, groups: Groups) -> None:
         """Write ``groups`` as they are: no version check (records no one names yet)."""

@@ -6,8 +6,8 @@ record: the band buckets (~30,000 of a 2,000-document batch, nine in ten of its
 fields) go into the redo record as joined bytes straight from the matching pass's
 arrays (:class:`~.redis_layout.PackedBuckets`), and are expanded into fields of the
 record hashes only when the write is applied, after the lease (:mod:`.redis_redo`).
-The document records are grouped by hash here: they are written before the commit
-point.
+The document records go into the redo record too, as they are, so that the commit
+point is one script and one round trip: nothing is written before it.
 """
 
 from __future__ import annotations
@@ -18,9 +18,7 @@ from typing import NamedTuple
 from stream_dedup.core.hashing import U64
 from stream_dedup.index.backend import OrderedPuts
 from stream_dedup.index.redis_layout import (
-    Groups,
     PackedBuckets,
-    RedisLayout,
     decode_redo,
     encode_redo,
 )
@@ -34,12 +32,10 @@ _DOC = ord("d")
 
 
 class Write(NamedTuple):
-    """A prepared write: the document records (by hash), the rest as its redo record
-    holds it (``None``: only in the record's bytes, decoded when applied), the redo
-    record, and its change log entry."""
+    """A prepared write: the write as its redo record holds it (``None``: only in the
+    record's bytes, decoded when applied), the redo record, and its change log entry."""
 
     epoch: int
-    docs: Groups
     rest: Flat | None
     redo: bytes
     entry: bytes
@@ -50,7 +46,6 @@ class Write(NamedTuple):
 
 
 def prepare_write(
-    layout: RedisLayout,
     puts: Mapping[bytes, bytes],
     ordered: OrderedPuts,
     epoch: int,
@@ -58,10 +53,12 @@ def prepare_write(
 ) -> Write:
     """The write of ``puts`` and ``ordered`` (band buckets in key order) to ``epoch``;
     ``changed`` the fingerprints of its look-up keys, for the change log."""
-    docs = {k: v for k, v in puts.items() if k[0] == _DOC}
-    mixed = [k for k in puts if k[0] != _DOC]
-    mixed_values = compact_buckets(mixed, [puts[k] for k in mixed])
-    doc_groups = layout.grouped(list(docs), list(docs.values()), epoch)
+    # The document records (most of the bytes) pass as they are; verdicts, texts and any
+    # loose buckets are compacted.
+    docs = [k for k in puts if k[0] == _DOC]
+    others = [k for k in puts if k[0] != _DOC]
+    mixed = docs + others
+    mixed_values = [puts[k] for k in docs] + compact_buckets(others, [puts[k] for k in others])
     entry = encode_entry(epoch, changed)
     arrays = ordered.arrays
     packed = None if arrays is None else compact_members(arrays.counts, arrays.members)
@@ -69,9 +66,9 @@ def prepare_write(
         sizes, joined = packed
         buckets = PackedBuckets(len(ordered.keys), arrays.keys, sizes, joined)
         redo = encode_redo(epoch, mixed, mixed_values, len(mixed), buckets)
-        return Write(epoch, doc_groups, None, redo, entry)
+        return Write(epoch, None, redo, entry)
     keys = mixed + list(ordered.keys)
     values = mixed_values + compact_buckets(ordered.keys, ordered.values)
     rest = Flat(epoch, keys, values, len(mixed))
     redo = encode_redo(epoch, keys, values, len(mixed))
-    return Write(epoch, doc_groups, rest, redo, entry)
+    return Write(epoch, rest, redo, entry)

@@ -9,7 +9,7 @@ import redis
 from stream_dedup.index.backend import BucketArrays, OrderedPuts
 from stream_dedup.index.keys import bucket_keys
 from stream_dedup.index.redis_backend import RedisBackend
-from stream_dedup.index.redis_layout import RedisLayout, decode_redo, encode_redo
+from stream_dedup.index.redis_layout import decode_redo, encode_redo
 from stream_dedup.index.redis_members import TAG, compact_buckets, compact_members, widen_buckets
 from stream_dedup.index.redis_prepare import prepare_write
 
@@ -112,11 +112,10 @@ def test_a_write_from_member_arrays_reads_back_as_one_from_values(redis_url: str
     keys = _keys(4, first=900)
     wide = [_members(7), _members(1, 2, 3), _members(9), _members(4, 5)]
     puts = {b"v" + b"id-1": b"{}", b"x" + bytes(16): _members(3)}
-    layout = RedisLayout("members-test")
     packed = prepare_write(
-        layout, puts, OrderedPuts(keys, wide, BucketArrays(b"".join(keys), counts, flat)), 2, None
+        puts, OrderedPuts(keys, wide, BucketArrays(b"".join(keys), counts, flat)), 2, None
     )
-    plain = prepare_write(layout, puts, OrderedPuts(keys, wide), 2, None)
+    plain = prepare_write(puts, OrderedPuts(keys, wide), 2, None)
     assert packed.rest is None and plain.rest is not None
     assert packed.redo == plain.redo
     backend = RedisBackend(redis_url, namespace=fresh_namespace())

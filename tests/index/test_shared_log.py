@@ -16,7 +16,7 @@ from stream_dedup.errors import IndexUnreachableError
 from stream_dedup.index import keys
 from stream_dedup.index import redis_backend as redis_backend_module
 from stream_dedup.index.redis_backend import RedisBackend
-from stream_dedup.index.redis_log import LOG_ENTRIES, ChangeCursor, encode_entry
+from stream_dedup.index.redis_log import ChangeCursor, encode_entry
 from stream_dedup.models import Document
 
 from .shared_instances import decide_and_store, shared_instances
@@ -128,12 +128,8 @@ def test_a_follower_finds_a_write_a_crash_cut_after_its_commit_point(
     with first.index.exclusive():
         pending = first.prepare(first.decide(originals(6)))
         write = pending.write
-        backend._put(write.epoch, write.docs)
-        backend._commit(
-            keys=[backend._lock, backend._redos, *backend._log_keys],
-            args=[backend._token, 2000, write.redo, write.entry, LOG_ENTRIES],
-        )  # ... and the process dies here: nothing else of the write is applied
-        backend._token = None  # the commit point let the lease go
+        # The commit point, and the process dies here: nothing else of the write is applied.
+        backend.commit_point(write)
     assert backend._client.hlen(backend._redos) == 1
     assert decide_and_store(second, copies(range(6))) == {f"c{i}": f"o{i}" for i in range(6)}
     assert second.index.read([keys.verdict_key("o5")]) != [None]

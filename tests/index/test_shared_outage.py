@@ -23,7 +23,7 @@ from stream_dedup.errors import IndexUnreachableError
 from stream_dedup.index import DedupIndex
 from stream_dedup.index.params import IndexParams
 from stream_dedup.index.redis_backend import RedisBackend
-from stream_dedup.index.redis_layout import Groups
+from stream_dedup.index.redis_prepare import Write
 from stream_dedup.index.redis_redo import RedoQueue
 from stream_dedup.models import Document, Verdict
 from stream_dedup.tools import redis_local
@@ -35,8 +35,8 @@ LOCK_TTL_MS = 10_000
 
 
 class StopsMidWrite(RedisBackend):
-    """Stops its Redis server inside the next write: before its document records
-    (``at`` 1, before the commit point) or before the rest is applied (``at`` 2, after
+    """Stops its Redis server inside the next write: before its commit point (``at`` 1,
+    the write's one script inside the lease) or before the rest is applied (``at`` 2, after
     the commit point, once the lease is let go)."""
 
     def __init__(self, node: redis_local.PersistentNode, namespace: str) -> None:
@@ -50,9 +50,9 @@ class StopsMidWrite(RedisBackend):
             self.at = 0
             self.node.stop()
 
-    def _put(self, epoch: int, groups: Groups) -> None:
+    def commit_point(self, prepared: Write) -> tuple[int, list[int]]:
         self.stop_at(1)
-        super()._put(epoch, groups)
+        return super().commit_point(prepared)
 
 
 class _StoppingQueue(RedoQueue):
