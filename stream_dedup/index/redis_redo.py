@@ -139,15 +139,13 @@ def _bucket_rows(
     buckets after ``first`` (all of them, side by side, in a batch's record) as a view of
     the record, any others gathered."""
     tail = where[where >= first]
-    if tail.size and tail.size == key_at.size - first:  # every key after first: side by side
-        start = int(key_at[first])
-        rows = raw[start : start + _BUCKET_KEY_SIZE * tail.size].reshape(-1, _BUCKET_KEY_SIZE)
-        head = where[where < first]
-        if not head.size:
-            return rows
-        gathered = raw[key_at[head][:, None] + np.arange(_BUCKET_KEY_SIZE)]
-        return np.concatenate([gathered, rows])
-    return raw[key_at[where][:, None] + np.arange(_BUCKET_KEY_SIZE)]
+    head = where if not tail.size or tail.size != key_at.size - first else where[where < first]
+    gathered: np.ndarray[Any, Any] = raw[key_at[head][:, None] + np.arange(_BUCKET_KEY_SIZE)]
+    if head.size == where.size:  # the buckets are not all side by side at the end
+        return gathered
+    start = int(key_at[first])  # every key after first is a bucket's: side by side
+    rows = raw[start : start + _BUCKET_KEY_SIZE * tail.size].reshape(-1, _BUCKET_KEY_SIZE)
+    return np.concatenate([gathered, rows]) if head.size else rows
 
 
 class _RedoView:
