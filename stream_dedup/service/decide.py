@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from confluent_kafka import KafkaError, KafkaException
 
@@ -50,6 +51,14 @@ class DecidedBatch:
     records: list[OutRecord]
     result: BatchResult
     refused: Refused
+
+
+class Decision(NamedTuple):
+    """A batch decided, its records not built: the verdicts and index write, and the
+    positions of the documents whose deciding raised on their own (with the error)."""
+
+    result: BatchResult
+    failed: list[tuple[int, Exception]]
 
 
 class Decider:
@@ -84,8 +93,19 @@ class Decider:
         index's strategy builds a batch again after a Redis outage); nothing is counted
         before deciding has succeeded, so a build that raised counted nothing.
         """
+        return self.records(decoded, self.decide(decoded, sketched), told=told)
+
+    def decide(self, decoded: Decoded, sketched: Sketch | None = None) -> Decision:
+        """The first half of :meth:`build`: the verdicts and the index write, no records.
+        A shared index's lease holds this half only; the records, a JSON event per
+        document, are built after it (:meth:`records`)."""
+        return Decision(*self._decide(decoded.docs, sketched))
+
+    def records(self, decoded: Decoded, decision: Decision, *, told: bool = False) -> DecidedBatch:
+        """The second half of :meth:`build`: each verdict's event, then the dead letters
+        (counted and logged here unless ``told``)."""
         cfg = self.config
-        result, failed = self._decide(decoded.docs, sketched)
+        result, failed = decision
         bad: list[tuple[Source, str, Exception, str]] = [
             (src, exc.reason, exc, "decode") for src, exc in decoded.undecodable
         ]

@@ -101,7 +101,9 @@ class SharedIndex(CommitStrategy):
     def _decide_and_store(
         self, decoded: Decoded, sketched: Sketch | None, built: list[DecidedBatch]
     ) -> DecidedBatch:
-        """Step 1: under the lease, decide the batch and store it (one atomic write).
+        """Step 1: under the lease, decide the batch and store it (one atomic write); its
+        events are built after the lease, which waits for nothing that does not change
+        the index.
 
         Run again after an outage, it takes a new lease, which first applies a write the
         outage interrupted after its commit point; the batch's documents stored by then
@@ -113,11 +115,12 @@ class SharedIndex(CommitStrategy):
         with self._index.exclusive():
             held = time.perf_counter()
             metrics.lease_wait.observe(held - waited)
-            out = self._decider.build(decoded, sketched, told=bool(built))
-            built.append(out)
-            self._index.apply(self._decider.dedup.prepare(out.result))  # 1. store
+            decision = self._decider.decide(decoded, sketched)
+            self._index.apply(self._decider.dedup.prepare(decision.result))  # 1. store
         metrics.lease_held.observe(self._index.lease_end() - held)
         self._decider.dedup.after_lease()
+        out = self._decider.records(decoded, decision, told=bool(built))
+        built.append(out)
         return out
 
 

@@ -109,6 +109,27 @@ def test_a_document_failing_alone_is_dead_lettered_and_the_rest_decided(
     assert dead_letters(registry) == 1
 
 
+def test_deciding_counts_nothing_and_the_records_are_those_of_a_build(
+    config: ServiceConfig, index: DedupIndex, kijiji_ads: list[tuple[str, str]]
+) -> None:
+    """The shared index's lease holds only :meth:`Decider.decide`: it builds no event and
+    counts no dead letter; :meth:`Decider.records` after it gives what a build gives."""
+    docs = [Document(i, c) for i, c in kijiji_ads[:40]]
+    docs.insert(3, Document(BOOM, "an ordinary text whose deciding fails"))
+    registry = CollectorRegistry()
+    decider = Decider(config, Failing(index, config, RuntimeError("a bug")), Metrics(registry))
+
+    batch = decoded(docs)
+    decision = decider.decide(batch)
+    assert [i for i, _ in decision.failed] == [3]
+    assert dead_letters(registry) == 0  # nothing counted while the lease would be held
+    out = decider.records(batch, decision)
+    assert dead_letters(registry) == 1
+    built = decider.build(batch)  # decided again (nothing was stored): the same records
+    assert [(r.topic, r.key) for r in out.records] == [(r.topic, r.key) for r in built.records]
+    assert len(out.records) == len(docs) and out.result is decision.result
+
+
 def test_an_unreadable_index_stops_the_batch_without_dead_letters(
     config: ServiceConfig,
     backend: RocksBackend,
