@@ -148,23 +148,26 @@ class RedisBackend:
         if epoch and any(key[0] not in SCOPED for key in keys):
             raise ValueError("only keys that belong to an epoch are read from one")
         out: list[bytes | None] = [None] * len(keys)
+        # A value waiting in a redo record (inside a lease) is newer than the stored one:
+        # only the keys it does not hold are read.
+        filled = self._overlay.fill(epoch, keys, out) if self._overlay else ()
+        wanted = [i for i in range(len(keys)) if i not in filled] if filled else None
+        asked = keys if wanted is None else [keys[i] for i in wanted]
         places: list[list[int]] = []
         commands: list[tuple[bytes, ...]] = []
-        overlay = self._overlay
         with self._failing("reading"):
-            for name, (fields, positions) in self._keys.grouped(keys, None, epoch).items():
+            for name, (fields, positions) in self._keys.grouped(asked, None, epoch).items():
                 for start in range(0, len(fields), _CHUNK):
                     part = fields[start : start + _CHUNK]
                     if name:
                         commands.append((b"HMGET", name, *part))
                     else:
                         commands.append((b"MGET", *part))
-                    places.append(positions[start : start + _CHUNK])
+                    where = positions[start : start + _CHUNK]
+                    places.append(where if wanted is None else [wanted[i] for i in where])
             for where, found in zip(places, self._wire.run(commands), strict=True):
                 for i, value in zip(where, found, strict=True):
                     out[i] = value
-        if overlay:  # newer than the stored values: written, not applied yet
-            overlay.fill(epoch, keys, out)
         widen_buckets(keys, out)
         return out
 
