@@ -9,13 +9,17 @@ never puts its values over a newer write's.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import pytest
 
 from stream_dedup.dedup import Deduplicator
 from stream_dedup.index import keys
 from stream_dedup.index.redis_backend import RedisBackend
 from stream_dedup.index.redis_layout import decode_redo
 from stream_dedup.index.redis_redo import VERSION_FIELD, Overlay, versioned
+from stream_dedup.index.redis_wire import Command
 from stream_dedup.models import Document
 
 from .shared_instances import decide_and_store
@@ -75,6 +79,32 @@ def test_the_next_holder_reads_a_write_not_applied_yet(
     third = shared()
     assert third.index.counter("documents") == 17
     assert decide_and_store(third, [Document("o5", article(5))]) == {"o5": None}  # replayed
+
+
+def test_a_read_in_the_lease_asks_redis_only_for_what_no_waiting_record_holds(
+    shared: Callable[[], Deduplicator], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The waiting record's values are newer than the stored ones: a read inside the
+    lease takes them from the record and sends only the other keys to Redis."""
+    first, second = shared(), shared()
+    decide_and_store(second, [Document("warm", article(9999))])
+    commit_then_die(first, originals(8))
+    backend = backend_of(second)
+    sent: list[Command] = []
+    run = backend._wire.run
+
+    def recording(commands: Sequence[Command]) -> list[Any]:
+        sent.extend(commands)
+        return run(commands)
+
+    monkeypatch.setattr(backend._wire, "run", recording)
+    held, absent = keys.verdict_key("o2"), keys.verdict_key("nobody")
+    with second.index.exclusive():
+        sent.clear()
+        got = backend.get_many([held, absent, keys.verdict_key("warm")])
+    assert got[0] is not None and got[1] is None and got[2] is not None
+    asked = [field for command in sent if command[0] == b"HMGET" for field in command[2:]]
+    assert sorted(asked) == sorted([absent, keys.verdict_key("warm")])
 
 
 def test_a_late_applier_never_writes_over_a_newer_write(
