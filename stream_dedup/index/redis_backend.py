@@ -265,7 +265,8 @@ class RedisBackend:
         return int(version), [int(v) for v in waiting]
 
     def _put(self, epoch: int, groups: Groups) -> None:
-        """Write ``groups`` as they are: no version check (records no one names yet)."""
+        """Write ``groups`` as they are, without a version check: a release before
+        versioned redo records left them (:meth:`_recover`)."""
         self._wire.run(plain(groups, self._epoch_set, epoch))
 
     def _recover(self) -> None:

@@ -246,9 +246,8 @@ class Overlay:
 
 
 def plain(groups: Groups, epoch_set: bytes, epoch: int) -> list[Command]:
-    """The commands writing ``groups`` without a version check: the document records,
-    which nothing names before the commit point, and a record of a release before
-    versioned redo records."""
+    """The commands writing ``groups`` without a version check: the one redo record of
+    a release before versioned redo records, finished at opening."""
     commands: list[Command] = [(b"SADD", epoch_set, epoch)] if epoch else []
     for name, (fields, values) in groups.items():
         for start in range(0, len(fields), _CHUNK):
