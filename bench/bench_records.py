@@ -30,7 +30,6 @@ from stream_dedup.index import DedupIndex
 from stream_dedup.index.backend import OrderedPuts
 from stream_dedup.index.memory import MemoryBackend
 from stream_dedup.index.params import IndexParams
-from stream_dedup.index.redis_layout import RedisLayout
 from stream_dedup.index.redis_prepare import prepare_write
 from stream_dedup.models import Document
 
@@ -62,7 +61,6 @@ def main() -> int:
     for part in warm:
         dedup.process(part)
     sk = dedup.sketch(batch)
-    layout = RedisLayout("bench")
     times: dict[str, list[float]] = {
         k: [] for k in ("decide old", "decide new", "write old", "write new")
     }
@@ -75,7 +73,7 @@ def main() -> int:
         puts = dict(result.puts)  # the records; the counters and points are a few keys more
         plain = OrderedPuts(result.bucket_puts.keys, result.bucket_puts.values)
         for name, ordered in (("write old", plain), ("write new", result.bucket_puts)):
-            times[name].append(_cpu(lambda o=ordered, p=puts: prepare_write(layout, p, o, 1, None)))
+            times[name].append(_cpu(lambda o=ordered, p=puts: prepare_write(p, o, 1, None)))
     per_doc = {k: statistics.median(v) / len(batch) * 1e6 for k, v in times.items()}
     print(
         f"{len(batch)} documents after {len(warm) * args.batch}, medians of {args.rounds} "
