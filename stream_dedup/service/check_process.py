@@ -152,8 +152,12 @@ class CheckProcess:
         try:
             parent.send(self._config)
             self._wait_ready(parent, proc)
-            while proc.poll() is None and not self._stopping.wait(0.25):
-                pass
+            while proc.poll() is None and not self._stopping.is_set():
+                if parent.poll(0.25):
+                    try:
+                        self._heard(parent.recv())
+                    except (EOFError, OSError):
+                        break  # it died: reaped below, then started again
         finally:
             with self._lock:
                 self._notice = None
@@ -174,6 +178,14 @@ class CheckProcess:
         self.state = "serving"
         self._metrics.up.set(1)
         log.info("the check process answers checks", extra=fields(port=self.port, pid=value))
+
+    def _heard(self, message: tuple[str, int]) -> None:
+        """How many of its readers serve, as the process says when that changes: with
+        none, checks are not answered (the readers are being started again)."""
+        kind, serving = message
+        if kind == "readers" and self.state in ("serving", "restarting"):
+            self.state = "serving" if serving else "restarting"
+            self._metrics.up.set(1 if serving else 0)
 
     def _may_restart(self) -> bool:
         """Count a restart; false (and the state ``failed``) past the bound."""
