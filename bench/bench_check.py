@@ -41,6 +41,7 @@ medians: the machine's load drifts between runs.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import http.client
 import json
 import os
@@ -111,6 +112,32 @@ def answering_pid(run: Run, checks: str) -> int:
         if ppid == run.proc.pid and b"check_server" in cmdline:
             return int(stat.parent.name)
     raise RuntimeError("no check process found")
+
+
+def reader_pids(pid: int) -> list[int]:
+    """The check process's readers (children running ``check_reader``; none before them)."""
+    out = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            ppid = int(stat.read_text().rsplit(")", 1)[1].split()[1])
+            cmdline = (stat.parent / "cmdline").read_bytes()
+        except (OSError, ValueError, IndexError):
+            continue
+        if ppid == pid and b"check_reader" in cmdline:
+            out.append(int(stat.parent.name))
+    return out
+
+
+def cpu_s(pids: list[int]) -> float:
+    """User and system CPU seconds of ``pids`` (one that ended counts 0)."""
+    total = 0.0
+    for pid in pids:
+        try:
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return total
 
 
 def sched_ns(pid: int) -> dict[str, tuple[int, int]]:
@@ -262,10 +289,17 @@ def phase(
         time.sleep(1.0)  # the service is deciding the offered load before checks start
     # for a profiler attached to the check process (py-spy): when each phase runs
     print(f"  phase {'idle' if feed is None else 'ingesting'}: checks start", flush=True)
+    readers = reader_pids(args.answering_pid)
+    readers_cpu = cpu_s(readers)
     began = time.monotonic()
-    with SchedSampler(args.answering_pid) as sched:
+    with contextlib.ExitStack() as stack:
+        sched = stack.enter_context(SchedSampler(args.answering_pid))
+        in_readers = [stack.enter_context(SchedSampler(pid)) for pid in readers]
         lat = checks(port, bodies, args.rate, args.seconds)
     spent = time.monotonic() - began
+    readers_cpu = cpu_s(readers) - readers_cpu
+    readers_ran = sum(s.totals()[0] for s in in_readers)
+    readers_waited = sum(s.totals()[1] for s in in_readers)
     after = scrape(run.port).get("stream_dedup_index_documents", 0)
     served_after = server_buckets(port)
     after_scrape = scrape(port)
@@ -297,6 +331,12 @@ def phase(
         # its threads' time on a CPU and waiting for one (run queue), per check
         "on_cpu_per_check_ms": ran / len(lat) / 1e6,
         "cpu_wait_per_check_ms": waited / len(lat) / 1e6,
+        # the check process's readers (RocksDB: two processes answering the reads and
+        # catching up in turn): their CPU, and their time on a CPU and on a run queue
+        "readers": float(len(readers)),
+        "readers_cpu_per_check_ms": readers_cpu / len(lat) * 1000,
+        "readers_on_cpu_per_check_ms": readers_ran / len(lat) / 1e6,
+        "readers_cpu_wait_per_check_ms": readers_waited / len(lat) / 1e6,
         "load_1m": load,
     }
 
@@ -390,7 +430,11 @@ def main() -> int:
                         f"idle {idle['on_cpu_per_check_ms']:.2f} / "
                         f"{idle['cpu_wait_per_check_ms']:.2f} ms, ingesting "
                         f"{busy['on_cpu_per_check_ms']:.2f} / {busy['cpu_wait_per_check_ms']:.2f}"
-                        f" ms; load {busy['load_1m']:.1f}"
+                        f" ms; readers' CPU per check idle {idle['readers_cpu_per_check_ms']:.2f}"
+                        f" ms, ingesting {busy['readers_cpu_per_check_ms']:.2f} ms (on a CPU /"
+                        f" waiting {busy['readers_on_cpu_per_check_ms']:.2f} / "
+                        f"{busy['readers_cpu_wait_per_check_ms']:.2f} ms)"
+                        f"; load {busy['load_1m']:.1f}"
                     )
                     offered += busy["sent"]
                     wait_indexed(run, offered)

@@ -14,17 +14,19 @@ the service across restarts of the process, so a client's connection made while 
 process restarts waits in the socket's queue instead of being refused. ``POST /check`` on
 the service's own port answers 421 naming the check port.
 
-What it reads: a follower of the committed index
-(:class:`~stream_dedup.index.follower.FollowerIndex`), which the service keeps in step by
+What it reads: followers of the committed index (on RocksDB two reader processes of its
+own, which catch up in turn: :mod:`.check_readers`), which the service keeps in step by
 writing a byte to a pipe after each commit (:meth:`CheckProcess.notify`, a non-blocking
-write: a commit never waits for the process). A check sees every batch committed before
-it arrived and never the batch being decided.
+write: a commit never waits for the process). A check sees the batches committed up to
+its reader's last catch-up (``docs/check.md`` says exactly which) and never the batch
+being decided.
 
 Supervision: a thread of the service's watches the process. Dead (killed, crashed), it
 is started again after a short pause, at most ``http.check_restarts`` times in ten
 minutes, then given up on with an error in the log; meanwhile and after, ``/readyz``
 fails with ``checks`` saying why, and ``stream_dedup_check_process_up`` is 0
-(``stream_dedup_check_process_restarts_total`` counts the restarts).
+(``stream_dedup_check_process_restarts_total`` counts the restarts). The same holds
+while the process serves but none of its readers does (it says so: ``restarting``).
 """
 
 from __future__ import annotations

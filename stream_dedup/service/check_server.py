@@ -1,26 +1,32 @@
-"""The check process itself: ``POST /check`` and ``/check/batch`` answered from a follower
+"""The check process itself: ``POST /check`` and ``/check/batch`` answered from followers
 of the committed index, on the port its service bound (``http.check_port``).
 
 Started by :class:`~stream_dedup.service.check_process.CheckProcess` as a fresh
 interpreter (``python -m stream_dedup.service.check_server CONN NOTICES SOCKET``, three
 inherited descriptors), for the reasons the sketch worker is (:mod:`.prefetch.worker`):
 forking a process that runs librdkafka threads and RocksDB is unsafe. It receives the
-service's settings on ``CONN``, opens the index as a
-:class:`~stream_dedup.index.follower.FollowerIndex`, serves the listening ``SOCKET`` with
-the service's own HTTP handler and check endpoint (:mod:`.http`, :mod:`.check_http`), and
-says ``ready``. Its port also answers ``/metrics`` (its requests and latency, the
-process's CPU and memory), ``/healthz`` and ``/readyz``.
+service's settings on ``CONN`` and serves the listening ``SOCKET`` with the service's own
+HTTP handler and check endpoint (:mod:`.http`, :mod:`.check_http`); its port also
+answers ``/metrics`` (its requests and latency, the process's CPU and memory),
+``/healthz`` and ``/readyz``.
+
+On RocksDB it is a front: it sketches and scores, and two reader processes
+(:mod:`.check_readers`), each a secondary instance, answer each check's reads and catch
+up in turn, so no check waits for a catch-up (rocksdict keeps the interpreter lock for a
+catch-up's whole length). On Redis it follows the index itself (a
+:class:`~stream_dedup.index.follower.FollowerIndex`: the records are read live, following
+re-reads a few keys). It says ``ready`` once its reads are answered (on RocksDB: once a
+reader serves), then ``("readers", n)`` whenever the number of serving readers changes,
+so that the service's readiness follows.
 
 ``NOTICES`` is a pipe on which the service writes a byte after each commit. The main
-thread waits on it and follows the index (:meth:`FollowerIndex.follow`) at once: a check
-sees the batches committed up to the last catch-up (behind by about one catch-up's time
-while the service ingests). On RocksDB the catch-up keeps the interpreter lock for its
-whole length (rocksdict does not release it), so a check arriving meanwhile waits for its
-end; each follow is timed (``stream_dedup_check_follow_seconds``). Notices that arrive
-during a catch-up make one more. Without a notice for a second it follows
+thread waits on it and takes a turn (:meth:`.check_readers.Readers.follow`, or the
+follower's follow) for every notice so far; each catch-up is timed
+(``stream_dedup_check_follow_seconds``). Without a notice for a second it follows
 anyway (other instances of a shared Redis index commit too). The pipe's end of file is the
-service gone, killed included: the process then stops, leaving nothing running. SIGINT
-and SIGTERM are ignored, as the sketch worker ignores them: the service stops it.
+service gone, killed included: the process then stops, and its readers with it, leaving
+nothing running. SIGINT and SIGTERM are ignored, as the sketch worker ignores them: the
+service stops it.
 """
 
 from __future__ import annotations
