@@ -51,7 +51,7 @@ from stream_dedup.core.sketch import sketch
 from stream_dedup.dedup.check import HeldReader, check_texts
 from stream_dedup.errors import IndexStoreError
 from stream_dedup.index.follower import FollowerIndex
-from stream_dedup.index.opener import open_follower
+from stream_dedup.index.opener import RedisSettings, open_follower
 from stream_dedup.index.store import DedupIndex
 from stream_dedup.logs import setup_logging
 from stream_dedup.service.check_http import CheckEndpoint
@@ -150,14 +150,15 @@ def _source(
     """What answers the checks' reads: two readers of a RocksDB index (started, one
     serving), or a follower of a Redis one in this process."""
     where = config.index.location()
-    if not isinstance(where, Path):
+    if isinstance(where, RedisSettings) or where is None:
         return _OwnFollower(open_follower(where), metrics)
+    path = Path(where)
     settings = (config.log.level, config.log.format, config.http.check_restarts)
-    readers = Readers(where, config.dedup, settings, metrics, tell)
+    readers = Readers(path, config.dedup, settings, metrics, tell)
     readers.start()
     if not readers.wait_serving():
         readers.close()
-        raise IndexStoreError(readers.failed or f"{where}: no check reader started")
+        raise IndexStoreError(readers.failed or f"{path}: no check reader started")
     return _FromReaders(readers)
 
 
