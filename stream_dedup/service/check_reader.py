@@ -11,6 +11,8 @@ and in order, until ``CONN`` ends (the front closed it, or died: nothing is left
 
 - ``("read", CheckReads)`` -> ``("held", Held)``, or ``("failed", reason)`` when the index
   cannot be read (:func:`~stream_dedup.dedup.check.read_held`: one request per check);
+- ``("dictionary", id)`` -> ``("dictionary", bytes or None)``: a stored payload
+  dictionary, which the front's scoring needs to decompress the candidates' payloads;
 - ``("follow",)`` -> ``("followed", seconds, documents)``: a catch-up with the writer's
   log (:meth:`FollowerIndex.follow`). The front sends it only while no check of its is in
   flight here, so no check waits for it. A follow that fails ends the process (its front
@@ -56,6 +58,11 @@ def _answer(index: FollowerIndex, request: tuple[object, ...]) -> Reply:
             return ("held", read_held(index, reads))
         except (StreamDedupError, OSError, RuntimeError) as exc:
             return ("failed", f"{type(exc).__name__}: {exc}")
+    if request[0] == "dictionary":
+        ident = request[1]
+        if not isinstance(ident, int):
+            raise TypeError(f"a dictionary is asked for by its id, not {ident!r}")
+        return ("dictionary", index.dictionary_bytes(ident))
     if request[0] == "follow":
         started = time.perf_counter()
         index.follow()

@@ -57,6 +57,7 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 
 from stream_dedup.core.config import DedupConfig
+from stream_dedup.core.payload_dictionary import add_source
 from stream_dedup.dedup.check import CheckReads, Held
 from stream_dedup.errors import IndexStoreError
 from stream_dedup.logs import fields
@@ -124,6 +125,7 @@ class Readers:
             for r in self._readers
         ]
         metrics.readers.set(0)
+        add_source(self.dictionary)
 
     def start(self) -> None:
         for thread in self._threads:
@@ -154,18 +156,33 @@ class Readers:
         """A check's reads, answered by the active reader (by the other, when that one
         dies under it). :class:`~stream_dedup.errors.IndexStoreError` when no reader
         serves, or the reader could not read the index."""
+        held = self._request(("read", reads))
+        assert isinstance(held, Held)
+        return held
+
+    def dictionary(self, ident: int) -> bytes | None:
+        """The payload dictionary ``ident`` as the index stores it (``None``: not
+        stored). The front's scoring decompresses the candidates' payloads, which name
+        their dictionary; it asks once per dictionary (registered with
+        :func:`~stream_dedup.core.payload_dictionary.add_source`)."""
+        raw = self._request(("dictionary", ident))
+        assert raw is None or isinstance(raw, bytes)
+        return raw
+
+    def _request(self, request: tuple[object, ...]) -> object:
+        """One request's answer from the active reader, asked again of the other when
+        that one dies under it."""
         for _ in range(len(self._readers) + 1):
             reader = self._take()
             try:
-                reply = self._ask(reader, ("read", reads))
+                reply = self._ask(reader, request)
             finally:
                 self._give(reader)
             if reply is None:
                 continue  # it died: asked again of a reader that serves
-            kind, value = reply[0], reply[1]
-            if kind == "held" and isinstance(value, Held):
-                return value
-            raise IndexStoreError(f"{self._where}: a check reader could not read: {value}")
+            if reply[0] == "failed":
+                raise IndexStoreError(f"{self._where}: a check reader could not read: {reply[1]}")
+            return reply[1]
         raise IndexStoreError(f"{self._where}: the check readers died under a check")
 
     def _free(self) -> _Reader | None:

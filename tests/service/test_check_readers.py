@@ -20,7 +20,7 @@ from stream_dedup.dedup import Deduplicator
 from stream_dedup.dedup.check import check_texts
 from stream_dedup.service.check_metrics import CheckMetrics
 from stream_dedup.service.check_readers import Readers
-from tests.index.test_dedup import article
+from tests.index.test_dedup import article, edit
 from tests.index.test_follower import batch, files_digest, writer
 
 CONFIG = DedupConfig()
@@ -219,3 +219,35 @@ def test_readers_write_nothing_to_the_index(written: Deduplicator, tmp_path: Pat
     finally:
         pair.close()
     assert files_digest(tmp_path / "index") == before
+
+
+def test_the_front_scores_payloads_compressed_with_the_index_dictionary(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The index trains a payload dictionary on its first texts and later payloads name
+    it. The front never opens the index: it gets the dictionary from a reader, and
+    scores as the writer does."""
+    from stream_dedup.core import payload_dictionary
+
+    dedup = writer(tmp_path / "index", CONFIG)
+    try:
+        for b in range(5):
+            dedup.process(batch(b, 500))
+        assert dedup.index.payload_dictionary() is not None
+        asked = [edit(article(4 * 500 + 7), 3, 1), article(2 * 500 + 9)]
+        plan = CONFIG.band_plan()
+        expected = check_texts(dedup.index, CONFIG, plan, asked, 2)
+        assert [m.id for m in expected[0]][:1] == ["b4-7"]
+        # This process knows the dictionary from the writer: forget it, as a front would.
+        monkeypatch.setattr(payload_dictionary, "_known", {})
+        monkeypatch.setattr(payload_dictionary, "_sources", [])
+        metrics = CheckMetrics(CollectorRegistry())
+        pair = Readers(tmp_path / "index", CONFIG, ("WARNING", "json", 2), metrics)
+        pair.start()
+        try:
+            assert pair.wait_serving()
+            assert check_texts(pair.read, CONFIG, plan, asked, 2) == expected
+        finally:
+            pair.close()
+    finally:
+        dedup.index.close()
