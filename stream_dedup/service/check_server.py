@@ -148,9 +148,10 @@ def _source(
     config: ServiceConfig, metrics: CheckMetrics, tell: Callable[[int], None]
 ) -> _OwnFollower | _FromReaders:
     """What answers the checks' reads: two readers of a RocksDB index (started, one
-    serving), or a follower of a Redis one in this process."""
+    serving), or a follower in this process (a Redis index, or ``http.check_readers``
+    off)."""
     where = config.index.location()
-    if isinstance(where, RedisSettings) or where is None:
+    if isinstance(where, RedisSettings) or where is None or not config.http.check_readers:
         return _OwnFollower(open_follower(where), metrics)
     path = Path(where)
     settings = (config.log.level, config.log.format, config.http.check_restarts)

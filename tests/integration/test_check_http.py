@@ -272,6 +272,7 @@ def test_a_killed_reader_leaves_checks_answered_while_the_service_ingests(
         time.sleep(0.05)
     produce_json(bootstrap, topics.input, DOCS[:200])
     svc.wait_for("stream_dedup_index_documents", 200)
+    wait_followed(svc, 200)
     replies: list[tuple[int, Any]] = []
     done = threading.Event()
 
@@ -294,7 +295,8 @@ def test_a_killed_reader_leaves_checks_answered_while_the_service_ingests(
         done.set()
         asker.join(30)
     assert len(replies) > 10 and all(code == 200 for code, _ in replies)
-    assert all(b["matches"][0]["id"] == "151" for _, b in replies)
+    first = replies[0][1]["matches"]
+    assert first and all(b["matches"] == first for _, b in replies)  # one answer throughout
     assert checks.pid == front and victim not in reader_pids(front)
     assert svc.metric("stream_dedup_check_process_restarts_total") == 0
     assert check_metric(svc, "stream_dedup_check_reader_restarts_total") == 1
@@ -343,3 +345,24 @@ def test_a_killed_check_process_is_started_again_and_follows_new_epochs(
     expected = check_texts(index, dedup.config, dedup.plan, texts, 1)  # nothing ingests now
     assert [a["matches"] for a in body["answers"]] == [[m.to_json() for m in e] for e in expected]
     assert check_metric(svc, "stream_dedup_check_requests_total", {"outcome": "ok"}) == 1
+
+
+def test_without_readers_the_check_process_follows_itself(
+    bootstrap: str, topics: Topics, tmp_path: Path
+) -> None:
+    """``http.check_readers = false``: no reader process; the check process catches up
+    itself and answers as with readers."""
+    http = {"check_process": True, "check_readers": False}
+    svc = start(make_config(bootstrap, topics, tmp_path / "index", http=http))
+    try:
+        checks = svc.service.checks
+        assert checks is not None and checks.pid is not None
+        produce_json(bootstrap, topics.input, DOCS[:50])
+        svc.wait_for("stream_dedup_index_documents", 50)
+        wait_followed(svc, 50)
+        code, body = post(checks.port, "/check?k=1", DOCS[5])
+        assert code == 200 and body["matches"][0]["id"] == "6"
+        assert reader_pids(checks.pid) == []
+        assert check_metric(svc, "stream_dedup_check_follow_seconds_count") >= 1
+    finally:
+        svc.stop()
