@@ -41,6 +41,7 @@ medians: the machine's load drifts between runs.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import http.client
 import json
 import os
@@ -54,6 +55,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from bench_procs import SchedSampler, answering_pid, cpu_s, reader_pids
 from bench_service import Run, documents, free_port, produce_all, quantile, scrape
 from confluent_kafka import Producer
 
@@ -94,77 +96,6 @@ def bucket_quantile(before: dict[float, float], after: dict[float, float], q: fl
         if count >= q * total:
             return bound
     return float("inf")
-
-
-def answering_pid(run: Run, checks: str) -> int:
-    """The process answering the checks: the service, or its check process (the child
-    running ``stream_dedup.service.check_server``)."""
-    assert run.proc is not None
-    if checks == "inline":
-        return run.proc.pid
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            ppid = int(stat.read_text().rsplit(")", 1)[1].split()[1])
-            cmdline = (stat.parent / "cmdline").read_bytes()
-        except (OSError, ValueError, IndexError):
-            continue
-        if ppid == run.proc.pid and b"check_server" in cmdline:
-            return int(stat.parent.name)
-    raise RuntimeError("no check process found")
-
-
-def sched_ns(pid: int) -> dict[str, tuple[int, int]]:
-    """Per thread of ``pid``: nanoseconds it ran on a CPU and waited on a run queue for
-    one (the kernel's ``schedstat``)."""
-    out = {}
-    for task in Path(f"/proc/{pid}/task").iterdir():
-        try:
-            fields = (task / "schedstat").read_text().split()
-        except OSError:
-            continue  # the thread ended
-        out[task.name] = (int(fields[0]), int(fields[1]))
-    return out
-
-
-class SchedSampler:
-    """The threads of ``pid``: time on a CPU and waiting for one over a phase, summed.
-
-    Each kept-alive connection has its thread in the answering process, started with the
-    phase's first check on it and ended when the phase's client threads let their
-    connections go, before the phase's last look: so the threads are looked at every
-    ``every_s`` meanwhile, each counted from its first look (0 for one started since the
-    phase began) to its last (a thread's last ``every_s`` before it ended is lost).
-    """
-
-    def __init__(self, pid: int, every_s: float = 0.2) -> None:
-        self._pid, self._every_s = pid, every_s
-        self._first: dict[str, tuple[int, int]] = {}
-        self._last: dict[str, tuple[int, int]] = {}
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-
-    def __enter__(self) -> SchedSampler:
-        self._first = sched_ns(self._pid)
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join()
-
-    def _run(self) -> None:
-        while not self._stop.wait(self._every_s):
-            for tid, value in sched_ns(self._pid).items():
-                self._last[tid] = value
-                self._first.setdefault(tid, (0, 0))
-
-    def totals(self) -> tuple[int, int]:
-        """Nanoseconds on a CPU, and waiting on a run queue, over the phase."""
-        ran = waited = 0
-        for tid, (r, w) in self._last.items():
-            r0, w0 = self._first[tid]
-            ran, waited = ran + r - r0, waited + w - w0
-        return ran, waited
 
 
 _local = threading.local()
@@ -262,10 +193,17 @@ def phase(
         time.sleep(1.0)  # the service is deciding the offered load before checks start
     # for a profiler attached to the check process (py-spy): when each phase runs
     print(f"  phase {'idle' if feed is None else 'ingesting'}: checks start", flush=True)
+    readers = reader_pids(args.answering_pid)
+    readers_cpu = cpu_s(readers)
     began = time.monotonic()
-    with SchedSampler(args.answering_pid) as sched:
+    with contextlib.ExitStack() as stack:
+        sched = stack.enter_context(SchedSampler(args.answering_pid))
+        in_readers = [stack.enter_context(SchedSampler(pid)) for pid in readers]
         lat = checks(port, bodies, args.rate, args.seconds)
     spent = time.monotonic() - began
+    readers_cpu = cpu_s(readers) - readers_cpu
+    readers_ran = sum(s.totals()[0] for s in in_readers)
+    readers_waited = sum(s.totals()[1] for s in in_readers)
     after = scrape(run.port).get("stream_dedup_index_documents", 0)
     served_after = server_buckets(port)
     after_scrape = scrape(port)
@@ -297,6 +235,12 @@ def phase(
         # its threads' time on a CPU and waiting for one (run queue), per check
         "on_cpu_per_check_ms": ran / len(lat) / 1e6,
         "cpu_wait_per_check_ms": waited / len(lat) / 1e6,
+        # the check process's readers (RocksDB: two processes answering the reads and
+        # catching up in turn): their CPU, and their time on a CPU and on a run queue
+        "readers": float(len(readers)),
+        "readers_cpu_per_check_ms": readers_cpu / len(lat) * 1000,
+        "readers_on_cpu_per_check_ms": readers_ran / len(lat) / 1e6,
+        "readers_cpu_wait_per_check_ms": readers_waited / len(lat) / 1e6,
         "load_1m": load,
     }
 
@@ -390,7 +334,11 @@ def main() -> int:
                         f"idle {idle['on_cpu_per_check_ms']:.2f} / "
                         f"{idle['cpu_wait_per_check_ms']:.2f} ms, ingesting "
                         f"{busy['on_cpu_per_check_ms']:.2f} / {busy['cpu_wait_per_check_ms']:.2f}"
-                        f" ms; load {busy['load_1m']:.1f}"
+                        f" ms; readers' CPU per check idle {idle['readers_cpu_per_check_ms']:.2f}"
+                        f" ms, ingesting {busy['readers_cpu_per_check_ms']:.2f} ms (on a CPU /"
+                        f" waiting {busy['readers_on_cpu_per_check_ms']:.2f} / "
+                        f"{busy['readers_cpu_wait_per_check_ms']:.2f} ms)"
+                        f"; load {busy['load_1m']:.1f}"
                     )
                     offered += busy["sent"]
                     wait_indexed(run, offered)

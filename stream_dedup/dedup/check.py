@@ -13,14 +13,19 @@ answer (an id with several revisions counts once, by its most similar one). The 
 of one call are each checked against the index alone, never against each other, and
 documents expired by retention are no candidates.
 
-The reads run inside :meth:`~stream_dedup.index.reads.IndexReads.consistent`, so a check
-may run on another thread than the index's writer (the service's HTTP port does), and see
-one committed state; the scoring runs after the lock is let go.
+A check has three steps: the sketch, the index reads (:func:`read_held`: everything the
+check needs from the index, asked in one :class:`CheckReads` and answered in one
+:class:`Held`), and the scoring. The reads run inside
+:meth:`~stream_dedup.index.reads.IndexReads.consistent`, so a check may run on another
+thread than the index's writer (the service's HTTP port does), and see one committed
+state; the scoring runs after the lock is let go. The service's check process sends the
+middle step to a reader process instead (:mod:`stream_dedup.service.check_readers`): one
+request and one reply per check, both plain picklable values.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -28,7 +33,7 @@ import numpy as np
 from stream_dedup.core.bands import BandPlan
 from stream_dedup.core.config import DedupConfig
 from stream_dedup.core.containment import SAMPLE_BAND, sample_keys, vote
-from stream_dedup.core.hashing import U32
+from stream_dedup.core.hashing import U32, U64
 from stream_dedup.core.lookup_keys import band_bucket_keys
 from stream_dedup.core.match import I64
 from stream_dedup.core.set_cache import SetCache
@@ -40,7 +45,7 @@ from stream_dedup.errors import ConfigError
 from stream_dedup.index.store import DedupIndex, DocRecord
 from stream_dedup.models import CheckMatch, Relation
 
-__all__ = ["answer", "check_k", "check_texts"]
+__all__ = ["CheckReads", "Held", "HeldReader", "answer", "check_k", "check_texts", "read_held"]
 
 
 #: Bytes of rebuilt verification sets one check keeps (its texts' candidates).
@@ -57,26 +62,31 @@ def check_k(k: object, most: int | None = None) -> int:
     return k
 
 
-def check_texts(
-    index: DedupIndex, config: DedupConfig, plan: BandPlan, texts: Sequence[str], k: int
-) -> list[list[CheckMatch]]:
-    """For each of ``texts``, the ``k`` indexed documents most similar to it (most similar
-    first, ties to the earliest), each at least sharing a band or the exact text; nothing
-    is written. ``config`` and ``plan`` are the index's detector and band plan."""
-    check_k(k)
-    sk = sketch(list(texts), config, plan, payloads=False)  # nothing is stored
-    cache = SetCache(_CACHE_BYTES, config)  # a candidate of several texts is rebuilt once
-    with index.consistent():
-        held = _read(index, sk, max(k, config.max_candidates))
-    answers: list[list[CheckMatch]] = [[] for _ in texts]
-    for p, doc_index in enumerate(sk.live):
-        query = _query(sk, config, p)
-        answers[doc_index] = _best(held, p, query, config, k, cache)
-    return answers
+@dataclass(slots=True)
+class CheckReads:
+    """What a check asks the index, from its texts' sketch: per live text its exact-text
+    key and band bucket keys (with their fingerprints), its verification set (containment
+    samples it), and how many candidates to keep (``cap``)."""
+
+    n_live: int
+    exact_keys: list[bytes]
+    bucket_keys: list[bytes]
+    bucket_fingerprints: U64
+    set_flat: U32
+    set_at: I64
+    set_len: I64
+    cap: int
+
+    @classmethod
+    def of(cls, sk: Sketch, cap: int) -> CheckReads:
+        return cls(
+            len(sk.live), sk.exact_keys, sk.bucket_keys, sk.bucket_fingerprints,
+            sk.set_flat, sk.set_at, sk.set_len, cap,
+        )  # fmt: skip
 
 
 @dataclass(slots=True)
-class _Held:
+class Held:
     """What the index holds for a check: per live text its ranked candidate docnums, and
     the candidates' records."""
 
@@ -84,11 +94,45 @@ class _Held:
     records: dict[int, DocRecord]
 
 
-def _read(index: DedupIndex, sk: Sketch, cap: int) -> _Held:
+#: Answers a check's reads: :func:`read_held` on an index, or a process that runs it.
+HeldReader = Callable[[CheckReads], Held]
+
+
+def check_texts(
+    index: DedupIndex | HeldReader,
+    config: DedupConfig,
+    plan: BandPlan,
+    texts: Sequence[str],
+    k: int,
+) -> list[list[CheckMatch]]:
+    """For each of ``texts``, the ``k`` indexed documents most similar to it (most similar
+    first, ties to the earliest), each at least sharing a band or the exact text; nothing
+    is written. ``config`` and ``plan`` are the index's detector and band plan; ``index``
+    the index, or what answers its reads (:data:`HeldReader`)."""
+    check_k(k)
+    sk = sketch(list(texts), config, plan, payloads=False)  # nothing is stored
+    reads = CheckReads.of(sk, max(k, config.max_candidates))
+    held = read_held(index, reads) if isinstance(index, DedupIndex) else index(reads)
+    cache = SetCache(_CACHE_BYTES, config)  # a candidate of several texts is rebuilt once
+    answers: list[list[CheckMatch]] = [[] for _ in texts]
+    for p, doc_index in enumerate(sk.live):
+        query = _query(sk, config, p)
+        answers[doc_index] = _best(held, p, query, config, k, cache)
+    return answers
+
+
+def read_held(index: DedupIndex, reads: CheckReads) -> Held:
+    """The candidates of each live text and their records, read in a few batched reads
+    inside the index's :meth:`~stream_dedup.index.reads.IndexReads.consistent`."""
+    with index.consistent():
+        return _read(index, reads)
+
+
+def _read(index: DedupIndex, sk: CheckReads) -> Held:
     """The candidates of each live text and their records, read in a few batched reads."""
-    n_live = len(sk.live)
+    n_live, cap = sk.n_live, sk.cap
     if not n_live:
-        return _Held([], {})
+        return Held([], {})
     cutoff = index.cutoff()
     _, text_docnums = index.read_decided([], sk.exact_keys)
     committed, older = index.read_bucket_members(
@@ -106,10 +150,10 @@ def _read(index: DedupIndex, sk: Sketch, cap: int) -> _Held:
         for p, docnums in enumerate(_containers(index, sk, cutoff)):
             candidates[p] += [d for d in docnums if d not in candidates[p]]
     wanted = sorted({d for ranked in candidates for d in ranked})
-    return _Held(candidates, index.read_records(wanted))
+    return Held(candidates, index.read_records(wanted))
 
 
-def _containers(index: DedupIndex, sk: Sketch, cutoff: int) -> list[list[int]]:
+def _containers(index: DedupIndex, sk: CheckReads, cutoff: int) -> list[list[int]]:
     """Each live text's containment candidates: the documents sharing its sampled
     values, as deciding finds them (:mod:`.excerpts`), reading the same buckets."""
     params = index.params
@@ -119,7 +163,7 @@ def _containers(index: DedupIndex, sk: Sketch, cutoff: int) -> list[list[int]]:
     uniq, occ_key = np.unique(values, return_inverse=True)
     keys, fps = band_bucket_keys(SAMPLE_BAND, uniq)
     mine, older = index.read_bucket_members(keys, fps, index.batch_epoch())
-    n_live = len(sk.live)
+    n_live = sk.n_live
     votes = vote(
         occ_pos,
         occ_key.astype(np.int64),
@@ -159,7 +203,7 @@ def _query(sk: Sketch, config: DedupConfig, p: int) -> U32:
 
 
 def _best(
-    held: _Held, p: int, query: U32, config: DedupConfig, k: int, cache: SetCache
+    held: Held, p: int, query: U32, config: DedupConfig, k: int, cache: SetCache
 ) -> list[CheckMatch]:
     """Live text ``p``'s candidates verified (exact verification: sets, else signatures)
     and scored, the ``k`` most similar first (with containment on: the near-duplicates,

@@ -45,7 +45,7 @@ from urllib.parse import parse_qs
 from stream_dedup.core.bands import BandPlan
 from stream_dedup.core.config import DedupConfig
 from stream_dedup.decode import DocumentFormat, document_from_object
-from stream_dedup.dedup.check import answer, check_texts
+from stream_dedup.dedup.check import HeldReader, answer, check_texts
 from stream_dedup.errors import DecodeError, StreamDedupError
 from stream_dedup.index.store import DedupIndex
 from stream_dedup.logs import fields
@@ -87,13 +87,14 @@ _UNAVAILABLE = _Refusal(
 class CheckEndpoint:
     """Answers check requests from ``index`` (see the module docstring).
 
+    ``index``: the index, or what answers a check's reads (the check process's readers).
     ``is_open`` says whether the index may be read now: from the end of the service's
     warm-up (its key filter is built) until it starts to close.
     """
 
     def __init__(
         self,
-        index: DedupIndex,
+        index: DedupIndex | HeldReader,
         dedup: tuple[DedupConfig, BandPlan],
         fmt: DocumentFormat,
         limits: HttpConfig,

@@ -20,11 +20,12 @@ _FOLLOW_BUCKETS = (0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
 class CheckMetrics:
     """``stream_dedup_check_requests_total{outcome}`` (every outcome at zero from the
     start), ``stream_dedup_check_duration_seconds`` and, in the check process,
-    ``stream_dedup_check_follow_seconds``: each follow of the committed index. Why the
-    last: on RocksDB a follow replays the writer's new log records, and the binding keeps
-    the interpreter lock for all of it, so every check arriving meanwhile waits for its
-    end; a follow's length is what the checks' tail waits for while the service ingests
-    (``docs/check.md``)."""
+    ``stream_dedup_check_follow_seconds``: each follow of the committed index, with, on
+    RocksDB, ``stream_dedup_check_readers`` and ``stream_dedup_check_reader_restarts_total``
+    (:mod:`.check_readers`). Why follows are timed: a follow replays the writer's new log
+    records, and the binding keeps the interpreter lock for all of it, so a follow's
+    length is how long a reader is out of service (and, on Redis, where the check process
+    follows itself, how long its checks wait)."""
 
     def __init__(self, r: CollectorRegistry) -> None:
         self.requests = Counter(
@@ -44,8 +45,19 @@ class CheckMetrics:
         self.follow = Histogram(
             "stream_dedup_check_follow_seconds",
             "One follow of the committed index by the check process (a RocksDB catch-up "
-            "with the writer's log, then its counters re-read); checks wait for it.",
+            "with the writer's log by one of its readers, then its counters re-read).",
             buckets=_FOLLOW_BUCKETS,
+            registry=r,
+        )
+        self.readers = Gauge(
+            "stream_dedup_check_readers",
+            "The check process's reader processes answering reads (RocksDB: 2 when both "
+            "serve; while one is down the other catches up with checks held back).",
+            registry=r,
+        )
+        self.reader_restarts = Counter(
+            "stream_dedup_check_reader_restarts",
+            "Times a reader of the check process was found dead and started again.",
             registry=r,
         )
 

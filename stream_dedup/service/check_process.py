@@ -14,17 +14,19 @@ the service across restarts of the process, so a client's connection made while 
 process restarts waits in the socket's queue instead of being refused. ``POST /check`` on
 the service's own port answers 421 naming the check port.
 
-What it reads: a follower of the committed index
-(:class:`~stream_dedup.index.follower.FollowerIndex`), which the service keeps in step by
+What it reads: followers of the committed index (on RocksDB two reader processes of its
+own, which catch up in turn: :mod:`.check_readers`), which the service keeps in step by
 writing a byte to a pipe after each commit (:meth:`CheckProcess.notify`, a non-blocking
-write: a commit never waits for the process). A check sees every batch committed before
-it arrived and never the batch being decided.
+write: a commit never waits for the process). A check sees the batches committed up to
+its reader's last catch-up (``docs/check.md`` says exactly which) and never the batch
+being decided.
 
 Supervision: a thread of the service's watches the process. Dead (killed, crashed), it
 is started again after a short pause, at most ``http.check_restarts`` times in ten
 minutes, then given up on with an error in the log; meanwhile and after, ``/readyz``
 fails with ``checks`` saying why, and ``stream_dedup_check_process_up`` is 0
-(``stream_dedup_check_process_restarts_total`` counts the restarts).
+(``stream_dedup_check_process_restarts_total`` counts the restarts). The same holds
+while the process serves but none of its readers does (it says so: ``restarting``).
 """
 
 from __future__ import annotations
@@ -152,8 +154,12 @@ class CheckProcess:
         try:
             parent.send(self._config)
             self._wait_ready(parent, proc)
-            while proc.poll() is None and not self._stopping.wait(0.25):
-                pass
+            while proc.poll() is None and not self._stopping.is_set():
+                if parent.poll(0.25):
+                    try:
+                        self._heard(parent.recv())
+                    except (EOFError, OSError):
+                        break  # it died: reaped below, then started again
         finally:
             with self._lock:
                 self._notice = None
@@ -174,6 +180,14 @@ class CheckProcess:
         self.state = "serving"
         self._metrics.up.set(1)
         log.info("the check process answers checks", extra=fields(port=self.port, pid=value))
+
+    def _heard(self, message: tuple[str, int]) -> None:
+        """How many of its readers serve, as the process says when that changes: with
+        none, checks are not answered (the readers are being started again)."""
+        kind, serving = message
+        if kind == "readers" and self.state in ("serving", "restarting"):
+            self.state = "serving" if serving else "restarting"
+            self._metrics.up.set(1 if serving else 0)
 
     def _may_restart(self) -> bool:
         """Count a restart; false (and the state ``failed``) past the bound."""

@@ -236,8 +236,10 @@ class HttpConfig:
     With ``check_process`` (the default) the checks are answered by a helper process on
     ``check_port`` (:mod:`stream_dedup.service.check_process`), started again after a
     crash at most ``check_restarts`` times in ten minutes; without it, on ``port`` by the
-    deciding process itself. With ``port = 0`` the check port left at its default is any
-    free port too."""
+    deciding process itself. On RocksDB, ``check_readers`` has that process answer from
+    two reader processes that catch up in turn (:mod:`stream_dedup.service.check_readers`):
+    off by default, since on a host without idle cores it lengthened the checks' tail.
+    With ``port = 0`` the check port left at its default is any free port too."""
 
     enabled: bool = True
     host: str = "0.0.0.0"
@@ -249,6 +251,7 @@ class HttpConfig:
     check_process: bool = True
     check_port: int = DEFAULT_CHECK_PORT
     check_restarts: int = 5
+    check_readers: bool = False
 
     def __post_init__(self) -> None:
         if self.port == 0 and self.check_port == DEFAULT_CHECK_PORT:

@@ -223,7 +223,10 @@ def process_service(bootstrap: str, topics: Topics, tmp_path: Path) -> Any:
     """A service whose checks the check process answers, its index keeping 400 documents
     (retention opens epochs and lets them go as it ingests)."""
     config = make_config(
-        bootstrap, topics, tmp_path / "index", http={"check_process": True, "check_restarts": 2}
+        bootstrap,
+        topics,
+        tmp_path / "index",
+        http={"check_process": True, "check_restarts": 2, "check_readers": True},
     )
     svc = start(replace(config, index=replace(config.index, max_documents=400)))
     yield svc
@@ -240,6 +243,67 @@ def test_the_services_port_names_the_check_port(process_service: ServiceThread) 
     assert json.loads(ready)["checks"] == "serving"
     _, own = http_get(svc.service.checks.port, "/readyz")
     assert json.loads(own)["role"] == "checks"
+    assert json.loads(own)["readers"] >= 1  # a RocksDB index: read by reader processes
+
+
+def reader_pids(front: int) -> list[int]:
+    """The check process's readers: its children (``/proc``: each started by a thread)."""
+    out = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            parent = int(stat.read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            continue
+        if parent == front:
+            out.append(int(stat.parent.name))
+    return out
+
+
+def test_a_killed_reader_leaves_checks_answered_while_the_service_ingests(
+    bootstrap: str, topics: Topics, process_service: ServiceThread
+) -> None:
+    """One of the check process's two readers killed (SIGKILL) while the service ingests
+    and checks are asked: every check answered, by the other reader; the reader started
+    again; the check process itself never restarted."""
+    svc = process_service
+    checks = svc.service.checks
+    assert checks is not None and checks.pid is not None
+    front, port = checks.pid, checks.port
+    deadline = time.monotonic() + 60
+    while len(reader_pids(front)) < 2 or json.loads(http_get(port, "/readyz")[1])["readers"] < 2:
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    produce_json(bootstrap, topics.input, DOCS[:200])
+    svc.wait_for("stream_dedup_index_documents", 200)
+    wait_followed(svc, 200)
+    replies: list[tuple[int, Any]] = []
+    done = threading.Event()
+
+    def ask() -> None:
+        while not done.is_set():
+            replies.append(post(port, "/check?k=1", DOCS[150]))
+
+    asker = threading.Thread(target=ask)
+    asker.start()
+    try:
+        victim = reader_pids(front)[0]
+        os.kill(victim, signal.SIGKILL)
+        produce_json(bootstrap, topics.input, DOCS[200:400])  # retention keeps 400
+        svc.wait_for("stream_dedup_index_documents", 400)
+        wait_followed(svc, 400)
+        while json.loads(http_get(port, "/readyz")[1])["readers"] < 2:
+            assert time.monotonic() < deadline + 60
+            time.sleep(0.05)
+    finally:
+        done.set()
+        asker.join(30)
+    assert len(replies) > 10 and all(code == 200 for code, _ in replies)
+    first = replies[0][1]["matches"]
+    assert first and all(b["matches"] == first for _, b in replies)  # one answer throughout
+    assert checks.pid == front and victim not in reader_pids(front)
+    assert svc.metric("stream_dedup_check_process_restarts_total") == 0
+    assert check_metric(svc, "stream_dedup_check_reader_restarts_total") == 1
+    assert check_metric(svc, "stream_dedup_check_readers") == 2
 
 
 def test_a_killed_check_process_is_started_again_and_follows_new_epochs(
@@ -284,3 +348,24 @@ def test_a_killed_check_process_is_started_again_and_follows_new_epochs(
     expected = check_texts(index, dedup.config, dedup.plan, texts, 1)  # nothing ingests now
     assert [a["matches"] for a in body["answers"]] == [[m.to_json() for m in e] for e in expected]
     assert check_metric(svc, "stream_dedup_check_requests_total", {"outcome": "ok"}) == 1
+
+
+def test_without_readers_the_check_process_follows_itself(
+    bootstrap: str, topics: Topics, tmp_path: Path
+) -> None:
+    """``http.check_readers = false``: no reader process; the check process catches up
+    itself and answers as with readers."""
+    http = {"check_process": True, "check_readers": False}
+    svc = start(make_config(bootstrap, topics, tmp_path / "index", http=http))
+    try:
+        checks = svc.service.checks
+        assert checks is not None and checks.pid is not None
+        produce_json(bootstrap, topics.input, DOCS[:50])
+        svc.wait_for("stream_dedup_index_documents", 50)
+        wait_followed(svc, 50)
+        code, body = post(checks.port, "/check?k=1", DOCS[5])
+        assert code == 200 and body["matches"][0]["id"] == "6"
+        assert reader_pids(checks.pid) == []
+        assert check_metric(svc, "stream_dedup_check_follow_seconds_count") >= 1
+    finally:
+        svc.stop()
