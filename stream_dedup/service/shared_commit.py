@@ -87,8 +87,16 @@ class SharedIndex(CommitStrategy):
         return out.result
 
     def _store(self, decoded: Decoded, sketched: Sketch | None, ranges: Ranges) -> DecidedBatch:
-        """Step 1, retried whole through an outage of the index; then ``on_stored`` (the
-        group's time order publishes its new heads before delivery)."""
+        """Step 1, retried whole through an outage of the index; then ``on_stored``, and
+        only then what the batch left for later (``after_lease``).
+
+        ``on_stored`` hands the group's turn over (the group's time order publishes the
+        new heads, waking the members waiting for exactly this batch): the batch is
+        stored at its commit point, so nothing after it is theirs to wait for. The work
+        left for later is this instance's alone (its set cache; gathering texts and, once,
+        training the payload dictionary: ~0.5 s, which the other members used to wait
+        out), so it runs after the hand-over, beside the next member's turn.
+        """
         built: list[DecidedBatch] = []  # one per attempt that got as far as deciding
         out = self._outage.call(
             "deciding and storing a batch",
@@ -96,6 +104,7 @@ class SharedIndex(CommitStrategy):
         )
         if self.on_stored is not None:
             self.on_stored(ranges)
+        self._outage.call("after the lease", self._decider.dedup.after_lease)
         return out
 
     def _decide_and_store(
@@ -117,7 +126,6 @@ class SharedIndex(CommitStrategy):
             built.append(out)
             self._index.apply(self._decider.dedup.prepare(out.result))  # 1. store
         metrics.lease_held.observe(self._index.lease_end() - held)
-        self._decider.dedup.after_lease()
         return out
 
 
