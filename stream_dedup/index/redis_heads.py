@@ -18,6 +18,14 @@ wrote or touched it (a field not written for ``batch.max_idle_ms`` is an owner g
 ``owner`` the writing instance's random token, so that a heartbeat refreshes only the
 fields no newer owner has written since. Times are the Redis server's clock (``TIME``),
 the one clock every instance shares.
+
+Waking: a member held back by the others' heads waits on its own list,
+``{<namespace>}!wake:<scope>:<owner>``, with a blocking pop (:meth:`GroupHeads.wait`),
+and an exchange that moves a member's heads pushes to the lists of the owners it read
+last (at most one entry each, expiring after a minute), so the member whose turn it is
+goes on within a round trip of the hand-over instead of after its next poll. A wake-up
+only says "look again": the waiter exchanges and computes its watermark as before, so a
+wake-up lost or spurious changes when it looks, never what it may release.
 """
 
 from __future__ import annotations
@@ -38,17 +46,19 @@ EMPTY = "e"
 AT_END = "x"
 
 #: Writes the caller's fields (``seen`` and, for an empty partition that was empty
-#: already, the old ``since``) and returns the server's time and every topic's hash.
-#: ARGV: the owner's token, the number of fields written, then per field: the topic's
-#: key index, partition, kind, time.
+#: already, the old ``since``), wakes the members whose lists follow the topics' keys,
+#: and returns the server's time and every topic's hash. ARGV: the owner's token, the
+#: number of fields written, the number of topics' keys (the rest of KEYS are wake-up
+#: lists), then per field: the topic's key index, partition, kind, time.
 _EXCHANGE = """
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local owner = ARGV[1]
 local n = tonumber(ARGV[2])
+local topics = tonumber(ARGV[3])
 for j = 0, n - 1 do
-  local key = KEYS[tonumber(ARGV[3 + 4 * j])]
-  local field, kind, at = ARGV[4 + 4 * j], ARGV[5 + 4 * j], ARGV[6 + 4 * j]
+  local key = KEYS[tonumber(ARGV[4 + 4 * j])]
+  local field, kind, at = ARGV[5 + 4 * j], ARGV[6 + 4 * j], ARGV[7 + 4 * j]
   local since = now
   if kind == 'e' then
     local old = redis.call('HGET', key, field)
@@ -58,8 +68,13 @@ for j = 0, n - 1 do
   end
   redis.call('HSET', key, field, kind .. ' ' .. at .. ' ' .. since .. ' ' .. now .. ' ' .. owner)
 end
+for i = topics + 1, #KEYS do
+  redis.call('RPUSH', KEYS[i], '1')
+  redis.call('LTRIM', KEYS[i], -1, -1)
+  redis.call('PEXPIRE', KEYS[i], 60000)
+end
 local out = {now}
-for i = 1, #KEYS do
+for i = 1, topics do
   out[#out + 1] = redis.call('HGETALL', KEYS[i])
 end
 return out
@@ -92,6 +107,7 @@ class Head(NamedTuple):
     time: int  #: the next undecided record's time (epoch ms) when ``kind`` is HEAD
     since: int = 0  #: server ms: when an EMPTY began
     seen: int = 0  #: server ms: when its owner last wrote it
+    owner: str = ""  #: the writing instance's token (whom to wake when heads move)
 
 
 class Published(NamedTuple):
@@ -107,7 +123,9 @@ def _decode(value: bytes) -> Head | None:
     if len(parts) != 5:
         return None
     try:
-        return Head(parts[0].decode(), int(parts[1]), int(parts[2]), int(parts[3]))
+        return Head(
+            parts[0].decode(), int(parts[1]), int(parts[2]), int(parts[3]), parts[4].decode()
+        )
     except (ValueError, UnicodeDecodeError):
         return None
 
@@ -120,6 +138,7 @@ class GroupHeads:
         prefix (``{<namespace>}``), so the hashes live beside the lease."""
         self._client = client
         self._prefix = own_prefix + b"!heads:" + scope.encode() + b":"
+        self._wake_prefix = own_prefix + b"!wake:" + scope.encode() + b":"
         self._location = location
         self._script = client.register_script(_EXCHANGE)
         self._touch = client.register_script(_TOUCH)
@@ -137,17 +156,26 @@ class GroupHeads:
         """The Redis key of ``topic``'s heads."""
         return self._prefix + topic.encode()
 
+    def wake_key(self, owner: str) -> bytes:
+        """The Redis key of the list that wakes member ``owner`` (a token)."""
+        return self._wake_prefix + owner.encode()
+
     def exchange(
-        self, topics: Sequence[str], mine: Mapping[tuple[str, int], tuple[str, int]]
+        self,
+        topics: Sequence[str],
+        mine: Mapping[tuple[str, int], tuple[str, int]],
+        wake: Sequence[str] = (),
     ) -> Published:
-        """Write ``mine`` ((topic, partition) -> (kind, time)), read every head of
-        ``topics`` (which must include the topics of ``mine``)."""
+        """Write ``mine`` ((topic, partition) -> (kind, time)), wake the members ``wake``
+        (their tokens), and read every head of ``topics`` (which must include the topics
+        of ``mine``)."""
         order = {topic: i for i, topic in enumerate(topics)}
-        args: list[Any] = [self.token, len(mine)]
+        args: list[Any] = [self.token, len(mine), len(topics)]
         for (topic, partition), (kind, at) in mine.items():
             args += [order[topic] + 1, partition, kind, at]
+        keys = [self.key(t) for t in topics] + [self.wake_key(w) for w in wake]
         with self._failing("exchanging the group's heads"):
-            raw = self._script(keys=[self.key(t) for t in topics], args=args)
+            raw = self._script(keys=keys, args=args)
         heads: dict[tuple[str, int], Head] = {}
         for topic, flat in zip(topics, raw[1:], strict=True):
             for field, value in zip(flat[::2], flat[1::2], strict=True):
@@ -155,6 +183,13 @@ class GroupHeads:
                 if head is not None:
                     heads[(topic, int(field))] = head
         return Published(int(raw[0]), heads)
+
+    def wait(self, timeout_s: float) -> bool:
+        """Wait up to ``timeout_s`` for another member to wake this one (its heads moved);
+        True if woken. A wake-up pushed since the last wait returns at once."""
+        with self._failing("waiting for the group's heads"):
+            got = self._client.blpop([self.wake_key(self.token)], timeout=max(timeout_s, 0.001))
+        return got is not None
 
     def touch(self, topics: Sequence[str]) -> None:
         """Refresh ``seen`` of the fields this instance wrote last (a heartbeat while its

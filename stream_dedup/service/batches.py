@@ -287,12 +287,17 @@ class Batcher:
             # Held back by a partition with nothing buffered: its records may be queued
             # behind the others' in the consumer, so take more (beyond the usual room,
             # up to a bound on memory) while waiting a little for them. Held back by the
-            # group's watermark: the same, for the group's pause (a short backoff).
+            # group's watermark: take what is there, then wait for the member holding
+            # this one back to hand the turn over (it wakes this one; the group's pause
+            # is the longest wait).
             left = merge.blocking(self.watched())
             timeout = min(0.05, left if left is not None else 0.0)
+            room = len(merge) < limit * _HELD_BATCHES
             if held is not None and self._group is not None:
-                timeout = self._group.pause(held.hold_ms)
-            if len(merge) < limit * _HELD_BATCHES:
+                if room:
+                    self.take(consumer.consume(limit, 0))
+                self._group.wait(self._group.pause(held.hold_ms))
+            elif room:
                 self.take(consumer.consume(limit, timeout))
             else:
                 time.sleep(timeout)

@@ -14,11 +14,14 @@ another has an earlier head. The whole argument, with each crash and rebalance, 
 :class:`GroupOrder` is the instance's side of the exchange: it publishes and reads the
 heads in one Redis round trip (:class:`~stream_dedup.index.redis_heads.GroupHeads`), at
 each turn where this instance's heads changed or a heartbeat is due, after each stored
-batch, and while a batch waits for the watermark, with a backoff (1 ms doubling to
-16 ms) instead of a busy poll. While the loop is busy elsewhere (waiting for the lease,
-deciding a large batch, delivering), a heartbeat thread keeps this instance's heads
-fresh, so that a busy member is not taken for a dead one; it refreshes only fields no
-newer owner has written.
+batch (at its commit point: the turn is handed over before anything else of the batch
+runs), and while a batch waits for the watermark. That wait blocks on a wake-up the
+other members push when their heads move, so the member whose turn it is goes on within
+a round trip; the wake-up's timeout backs off (1 ms doubling to 16 ms), so a member
+that moves without waking anyone (one going stale, a new member) is seen as before.
+While the loop is busy elsewhere (waiting for the lease, deciding a large batch,
+delivering), a heartbeat thread keeps this instance's heads fresh, so that a busy member
+is not taken for a dead one; it refreshes only fields no newer owner has written.
 """
 
 from __future__ import annotations
@@ -145,8 +148,11 @@ class GroupOrder:
         self._beat.start()
 
     def close(self) -> None:
-        """Stop the heartbeat (the service stops: its heads go stale, as a dead member's)."""
+        """Stop the heartbeat (the service stops: its heads go stale, as a dead member's),
+        and wait for a touch under way, so that none runs on a client closed after this."""
         self._stop.set()
+        if self._beat is not threading.current_thread():
+            self._beat.join(timeout=5.0)
 
     def _heartbeat(self) -> None:
         """Touch this instance's heads whenever the loop has not exchanged for a beat."""
@@ -192,9 +198,11 @@ class GroupOrder:
         topics = sorted({*self._partitions, *(t for t, _p in mine)})
         for topic in topics:
             self._partitions.setdefault(topic, 0)
+        wake = self._to_wake() if mine != self._sent else ()
         try:
             self._last = self._ride_out(
-                "exchanging the group's heads", lambda: self._heads.exchange(topics, mine)
+                "exchanging the group's heads",
+                lambda: self._heads.exchange(topics, mine, wake),
             )
         except IndexUnreachableError:
             raise  # the outage outlasted its limit: the service stops, as in a commit
@@ -210,6 +218,23 @@ class GroupOrder:
         self.exchanges += 1
         self._sent = dict(mine)
         self._sent_at = time.monotonic()
+
+    def _to_wake(self) -> list[str]:
+        """The other members, as the last exchange named them (whom this one's moved
+        heads may let go on)."""
+        if self._last is None:
+            return []
+        token = self._heads.token
+        return sorted({h.owner for h in self._last.heads.values() if h.owner not in ("", token)})
+
+    def wait(self, timeout_s: float) -> None:
+        """Wait until another member's heads move (it wakes this one), at most
+        ``timeout_s``; where Redis cannot be asked, sleep instead (the next exchange
+        finds the outage and says so)."""
+        try:
+            self._heads.wait(timeout_s)
+        except IndexIOError:
+            time.sleep(timeout_s)
 
     def keep_alive(self, mine: Mapping[TpKey, tuple[str, int]]) -> None:
         """:meth:`exchange` if ``mine`` changed since it was last published, or the

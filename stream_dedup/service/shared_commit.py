@@ -19,7 +19,7 @@ from stream_dedup.logs import fields
 from stream_dedup.service.batches import Ranges, TpKey
 from stream_dedup.service.commit_strategy import CommitStrategy, T, next_offsets
 from stream_dedup.service.config import ServiceConfig
-from stream_dedup.service.decide import DecidedBatch, Decider
+from stream_dedup.service.decide import DecidedBatch, Decider, Decision
 from stream_dedup.service.index_outage import IndexOutage
 from stream_dedup.service.inputs import Decoded
 from stream_dedup.service.kafka import EventProducer
@@ -87,28 +87,34 @@ class SharedIndex(CommitStrategy):
         return out.result
 
     def _store(self, decoded: Decoded, sketched: Sketch | None, ranges: Ranges) -> DecidedBatch:
-        """Step 1, retried whole through an outage of the index; then ``on_stored`` (the
-        group's time order publishes its new heads before delivery)."""
-        built: list[DecidedBatch] = []  # one per attempt that got as far as deciding
-        out = self._outage.call(
-            "deciding and storing a batch",
-            lambda: self._decide_and_store(decoded, sketched, built),
+        """Step 1, retried whole through an outage of the index; then ``on_stored``, and
+        only then what the batch needs that does not change the index: its events, and
+        what it left for later (``after_lease``).
+
+        ``on_stored`` hands the group's turn over (the group's time order publishes the
+        new heads, waking the members waiting for exactly this batch): the batch is
+        stored at its commit point, so nothing after it is theirs to wait for. The events
+        (a JSON record per document) and the work left for later are this instance's alone
+        (its set cache; gathering texts and, once, training the payload dictionary: ~0.5 s,
+        which the other members used to wait out), so they run after the hand-over,
+        beside the next member's turn. The events are built once, from the last attempt's
+        verdicts, so its dead letters are counted once.
+        """
+        decision = self._outage.call(
+            "deciding and storing a batch", lambda: self._decide_and_store(decoded, sketched)
         )
         if self.on_stored is not None:
             self.on_stored(ranges)
+        out = self._decider.records(decoded, decision)
+        self._outage.call("after the lease", self._decider.dedup.after_lease)
         return out
 
-    def _decide_and_store(
-        self, decoded: Decoded, sketched: Sketch | None, built: list[DecidedBatch]
-    ) -> DecidedBatch:
-        """Step 1: under the lease, decide the batch and store it (one atomic write); its
-        events are built after the lease, which waits for nothing that does not change
-        the index.
+    def _decide_and_store(self, decoded: Decoded, sketched: Sketch | None) -> Decision:
+        """Step 1: under the lease, decide the batch and store it (one atomic write).
 
         Run again after an outage, it takes a new lease, which first applies a write the
         outage interrupted after its commit point; the batch's documents stored by then
         get their stored verdicts back, so its events are the same as the first try's.
-        ``built`` holds the earlier attempts' builds: their dead letters are counted once.
         """
         metrics = self._metrics
         waited = time.perf_counter()
@@ -118,10 +124,7 @@ class SharedIndex(CommitStrategy):
             decision = self._decider.decide(decoded, sketched)
             self._index.apply(self._decider.dedup.prepare(decision.result))  # 1. store
         metrics.lease_held.observe(self._index.lease_end() - held)
-        self._decider.dedup.after_lease()
-        out = self._decider.records(decoded, decision, told=bool(built))
-        built.append(out)
-        return out
+        return decision
 
 
 class SharedExactlyOnce(SharedIndex):

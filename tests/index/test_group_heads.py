@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable, Iterator
 
@@ -31,6 +32,11 @@ def members(shared_redis_url: str) -> Iterator[Callable[[], GroupHeads]]:
     yield make
     for backend in opened:
         backend.close()
+        # A cluster client's close leaves its nodes' pools to the garbage collector,
+        # which may then warn of open sockets in a later test: close them here.
+        disconnect = getattr(backend._client, "disconnect_connection_pools", None)
+        if disconnect is not None:
+            disconnect()
 
 
 def test_each_member_writes_its_partitions_and_reads_everyone(
@@ -107,3 +113,45 @@ def test_two_members_taking_turns_decide_in_the_groups_time_order(
         order.close()
     assert decided == sorted(decided)
     assert len(decided) == 10
+
+
+def test_a_member_held_back_is_woken_when_the_others_heads_move(
+    members: Callable[[], GroupHeads],
+) -> None:
+    """The hand-over: a member waiting for the watermark returns as soon as the member
+    holding it back publishes moved heads, not after its own timeout; one that moved
+    nothing wakes nobody, and a wake-up pushed before the wait is not lost."""
+    a, b = GroupOrder(members(), ["news"], 60000), GroupOrder(members(), ["news"], 60000)
+    for order in (a, b):
+        order._partitions["news"] = 2
+        order._learn = False
+    try:
+        b.exchange({("news", 1): (HEAD, 50)})
+        a.exchange({("news", 0): (HEAD, 10)})  # a knows b now: its moves wake b
+        b.exchange({("news", 1): (HEAD, 50)})  # b knows a; same heads: wakes nobody
+        assert b.watermark([("news", 1)]).ceiling == (10, ("news", 0))  # b is held back
+        started = time.monotonic()
+        b.wait(0.3)  # nothing moved since b last looked
+        assert time.monotonic() - started >= 0.25
+
+        def hand_over() -> None:
+            time.sleep(0.05)
+            a.exchange({("news", 0): (HEAD, 90)})  # a decided up to 90: b's turn
+
+        mover = threading.Thread(target=hand_over)
+        started = time.monotonic()
+        mover.start()
+        b.wait(2.0)
+        woken_after = time.monotonic() - started
+        mover.join()
+        assert 0.04 <= woken_after < 1.0  # woken by the move, far before the timeout
+        b.exchange({("news", 1): (HEAD, 50)})
+        assert b.watermark([("news", 1)]).ceiling == (90, ("news", 0))
+
+        a.exchange({("news", 0): (HEAD, 95)})  # moved while b was not waiting yet
+        started = time.monotonic()
+        b.wait(2.0)
+        assert time.monotonic() - started < 1.0  # the wake-up was kept for it
+    finally:
+        a.close()
+        b.close()
