@@ -83,6 +83,12 @@ class StagedWrite:
         raw = encode_verdict(verdict, exact_key)
         self.puts[keys.verdict_key(verdict.id)] = raw if before is None else before.extended(raw)
 
+    def amend(self, verdict: Verdict, exact_key: bytes | None) -> None:
+        """Stage ``verdict`` in place of the verdict of the same id, decided once and
+        already staged (and counted) in this batch: its fields completed after the batch's
+        records were built list by list (containment's relations)."""
+        self.puts[keys.verdict_key(verdict.id)] = encode_verdict(verdict, exact_key)
+
     def decided(self, doc_id: str) -> StoredVerdict | None:
         """The record staged for ``doc_id`` earlier in this batch (``None``: none), every
         revision of the id it holds included."""
