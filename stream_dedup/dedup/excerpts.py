@@ -160,17 +160,22 @@ def _verify(
     if missing:
         held.records.update(index.read_records(missing))
     docnums, x_flat, x_at, x_len = payloads({n: held.records[n] for n in stored}, cache)
-    where = np.searchsorted(docnums.astype(np.int64), other)
-    b_at = np.where(in_batch, 0, x_at[np.minimum(where, max(x_at.size - 1, 0))] if stored else 0)
-    b_len = np.where(in_batch, 0, x_len[np.minimum(where, max(x_len.size - 1, 0))] if stored else 0)
-    if in_batch.any():
-        p_x = _batch_positions(found, first, other[in_batch])
-        b_at[in_batch] = sk.set_at[p_x] + x_flat.size
-        b_len[in_batch] = sk.set_len[p_x]
-    b_flat = np.concatenate([x_flat, sk.set_flat]).astype("<u4", copy=False)
-    q_len = sk.set_len[pos]
+    b_at, b_len = np.empty_like(other), np.empty_like(other)
+    outside = np.flatnonzero(~in_batch)
+    where = np.searchsorted(docnums.astype(np.int64), other[outside])
+    b_at[outside], b_len[outside] = x_at[where], x_len[where]
+    inside = np.flatnonzero(in_batch)
+    p_x = _batch_positions(found, first, other[inside]) if inside.size else inside
+    b_at[inside], b_len[inside] = sk.set_at[p_x], sk.set_len[p_x]
+    q_flat, q_at, q_len = sk.set_flat, sk.set_at[pos], sk.set_len[pos]
     need = np.ceil(level * np.minimum(q_len, b_len) - 1e-9).astype(np.int64)
-    inter = pair_intersections(sk.set_flat, sk.set_at[pos], q_len, b_flat, b_at, b_len, need)
+    inter = np.empty(pos.size, dtype=np.int64)
+    # Stored candidates' sets, then the batch's own: each against its own array, so the
+    # batch's sets (megabytes) are not copied behind the stored ones.
+    for pick, b_flat in ((outside, x_flat), (inside, q_flat)):
+        inter[pick] = pair_intersections(
+            q_flat, q_at[pick], q_len[pick], b_flat, b_at[pick], b_len[pick], need[pick]
+        )
     return inter.astype(np.float64), q_len.astype(np.float64), b_len.astype(np.float64)
 
 
