@@ -15,7 +15,7 @@ values, which the batch's commit writes with the band buckets.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -208,13 +208,21 @@ def _set_sizes(
     return sizes
 
 
-def _names(docs: Sequence[Document], sk: Sketch, found: Matches, held: Held) -> dict[int, str]:
-    """The id of every docnum a relation may name: the held records' and the batch's."""
-    names = {n: r.doc_id for n, r in held.records.items()}
-    for p, n in enumerate(found.docnum.tolist()):
-        if n >= 0:
-            names[n] = docs[sk.live[p]].id
-    return names
+def _names(
+    docs: Sequence[Document], sk: Sketch, found: Matches, held: Held
+) -> Callable[[int], str]:
+    """The id of a docnum a relation names: a held record's, or a document's of the batch.
+    Asked only for the few documents ``contains`` names, not built for every docnum."""
+    first = held.records
+
+    def name(n: int) -> str:
+        record = first.get(n)
+        if record is not None:
+            return record.doc_id
+        at = int(np.flatnonzero(found.docnum == n)[0])
+        return docs[sk.live[at]].id
+
+    return name
 
 
 def _choose(
@@ -226,7 +234,7 @@ def _choose(
     contained: npt.NDArray[np.float64],
     reverse: npt.NDArray[np.float64],
     jaccard: npt.NDArray[np.float64],
-    names: dict[int, str],
+    names: Callable[[int], str],
 ) -> None:
     """Each voting document's container (highest containment, ties to the earliest) and,
     failing one, the earlier document it contains most of."""
@@ -254,7 +262,7 @@ def _choose(
         p = int(pos[k])
         if p in taken or p in out.contains:
             continue
-        out.contains[p] = (names[int(docnum[k])], round(float(r[k]), 6))
+        out.contains[p] = (names(int(docnum[k])), round(float(r[k]), 6))
 
 
 def _bucket_puts(
