@@ -213,10 +213,10 @@ def _names(
 ) -> Callable[[int], str]:
     """The id of a docnum a relation names: a held record's, or a document's of the batch.
     Asked only for the few documents ``contains`` names, not built for every docnum."""
-    first = held.records
+    records = held.records
 
     def name(n: int) -> str:
-        record = first.get(n)
+        record = records.get(n)
         if record is not None:
             return record.doc_id
         at = int(np.flatnonzero(found.docnum == n)[0])
