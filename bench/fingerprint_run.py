@@ -8,7 +8,9 @@ command (``generate`` and ``dedup``), so it works across changes of the package'
     python bench/fingerprint_run.py  # the ads of tests/data; --kijiji FILE for others
 
 With ``--batch-size 16`` a run takes the kernels' Python path (:mod:`stream_dedup.core.jit`):
-its digests must equal those of a compiled run, from this checkout or another.
+its digests must equal those of a compiled run, from this checkout or another. With
+``--containment 0.8`` two more configurations decide with containment on (defaults, and
+``--index-policy uniques``): a change meant to decide as before must keep those too.
 """
 
 from __future__ import annotations
@@ -111,6 +113,12 @@ def main() -> None:
     parser.add_argument(
         "--batch-size", default="700", help="dedup's batch (700; 16: the kernels' Python path)"
     )
+    parser.add_argument(
+        "--containment",
+        default="",
+        help="also decide with this containment setting (the configurations that verify "
+        "exactly): its digests must be equal across changes that decide as before",
+    )
     args = parser.parse_args()
     work = Path(tempfile.mkdtemp(prefix="fingerprint-"))
     try:
@@ -119,14 +127,18 @@ def main() -> None:
         _kijiji_jsonl(args.kijiji, inputs["kijiji"])
         for name, source in inputs.items():
             fields = "text" if name == "kijiji" else "title,text"
-            for extra in (
+            configs = [
                 [],
                 ["--verify", "signature", "--index-policy", "uniques"],
                 ["--shingle", "word", "-k", "3", "--threshold", "0.6"],
-            ):
+            ]
+            if args.containment:
+                configs += [["--containment", args.containment]]
+                configs += [["--containment", args.containment, "--index-policy", "uniques"]]
+            for number, extra in enumerate(configs):
                 label = f"{name} {' '.join(extra) or 'defaults'}"
-                index = work / f"index-{name}-{len(extra)}"
-                out = work / f"out-{name}-{len(extra)}.jsonl"
+                index = work / f"index-{name}-{number}"
+                out = work / f"out-{name}-{number}.jsonl"
                 _run("dedup", str(source), "-o", str(out), "--index", str(index),
                      "--content-fields", fields, "--batch-size", args.batch_size,
                      "-q", *extra)  # fmt: skip

@@ -182,28 +182,35 @@ def vote(
     return Votes(out[0][:n], out[1][:n], out[2][:n], appended)
 
 
+#: Merge steps between two checks of whether a pair can still reach its need.
+_STRIDE = 64
+
+
 @kernel
 def intersections(
     a_flat: U32, a_at: I64, a_len: I64, b_flat: U32, b_at: I64, b_len: I64, need: I64, out: I64
 ) -> None:
     """``out[i] = |A_i ∩ B_i|`` for pairs of sorted sets of distinct values (a merge),
-    given up as soon as it cannot reach ``need[i]`` (then some count below it)."""
+    given up once it cannot reach ``need[i]`` (then some count below it).
+
+    The merge steps without branches (each step adds the comparisons' outcomes), which
+    the hashed values, in random order, would mispredict half the time; the bound is
+    checked every :data:`_STRIDE` steps, which no step can overrun: each advances either
+    side by at most one.
+    """
     for i in range(out.size):
         x, x_end = a_at[i], a_at[i] + a_len[i]
         y, y_end = b_at[i], b_at[i] + b_len[i]
         n = 0
-        while x < x_end and y < y_end:
-            if n + min(x_end - x, y_end - y) < need[i]:
+        while True:
+            left = min(x_end - x, y_end - y)
+            if left <= 0 or n + left < need[i]:
                 break
-            u, w = a_flat[x], b_flat[y]
-            if u == w:
-                n += 1
-                x += 1
-                y += 1
-            elif u < w:
-                x += 1
-            else:
-                y += 1
+            for _ in range(min(left, _STRIDE)):
+                u, w = a_flat[x], b_flat[y]
+                n += u == w
+                x += u <= w
+                y += w <= u
         out[i] = n
 
 

@@ -1,13 +1,13 @@
 """Verdicts and index writes of a batch whose documents are each decided once.
 
-The common batch, every id new and containment off, needs none of the per-document
-steps of :func:`~.writes.verdicts_and_writes` (a repeat reading the verdict staged
-before it, containment fields): its verdicts follow from the matching pass's arrays,
-and its records are built list by list (:mod:`stream_dedup.index.batch_records`). On a
-shared index this runs inside the lease, where the step per document was most of the
-deciding. The one dependency between documents, a duplicate of a document indexed
-earlier in the same batch taking that document's cluster, is resolved in batch order
-over the duplicates alone.
+The common batch, every id new, needs none of the per-document steps of
+:func:`~.writes.verdicts_and_writes` (a repeat reading the verdict staged before it;
+containment's fields are added afterwards, to the verdicts they name): its verdicts
+follow from the matching pass's arrays, and its records are built list by list
+(:mod:`stream_dedup.index.batch_records`). On a shared index this runs inside the lease,
+where the step per document was most of the deciding. The one dependency between
+documents, a duplicate of a document indexed earlier in the same batch taking that
+document's cluster, is resolved in batch order over the duplicates alone.
 """
 
 from __future__ import annotations
@@ -44,8 +44,8 @@ def decided_once(
     queries: tuple[U32, I64, I64],
 ) -> tuple[list[Verdict], StagedWrite]:
     """Each document's verdict and the batch's writes, as
-    :func:`~.writes.verdicts_and_writes` gives them for a batch without repeated ids and
-    without containment; ``records`` (the candidates' records) is only read."""
+    :func:`~.writes.verdicts_and_writes` gives them for a batch without repeated ids
+    (before containment's fields); ``records`` (the candidates' records) is only read."""
     ids = [d.id for d in docs]
     live_ids = [ids[i] for i in sk.live]
     of, sim, cluster = _matches(live_ids, records, found)

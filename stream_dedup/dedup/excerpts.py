@@ -15,7 +15,7 @@ values, which the batch's commit writes with the band buckets.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -160,17 +160,22 @@ def _verify(
     if missing:
         held.records.update(index.read_records(missing))
     docnums, x_flat, x_at, x_len = payloads({n: held.records[n] for n in stored}, cache)
-    where = np.searchsorted(docnums.astype(np.int64), other)
-    b_at = np.where(in_batch, 0, x_at[np.minimum(where, max(x_at.size - 1, 0))] if stored else 0)
-    b_len = np.where(in_batch, 0, x_len[np.minimum(where, max(x_len.size - 1, 0))] if stored else 0)
-    if in_batch.any():
-        p_x = _batch_positions(found, first, other[in_batch])
-        b_at[in_batch] = sk.set_at[p_x] + x_flat.size
-        b_len[in_batch] = sk.set_len[p_x]
-    b_flat = np.concatenate([x_flat, sk.set_flat]).astype("<u4", copy=False)
-    q_len = sk.set_len[pos]
+    b_at, b_len = np.empty_like(other), np.empty_like(other)
+    outside = np.flatnonzero(~in_batch)
+    where = np.searchsorted(docnums.astype(np.int64), other[outside])
+    b_at[outside], b_len[outside] = x_at[where], x_len[where]
+    inside = np.flatnonzero(in_batch)
+    p_x = _batch_positions(found, first, other[inside]) if inside.size else inside
+    b_at[inside], b_len[inside] = sk.set_at[p_x], sk.set_len[p_x]
+    q_flat, q_at, q_len = sk.set_flat, sk.set_at[pos], sk.set_len[pos]
     need = np.ceil(level * np.minimum(q_len, b_len) - 1e-9).astype(np.int64)
-    inter = pair_intersections(sk.set_flat, sk.set_at[pos], q_len, b_flat, b_at, b_len, need)
+    inter = np.empty(pos.size, dtype=np.int64)
+    # Stored candidates' sets, then the batch's own: each against its own array, so the
+    # batch's sets (megabytes) are not copied behind the stored ones.
+    for pick, b_flat in ((outside, x_flat), (inside, q_flat)):
+        inter[pick] = pair_intersections(
+            q_flat, q_at[pick], q_len[pick], b_flat, b_at[pick], b_len[pick], need[pick]
+        )
     return inter.astype(np.float64), q_len.astype(np.float64), b_len.astype(np.float64)
 
 
@@ -203,13 +208,21 @@ def _set_sizes(
     return sizes
 
 
-def _names(docs: Sequence[Document], sk: Sketch, found: Matches, held: Held) -> dict[int, str]:
-    """The id of every docnum a relation may name: the held records' and the batch's."""
-    names = {n: r.doc_id for n, r in held.records.items()}
-    for p, n in enumerate(found.docnum.tolist()):
-        if n >= 0:
-            names[n] = docs[sk.live[p]].id
-    return names
+def _names(
+    docs: Sequence[Document], sk: Sketch, found: Matches, held: Held
+) -> Callable[[int], str]:
+    """The id of a docnum a relation names: a held record's, or a document's of the batch.
+    Asked only for the few documents ``contains`` names, not built for every docnum."""
+    records = held.records
+
+    def name(n: int) -> str:
+        record = records.get(n)
+        if record is not None:
+            return record.doc_id
+        at = int(np.flatnonzero(found.docnum == n)[0])
+        return docs[sk.live[at]].id
+
+    return name
 
 
 def _choose(
@@ -221,7 +234,7 @@ def _choose(
     contained: npt.NDArray[np.float64],
     reverse: npt.NDArray[np.float64],
     jaccard: npt.NDArray[np.float64],
-    names: dict[int, str],
+    names: Callable[[int], str],
 ) -> None:
     """Each voting document's container (highest containment, ties to the earliest) and,
     failing one, the earlier document it contains most of."""
@@ -249,7 +262,7 @@ def _choose(
         p = int(pos[k])
         if p in taken or p in out.contains:
             continue
-        out.contains[p] = (names[int(docnum[k])], round(float(r[k]), 6))
+        out.contains[p] = (names(int(docnum[k])), round(float(r[k]), 6))
 
 
 def _bucket_puts(
@@ -267,20 +280,24 @@ def _bucket_puts(
     if not grown.size:
         return NO_ORDERED_PUTS, np.empty(0, dtype=np.uint64)
     new = docnum[occ_pos[appended]]
-    order = np.lexsort((occ_pos[appended], grown))
+    pos = occ_pos[appended]
+    # By key, then batch order: the occurrences come in batch order (sampling's), where a
+    # stable sort by key alone gives it, cheaper than sorting by two keys.
+    in_order = pos.size < 2 or bool((pos[1:] >= pos[:-1]).all())
+    order = np.argsort(grown, kind="stable") if in_order else np.lexsort((pos, grown))
     grown, new = grown[order], new[order]
     starts = np.flatnonzero(np.r_[True, grown[1:] != grown[:-1]])
     touched = grown[starts]
     m_at, m_len, m_members = mine
-    ends = np.r_[starts[1:], grown.size]
-    # Most buckets written are new ones of one member: their values in one pass.
-    values: list[bytes] = new[starts].astype("<u8").view("V8").tolist()
-    longer = np.flatnonzero((m_len[touched] > 0) | (ends - starts > 1))
-    if longer.size:
-        raw_new = new.astype("<u8").tobytes()
-        raw_old = m_members.astype("<u8").tobytes()
-        at, length = m_at[touched[longer]].tolist(), m_len[touched[longer]].tolist()
-        s, e = starts[longer].tolist(), ends[longer].tolist()
-        for i, a, n, lo, hi in zip(longer.tolist(), at, length, s, e, strict=True):
-            values[i] = raw_old[8 * a : 8 * (a + n)] + raw_new[8 * lo : 8 * hi]
+    n_old, n_new = m_len[touched], np.diff(np.r_[starts, grown.size])
+    # Every value laid out in one array, each bucket's members then the batch's, and cut
+    # into values with one slice each: no Python step joining two parts per bucket.
+    size = n_old + n_new
+    out_at = np.cumsum(size) - size
+    out = np.empty(int(size.sum()), dtype="<u8")
+    out[spans(out_at, n_old)] = m_members[spans(m_at[touched], n_old)]
+    out[spans(out_at + n_old, n_new)] = new
+    raw = out.tobytes()
+    bounds = (8 * out_at).tolist(), (8 * (out_at + size)).tolist()
+    values = [raw[a:b] for a, b in zip(*bounds, strict=True)]
     return OrderedPuts([keys[k] for k in touched.tolist()], values), fps[touched]

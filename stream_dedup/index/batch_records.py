@@ -4,10 +4,10 @@ The bytes are those of :func:`~.records.encode_doc` and :func:`~.records.encode_
 for each document; they are built here list by list (ids encoded once, the text tags of
 the batch in one ``hex``, one comprehension per kind of record) because a shared index
 builds them inside its lease, where a Python call per record and per field was most of
-the deciding (``docs/shared-index.md``, "What is still serial"). Only verdicts without
-containment fields and decided once (no revision of an id decided before) are built
-here: those are nearly every verdict of a stream; the others take
-:class:`~.staged.StagedWrite`'s path one by one.
+the deciding (``docs/shared-index.md``, "What is still serial"). Only verdicts decided once
+(no revision of an id decided before) are built here: those are nearly every verdict of
+a stream; the others take :class:`~.staged.StagedWrite`'s path one by one, and those
+with containment's fields are staged again with them (:meth:`~.staged.StagedWrite.amend`).
 """
 
 from __future__ import annotations

@@ -110,6 +110,13 @@ def encode_verdict(v: Verdict, exact_key: bytes | None = None) -> bytes:
     ).encode()
 
 
+def with_containment_fields(raw: bytes, v: Verdict) -> bytes:
+    """:func:`encode_verdict`'s record of ``v``, from ``raw``, the record of ``v`` without
+    its containment fields: they are the record's last fields, so they go in before its
+    closing brace, and the fields before them are not formatted again."""
+    return raw[:-1] + _containment_fields(v).encode() + b"}"
+
+
 def _containment_fields(v: Verdict) -> str:
     """The containment fields of a verdict record (relation ``r``, containment ``ct``,
     contained document ``in``): nothing when containment is off, so such records are the

@@ -20,6 +20,7 @@ from stream_dedup.index.records import (
     encode_doc,
     encode_verdict,
     text_of,
+    with_containment_fields,
 )
 from stream_dedup.models import Verdict
 
@@ -82,6 +83,13 @@ class StagedWrite:
             counters["empty"] += 1
         raw = encode_verdict(verdict, exact_key)
         self.puts[keys.verdict_key(verdict.id)] = raw if before is None else before.extended(raw)
+
+    def amend(self, verdict: Verdict) -> None:
+        """Stage ``verdict`` in place of the verdict of the same id, decided once and
+        already staged (and counted) in this batch without containment's fields, which
+        ``verdict`` adds (the batch's records were built list by list before them)."""
+        key = keys.verdict_key(verdict.id)
+        self.puts[key] = with_containment_fields(self.puts[key], verdict)
 
     def decided(self, doc_id: str) -> StoredVerdict | None:
         """The record staged for ``doc_id`` earlier in this batch (``None``: none), every

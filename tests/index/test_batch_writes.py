@@ -86,3 +86,42 @@ def test_the_batch_built_list_by_list_equals_one_at_a_time(
         assert f.puts == s.puts
         assert list(f.puts) != [] and f.counter_deltas == s.counter_deltas
         assert f.bucket_puts[:2] == s.bucket_puts[:2]
+
+
+def test_a_containment_batch_built_list_by_list_equals_one_at_a_time(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """With containment on, the batch is built list by list and its relations added to
+    the verdicts they name: the verdicts and every staged byte are those of the
+    document-at-a-time path given the same relations."""
+    from stream_dedup.dedup import deduplicator
+    from tests.excerpts import excerpt_stream
+
+    stream = excerpt_stream(600)
+    docs = [Document(r["id"], c) for r, c in zip(stream.records, stream.contents, strict=True)]
+    config = DedupConfig(containment=0.8)
+
+    def run() -> list[BatchResult]:
+        dedup = Deduplicator(DedupIndex(MemoryBackend(), IndexParams.of(config)), config)
+        return [dedup.process(docs[at : at + 200]) for at in range(0, len(docs), 200)]
+
+    fast = run()
+    calls: list[int] = []
+
+    def slow(docs: Sequence[Document], *rest: object) -> object:
+        calls.append(len(docs))
+        *head, stats, relations = rest
+        return writes.one_by_one(docs, *head, stats, relations)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(deduplicator, "verdicts_and_writes", slow)
+    slow_results = run()
+    assert calls == [200, 200, 200]
+    verdicts = [v for r in fast for v in r.verdicts]
+    assert sum(v.relation == "excerpt" for v in verdicts) >= 20  # the relations are there
+    assert sum(v.relation == "near-duplicate" for v in verdicts) >= 20
+    assert sum(v.contains is not None for v in verdicts) >= 1
+    for f, s in zip(fast, slow_results, strict=True):
+        assert [v.to_json() for v in f.verdicts] == [v.to_json() for v in s.verdicts]
+        assert f.puts == s.puts
+        assert f.counter_deltas == s.counter_deltas
+        assert f.bucket_puts[:2] == s.bucket_puts[:2]
