@@ -4,18 +4,15 @@ A batch is a set of input ranges, ``(topic, partition) -> (first offset, last of
 (:func:`batch_ranges`); a crash replays the ranges stored as the batch's *intent*.
 
 A batch takes the messages already fetched without waiting for more: it closes when none is
-left, at ``batch.max_messages``, or ``batch.max_wait_ms`` after its first message. What it
-takes goes through the partition merge (:class:`~stream_dedup.service.ordering.PartitionMerge`),
-which releases records in document time across the assigned partitions, holding them back
-while an assigned partition has nothing buffered, is not known to be at its end, and has
-been empty for less than ``batch.max_idle_ms``. After a crash the first batch is instead
-the one the index's batch intent announces, collected until complete
-(``docs/commit-protocol.md``); normal batching resumes once it is stored
-(:meth:`Batcher.intent_done`).
+left, at ``batch.max_messages``, or ``batch.max_wait_ms`` after its first message, and goes
+through the partition merge (:class:`~stream_dedup.service.ordering.PartitionMerge`): records
+in document time across the assigned partitions, held back while an assigned partition has
+nothing buffered, is not known to be at its end, and has been empty for less than
+``batch.max_idle_ms``. After a crash the first batch is the one the index's intent announces,
+collected until complete (``docs/commit-protocol.md``), then batching resumes.
 
-The :class:`Batcher` is the collecting half of a batch's life; its owner,
-:class:`~stream_dedup.service.lifecycle.BatchLife`, is the only caller of its verbs
-(assign, forget, put back, abandon, intent done), so its state changes in this file only.
+The :class:`Batcher` collects; :class:`~stream_dedup.service.lifecycle.BatchLife` alone calls
+its verbs, so its state changes in this file only.
 """
 
 from __future__ import annotations
