@@ -261,9 +261,10 @@ def main() -> int:
     )
     p.add_argument(
         "--checks",
-        choices=("process", "inline"),
+        choices=("process", "readers", "inline"),
         default="process",
-        help="answered by the check process (default) or in the service's process",
+        help="answered by the check process (default), by it with two RocksDB readers "
+        "(http.check_readers), or in the service's process",
     )
     p.add_argument("--json", metavar="FILE", help="also write the results as JSON")
     args = p.parse_args()
@@ -294,8 +295,10 @@ def main() -> int:
         with tempfile.TemporaryDirectory(prefix="bench-check-") as tmp:
             run = Run(bootstrap, Path(tmp), args, kafka)
             text = run.config.read_text(encoding="utf-8")
-            args.check_port = free_port() if args.checks == "process" else run.port
-            http = f"check_process = {str(args.checks == 'process').lower()}\n"
+            in_process = args.checks != "inline"
+            args.check_port = free_port() if in_process else run.port
+            http = f"check_process = {str(in_process).lower()}\n"
+            http += f"check_readers = {str(args.checks == 'readers').lower()}\n"
             http += f"check_port = {args.check_port}\n"
             text = text.replace("[http]\n", "[http]\n" + http, 1)
             if args.switch_interval_ms is not None:
