@@ -55,9 +55,10 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from bench_procs import SchedSampler, answering_pid, cpu_s, reader_pids
+from bench_procs import SchedSampler, answering_pid, reader_pids
 from bench_service import Run, documents, free_port, produce_all, quantile, scrape
 from confluent_kafka import Producer
+from cpu_time import cpu_s
 
 from stream_dedup.tools.broker import TANSU_CONSUMER_SETTINGS, EmbeddedBroker
 

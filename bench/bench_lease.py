@@ -40,7 +40,7 @@ from pathlib import Path
 from typing import Any
 
 from bench_service import documents
-from bench_shared import redis_cpu_s
+from cpu_time import redis_cpu_s
 
 from stream_dedup.core.config import DedupConfig
 from stream_dedup.dedup import Deduplicator

@@ -3,7 +3,6 @@ their CPU, and their threads' time on a CPU and on a run queue (``/proc``, Linux
 
 from __future__ import annotations
 
-import os
 import threading
 from pathlib import Path
 
@@ -39,18 +38,6 @@ def reader_pids(pid: int) -> list[int]:
         if ppid == pid and b"check_reader" in cmdline:
             out.append(int(stat.parent.name))
     return out
-
-
-def cpu_s(pids: list[int]) -> float:
-    """User and system CPU seconds of ``pids`` (one that ended counts 0)."""
-    total = 0.0
-    for pid in pids:
-        try:
-            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-    return total
 
 
 def sched_ns(pid: int) -> dict[str, tuple[int, int]]:

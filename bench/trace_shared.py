@@ -35,7 +35,8 @@ from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
-from bench_shared import config_text, host_cpu_s, redis_cpu_s, tree_cpu_s
+from bench_shared import config_text
+from cpu_time import host_cpu_s, redis_cpu_s, tree_cpu_s
 from service_run import documents, produce_all, scrape
 
 from stream_dedup.tools import redis_local
