@@ -60,6 +60,8 @@ class SetCache:
         self.asked = 0
         self.rebuilt = 0
         self.skipped = 0
+        #: Docnums below this may be served without their records (:meth:`trust_below`).
+        self._trusted = 0
 
     def __len__(self) -> int:
         return sum(g.docnums.size for g in self._generations)
@@ -72,9 +74,70 @@ class SetCache:
     def sets(self, docnums: Sequence[int], payloads: Sequence[bytes]) -> list[U32]:
         """The verification set of each document (``docnums[i]`` storing ``payloads[i]``):
         from the cache, or rebuilt (and kept)."""
-        found: list[U32 | None] = [None] * len(payloads)
-        renew: list[int] = []  # found in the older half: copied into the newest generation
         wanted = np.asarray(docnums, dtype=np.int64)
+        found, _, renew = self._find(wanted, payloads)
+        missing = [i for i, s in enumerate(found) if s is None]
+        self.asked += len(payloads)
+        self.rebuilt += len(missing)
+        rebuilt: U32 | None = None
+        if missing:
+            rebuilt, sizes = payload_sets([payloads[i] for i in missing], self.config)
+            ends = np.cumsum(sizes).tolist()
+            for i, e, n in zip(missing, ends, sizes.tolist(), strict=True):
+                found[i] = rebuilt[e - n : e]
+        if (missing or renew) and self.max_bytes > 0:
+            self._keep_found(wanted, payloads, found, missing, renew, rebuilt)
+        return found  # type: ignore[return-value]
+
+    def trust_below(self, first: int) -> None:
+        """Let :meth:`committed_sets` serve the sets of docnums below ``first`` (the index's
+        count of committed documents) without their records, and drop every generation
+        holding a docnum from ``first`` on.
+
+        Only for an index this deduplicator alone writes, called before each batch is
+        decided. A set is kept before its batch commits; a batch that never commits
+        leaves sets under docnums the next batch gives out again, to other texts. Such
+        sets are at or above the committed count when the next batch starts, so they go
+        here, before any later commit could make them look committed; what stays below
+        ``first`` was kept from a committed batch or rebuilt from a committed record,
+        and a committed record never changes (docnums are not given out twice). On a
+        shared index another instance commits docnums this one gave out and dropped, so
+        nothing is trusted there: its sets are served by :meth:`sets` alone.
+        """
+        stale = [g for g in self._generations if g.docnums.size and g.docnums[-1] >= first]
+        for g in stale:
+            self._generations.remove(g)
+            self._bytes -= g.nbytes
+        self._trusted = first
+
+    def committed_sets(self, docnums: Sequence[int]) -> list[U32 | None]:
+        """The sets held for ``docnums`` that :meth:`trust_below` vouches for, without the
+        records' payloads to compare (``None``: not held, or not vouched for). Reading a
+        candidate's record only to learn that the cache holds its set cost ~5 µs; the
+        record is still read for the sets not held, and for the candidates a verdict
+        names."""
+        wanted = np.asarray(docnums, dtype=np.int64)
+        if not wanted.size or self._trusted <= 0:
+            return [None] * wanted.size
+        found, stored, renew = self._find(wanted, None)
+        untrusted = np.flatnonzero(wanted >= self._trusted).tolist()
+        for i in untrusted:
+            found[i] = None
+        renew = [i for i in renew if found[i] is not None]
+        self.asked += sum(s is not None for s in found)
+        if renew and self.max_bytes > 0:
+            self._keep_found(wanted, stored, found, [], renew, None)  # type: ignore[arg-type]
+        return found
+
+    def _find(
+        self, wanted: I64, payloads: Sequence[bytes] | None
+    ) -> tuple[list[U32 | None], list[bytes | None], list[int]]:
+        """The sets held for ``wanted``, newest generation first, each served when its
+        payload equals ``payloads[i]`` (``None``: served unchecked), with the payloads
+        they were made from, and those found in the older half of the generations."""
+        found: list[U32 | None] = [None] * wanted.size
+        stored_of: list[bytes | None] = [None] * wanted.size
+        renew: list[int] = []  # found in the older half: copied into the newest generation
         open_ = np.ones(wanted.size, dtype=bool)
         generations = self._generations
         old = len(generations) // 2
@@ -93,24 +156,14 @@ class SetCache:
                 g.length[j_hit].tolist(),
                 strict=True,
             ):
-                if stored[j] == payloads[i]:
+                if payloads is None or stored[j] == payloads[i]:
                     found[i] = flat[at : at + n]
+                    stored_of[i] = stored[j]
                     matched.append(i)
             open_[matched] = False
             if age < old:
                 renew += matched
-        missing = np.flatnonzero(open_).tolist()
-        self.asked += len(payloads)
-        self.rebuilt += len(missing)
-        rebuilt: U32 | None = None
-        if missing:
-            rebuilt, sizes = payload_sets([payloads[i] for i in missing], self.config)
-            ends = np.cumsum(sizes).tolist()
-            for i, e, n in zip(missing, ends, sizes.tolist(), strict=True):
-                found[i] = rebuilt[e - n : e]
-        if (missing or renew) and self.max_bytes > 0:
-            self._keep_found(wanted, payloads, found, missing, renew, rebuilt)
-        return found  # type: ignore[return-value]
+        return found, stored_of, renew
 
     def _keep_found(
         self,

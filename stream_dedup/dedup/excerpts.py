@@ -30,12 +30,13 @@ from stream_dedup.core.containment import (
     spans,
     vote,
 )
+from stream_dedup.core.hashing import U32
 from stream_dedup.core.lookup_keys import band_bucket_keys
 from stream_dedup.core.match import I64, Matches
 from stream_dedup.core.set_cache import SetCache
 from stream_dedup.core.sketch import Sketch
 from stream_dedup.dedup.full_buckets import FullBuckets
-from stream_dedup.dedup.reads import Held, payloads
+from stream_dedup.dedup.reads import Held, joined, payload_arrays
 from stream_dedup.index.backend import NO_ORDERED_PUTS, OrderedPuts
 from stream_dedup.index.bucket_records import Members
 from stream_dedup.index.store import DedupIndex
@@ -111,6 +112,10 @@ def find_excerpts(
         contained = np.where(q_len > 0, inter / q_len, 0.0)
         reverse = np.where(x_len > 0, inter / x_len, 0.0)
         jaccard = inter / (q_len + x_len - inter)
+    _read_named(
+        index, held, index.counter("indexed"), votes.docnum,
+        contained[:n_votes], reverse[:n_votes], config.containment,
+    )  # fmt: skip
     names = _names(docs, sk, found, held)
     for p, c in zip(dup.tolist(), contained[n_votes:].tolist(), strict=True):
         out.relation[p] = (Relation.NEAR_DUPLICATE, round(c, 6))
@@ -156,13 +161,10 @@ def _verify(
     first = index.counter("indexed")
     in_batch = other >= first
     stored = np.unique(other[~in_batch]).tolist()
-    missing = [n for n in stored if n not in held.records]
-    if missing:
-        held.records.update(index.read_records(missing))
-    docnums, x_flat, x_at, x_len = payloads({n: held.records[n] for n in stored}, cache)
+    x_flat, x_at, x_len = _stored_sets(index, stored, held, cache)
     b_at, b_len = np.empty_like(other), np.empty_like(other)
     outside = np.flatnonzero(~in_batch)
-    where = np.searchsorted(docnums.astype(np.int64), other[outside])
+    where = np.searchsorted(np.asarray(stored, dtype=np.int64), other[outside])
     b_at[outside], b_len[outside] = x_at[where], x_len[where]
     inside = np.flatnonzero(in_batch)
     p_x = _batch_positions(found, first, other[inside]) if inside.size else inside
@@ -177,6 +179,44 @@ def _verify(
             q_flat, q_at[pick], q_len[pick], b_flat, b_at[pick], b_len[pick], need[pick]
         )
     return inter.astype(np.float64), q_len.astype(np.float64), b_len.astype(np.float64)
+
+
+def _stored_sets(
+    index: DedupIndex, stored: list[int], held: Held, cache: SetCache
+) -> tuple[U32, I64, I64]:
+    """The verification sets of the indexed documents ``stored`` (ascending), end to end.
+
+    Most candidates fail verification, and the cache holds most of their sets: those it
+    vouches for (:meth:`SetCache.committed_sets`) are served without reading their records;
+    the others' records are read and join ``held.records``. A candidate that verifies has
+    its record read afterwards (:func:`_read_named`), where a verdict names it.
+    """
+    records = held.records
+    unheld = [n for n in stored if n not in records]
+    cached = dict(zip(unheld, cache.committed_sets(unheld), strict=True))
+    missing = [n for n in unheld if cached[n] is None]
+    if missing:
+        records.update(index.read_records(missing))
+    rest = {n: records[n] for n in stored if cached.get(n) is None}
+    rebuilt = iter(payload_arrays(rest, cache))
+    return joined([s if (s := cached.get(n)) is not None else next(rebuilt) for n in stored])
+
+
+def _read_named(
+    index: DedupIndex,
+    held: Held,
+    first: int,
+    other: I64,
+    contained: npt.NDArray[np.float64],
+    reverse: npt.NDArray[np.float64],
+    level: float,
+) -> None:
+    """Read the records of the stored candidates that a verdict may name (a containment
+    either way at ``level``) and that :func:`_stored_sets` left unread."""
+    named = np.unique(other[(other < first) & ((contained >= level) | (reverse >= level))])
+    wanted = [n for n in named.tolist() if n not in held.records]
+    if wanted:
+        held.records.update(index.read_records(wanted))
 
 
 def _batch_positions(found: Matches, first: int, docnums: I64) -> I64:
