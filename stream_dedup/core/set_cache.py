@@ -104,10 +104,10 @@ class SetCache:
         shared index another instance commits docnums this one gave out and dropped, so
         nothing is trusted there: its sets are served by :meth:`sets` alone.
         """
-        stale = [g for g in self._generations if g.docnums.size and g.docnums[-1] >= first]
-        for g in stale:
-            self._generations.remove(g)
-            self._bytes -= g.nbytes
+        kept = [g for g in self._generations if not g.docnums.size or g.docnums[-1] < first]
+        if len(kept) < len(self._generations):
+            self._generations = kept
+            self._bytes = sum(g.nbytes for g in kept)
         self._trusted = first
 
     def committed_sets(self, docnums: Sequence[int]) -> list[U32 | None]:
