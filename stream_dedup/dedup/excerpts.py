@@ -160,46 +160,66 @@ def _verify(
     otherwise (verification gives up on a pair that cannot reach it)."""
     first = index.counter("indexed")
     in_batch = other >= first
-    stored = np.unique(other[~in_batch]).tolist()
-    x_flat, x_at, x_len = _stored_sets(index, stored, held, cache)
+    stored = np.unique(other[~in_batch])
+    x_source, x_flats, x_at, x_len = _stored_sets(index, stored.tolist(), held, cache)
     b_at, b_len = np.empty_like(other), np.empty_like(other)
+    # Each pair's candidate set lies in one of the stored sets' arrays, or in the batch's
+    # own (q_flat, last): each array is merged against in place, with no copy.
+    b_source = np.full(other.size, len(x_flats), dtype=np.int64)
     outside = np.flatnonzero(~in_batch)
-    where = np.searchsorted(np.asarray(stored, dtype=np.int64), other[outside])
+    where = np.searchsorted(stored, other[outside])
     b_at[outside], b_len[outside] = x_at[where], x_len[where]
+    b_source[outside] = x_source[where]
     inside = np.flatnonzero(in_batch)
     p_x = _batch_positions(found, first, other[inside]) if inside.size else inside
     b_at[inside], b_len[inside] = sk.set_at[p_x], sk.set_len[p_x]
     q_flat, q_at, q_len = sk.set_flat, sk.set_at[pos], sk.set_len[pos]
     need = np.ceil(level * np.minimum(q_len, b_len) - 1e-9).astype(np.int64)
     inter = np.empty(pos.size, dtype=np.int64)
-    # Stored candidates' sets, then the batch's own: each against its own array, so the
-    # batch's sets (megabytes) are not copied behind the stored ones.
-    for pick, b_flat in ((outside, x_flat), (inside, q_flat)):
-        inter[pick] = pair_intersections(
-            q_flat, q_at[pick], q_len[pick], b_flat, b_at[pick], b_len[pick], need[pick]
-        )
+    by_source = np.argsort(b_source, kind="stable")
+    bounds = np.searchsorted(b_source[by_source], np.arange(len(x_flats) + 2))
+    for k, b_flat in enumerate([*x_flats, q_flat]):
+        pick = by_source[bounds[k] : bounds[k + 1]]
+        if pick.size:
+            inter[pick] = pair_intersections(
+                q_flat, q_at[pick], q_len[pick], b_flat, b_at[pick], b_len[pick], need[pick]
+            )
     return inter.astype(np.float64), q_len.astype(np.float64), b_len.astype(np.float64)
 
 
 def _stored_sets(
     index: DedupIndex, stored: list[int], held: Held, cache: SetCache
-) -> tuple[U32, I64, I64]:
-    """The verification sets of the indexed documents ``stored`` (ascending), end to end.
+) -> tuple[I64, list[U32], I64, I64]:
+    """Where the verification sets of the indexed documents ``stored`` (ascending) lie:
+    per document, which of the returned arrays holds it, its start and its length there.
 
     Most candidates fail verification, and the cache holds most of their sets: those it
-    vouches for (:meth:`SetCache.committed_sets`) are served without reading their records;
-    the others' records are read and join ``held.records``. A candidate that verifies has
-    its record read afterwards (:func:`_read_named`), where a verdict names it.
+    vouches for (:meth:`SetCache.committed_spans`) are served in place, without reading
+    their records; the others' records are read and join ``held.records``, and their
+    sets are put end to end in the last array. A candidate that verifies has its record
+    read afterwards (:func:`_read_named`), where a verdict names it.
     """
     records = held.records
     unheld = [n for n in stored if n not in records]
-    cached = dict(zip(unheld, cache.committed_sets(unheld), strict=True))
-    missing = [n for n in unheld if cached[n] is None]
+    c_source, flats, c_at, c_len = cache.committed_spans(unheld)
+    served = c_source >= 0
+    missing = [n for n, s in zip(unheld, served.tolist(), strict=True) if not s]
     if missing:
         records.update(index.read_records(missing))
-    rest = {n: records[n] for n in stored if cached.get(n) is None}
-    rebuilt = iter(payload_arrays(rest, cache))
-    return joined([s if (s := cached.get(n)) is not None else next(rebuilt) for n in stored])
+    wanted = np.asarray(stored, dtype=np.int64)
+    from_cache = np.searchsorted(wanted, np.asarray(unheld, dtype=np.int64)[served])
+    rest = np.ones(wanted.size, dtype=bool)
+    rest[from_cache] = False
+    r_flat, r_at, r_len = joined(
+        payload_arrays({n: records[n] for n in wanted[rest].tolist()}, cache)
+    )
+    source = np.full(wanted.size, len(flats), dtype=np.int64)
+    at, length = np.empty_like(source), np.empty_like(source)
+    source[from_cache], at[from_cache], length[from_cache] = (
+        c_source[served], c_at[served], c_len[served],
+    )  # fmt: skip
+    at[rest], length[rest] = r_at, r_len
+    return source, [*flats, r_flat], at, length
 
 
 def _read_named(

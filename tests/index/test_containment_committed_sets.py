@@ -1,4 +1,4 @@
-"""Candidates' sets served from the cache without their records (``SetCache.committed_sets``):
+"""Candidates' sets served from the cache without their records (``SetCache.committed_spans``):
 the same decisions and the same index as reading every candidate's record, fewer records
 read, and nothing served from a batch that was never committed."""
 
@@ -6,9 +6,12 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
+import numpy as np
 import pytest
 
 from stream_dedup.core.config import DedupConfig
+from stream_dedup.core.hashing import U32
+from stream_dedup.core.shingles import I64
 from stream_dedup.dedup import Deduplicator
 from stream_dedup.index import Backend, DedupIndex
 from stream_dedup.index.memory import MemoryBackend
@@ -33,7 +36,12 @@ def deduplicator(backend: Backend, served: bool) -> tuple[Deduplicator, list[int
     index = DedupIndex(backend, IndexParams.of(cfg))
     dedup = Deduplicator(index, cfg)
     if not served:
-        dedup.set_cache.committed_sets = lambda nums: [None] * len(nums)  # type: ignore[method-assign]
+
+        def none_held(docnums: Sequence[int]) -> tuple[I64, list[U32], I64, I64]:
+            n = len(docnums)
+            return np.full(n, -1, dtype=np.int64), [], np.zeros(n, np.int64), np.zeros(n, np.int64)
+
+        dedup.set_cache.committed_spans = none_held  # type: ignore[method-assign]
     reads: list[int] = []
     read_records = index.read_records
 
