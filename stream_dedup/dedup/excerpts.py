@@ -26,7 +26,7 @@ from stream_dedup.core.containment import (
     SAMPLE_BAND,
     SampledBuckets,
     pair_intersections,
-    sample_keys,
+    sample_unknown,
     spans,
     vote,
 )
@@ -79,13 +79,14 @@ def find_excerpts(
     to be in full buckets, left unread (and kept up to date)."""
     params = index.params
     out = Relations()
-    occ_pos, values = sample_keys(
-        sk.set_flat, sk.set_at, sk.set_len, params.containment_rate, config.seed
-    )
     cutoff = index.cutoff()
-    if full is not None:  # before the sort of np.unique: most occurrences go here
-        unknown = ~full.known(values, epoch, cutoff)
-        occ_pos, values = occ_pos[unknown], values[unknown]
+    # Values known full are left out as they are sampled: most occurrences go there.
+    skip = None if full is None else full.current(epoch, cutoff)
+    occ_pos, values, unread = sample_unknown(
+        sk.set_flat, sk.set_at, sk.set_len, params.containment_rate, config.seed, skip
+    )
+    if full is not None:
+        full.left_unread += unread
     uniq, occ_key = np.unique(values, return_inverse=True)
     keys, fps = band_bucket_keys(SAMPLE_BAND, uniq)
     mine, older = index.read_bucket_members(keys, fps, epoch)
