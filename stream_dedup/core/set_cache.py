@@ -16,7 +16,10 @@ as with least-recently-used order.
 Sets are found by docnum and hold the payload they were made from: a set serves a record
 only when the record's payload is equal (a ``memcmp``), and equal payloads are equal
 texts. So a docnum given to another document (a shared index's batch decided again
-elsewhere) cannot find a stale set.
+elsewhere) cannot find a stale set. On an index one deduplicator alone writes, the sets
+of committed docnums are also served without the record (:meth:`SetCache.trust_below`,
+:meth:`SetCache.committed_spans`): containment's candidates, most of which fail, then
+need no record read.
 """
 
 from __future__ import annotations
