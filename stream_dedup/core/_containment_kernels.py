@@ -152,19 +152,34 @@ def count_votes(
 
 @kernel
 def sample_flat(
-    flat: U32, at: I64, length: I64, salt: np.uint64, below: np.uint64, pos: I64, values: U64
+    flat: U32,
+    at: I64,
+    length: I64,
+    salt: np.uint64,
+    below: np.uint64,
+    skip: U64,
+    pos: I64,
+    values: U64,
+    skipped: I64,
 ) -> int:
     """The sampled values of sets ``flat[at[p]:][:length[p]]`` (see
     :func:`stream_dedup.core.containment.sample_keys`, whose rule this is: the top bits of
     ``(v ^ salt) * 0x9E3779B1 mod 2^32`` zero, that is the product ``< below``) into
-    ``pos``/``values``; returns how many. One pass instead of numpy's five over every
-    value of the batch, in unsigned 64-bit arithmetic only (numba turns a comparison of
-    unsigned and signed integers into one of floats)."""
+    ``pos``/``values``, leaving out those in ``skip`` (sorted, counted in
+    ``skipped[0]``); returns how many were kept. One pass instead of numpy's five over
+    every value of the batch, in unsigned 64-bit arithmetic only (numba turns a
+    comparison of unsigned and signed integers into one of floats)."""
     n = 0
+    n_skip = skip.size
     for p in range(at.size):
         for i in range(at[p], at[p] + length[p]):
             v = np.uint64(flat[i])
             if ((v ^ salt) * _GOLDEN) & _LOW32 < below:
+                if n_skip:
+                    k = np.searchsorted(skip, v)
+                    if k < n_skip and skip[k] == v:
+                        skipped[0] += 1
+                        continue
                 pos[n] = p
                 values[n] = v
                 n += 1

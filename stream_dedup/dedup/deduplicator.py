@@ -141,6 +141,8 @@ class Deduplicator:
         sk = sketched if sketched is not None else self.sketch(docs)
         if sk.size != len(docs):
             raise ValueError("the sketch handed in is not the sketch of these documents")
+        if not self.index.shared:  # sets of a batch never committed go (see trust_below)
+            self.set_cache.trust_below(self.index.counter("indexed"))
         known = read_known(self.index, docs, sk, self.config.revisions)
         epoch = self.index.batch_epoch()
         held = read_held(self.index, sk, known, epoch)

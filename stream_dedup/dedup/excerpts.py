@@ -26,16 +26,17 @@ from stream_dedup.core.containment import (
     SAMPLE_BAND,
     SampledBuckets,
     pair_intersections,
-    sample_keys,
+    sample_unknown,
     spans,
     vote,
 )
+from stream_dedup.core.hashing import U32
 from stream_dedup.core.lookup_keys import band_bucket_keys
 from stream_dedup.core.match import I64, Matches
 from stream_dedup.core.set_cache import SetCache
 from stream_dedup.core.sketch import Sketch
 from stream_dedup.dedup.full_buckets import FullBuckets
-from stream_dedup.dedup.reads import Held, payloads
+from stream_dedup.dedup.reads import Held, joined, payload_arrays
 from stream_dedup.index.backend import NO_ORDERED_PUTS, OrderedPuts
 from stream_dedup.index.bucket_records import Members
 from stream_dedup.index.store import DedupIndex
@@ -78,13 +79,14 @@ def find_excerpts(
     to be in full buckets, left unread (and kept up to date)."""
     params = index.params
     out = Relations()
-    occ_pos, values = sample_keys(
-        sk.set_flat, sk.set_at, sk.set_len, params.containment_rate, config.seed
-    )
     cutoff = index.cutoff()
-    if full is not None:  # before the sort of np.unique: most occurrences go here
-        unknown = ~full.known(values, epoch, cutoff)
-        occ_pos, values = occ_pos[unknown], values[unknown]
+    # Values known full are left out as they are sampled: most occurrences go there.
+    skip = None if full is None else full.current(epoch, cutoff)
+    occ_pos, values, unread = sample_unknown(
+        sk.set_flat, sk.set_at, sk.set_len, params.containment_rate, config.seed, skip
+    )
+    if full is not None:
+        full.left_unread += unread
     uniq, occ_key = np.unique(values, return_inverse=True)
     keys, fps = band_bucket_keys(SAMPLE_BAND, uniq)
     mine, older = index.read_bucket_members(keys, fps, epoch)
@@ -111,6 +113,10 @@ def find_excerpts(
         contained = np.where(q_len > 0, inter / q_len, 0.0)
         reverse = np.where(x_len > 0, inter / x_len, 0.0)
         jaccard = inter / (q_len + x_len - inter)
+    _read_named(
+        index, held, index.counter("indexed"), votes.docnum,
+        contained[:n_votes], reverse[:n_votes], config.containment,
+    )  # fmt: skip
     names = _names(docs, sk, found, held)
     for p, c in zip(dup.tolist(), contained[n_votes:].tolist(), strict=True):
         out.relation[p] = (Relation.NEAR_DUPLICATE, round(c, 6))
@@ -155,28 +161,83 @@ def _verify(
     otherwise (verification gives up on a pair that cannot reach it)."""
     first = index.counter("indexed")
     in_batch = other >= first
-    stored = np.unique(other[~in_batch]).tolist()
-    missing = [n for n in stored if n not in held.records]
-    if missing:
-        held.records.update(index.read_records(missing))
-    docnums, x_flat, x_at, x_len = payloads({n: held.records[n] for n in stored}, cache)
+    stored = np.unique(other[~in_batch])
+    x_source, x_flats, x_at, x_len = _stored_sets(index, stored.tolist(), held, cache)
     b_at, b_len = np.empty_like(other), np.empty_like(other)
+    # Each pair's candidate set lies in one of the stored sets' arrays, or in the batch's
+    # own (q_flat, last): each array is merged against in place, with no copy.
+    b_source = np.full(other.size, len(x_flats), dtype=np.int64)
     outside = np.flatnonzero(~in_batch)
-    where = np.searchsorted(docnums.astype(np.int64), other[outside])
+    where = np.searchsorted(stored, other[outside])
     b_at[outside], b_len[outside] = x_at[where], x_len[where]
+    b_source[outside] = x_source[where]
     inside = np.flatnonzero(in_batch)
     p_x = _batch_positions(found, first, other[inside]) if inside.size else inside
     b_at[inside], b_len[inside] = sk.set_at[p_x], sk.set_len[p_x]
     q_flat, q_at, q_len = sk.set_flat, sk.set_at[pos], sk.set_len[pos]
     need = np.ceil(level * np.minimum(q_len, b_len) - 1e-9).astype(np.int64)
     inter = np.empty(pos.size, dtype=np.int64)
-    # Stored candidates' sets, then the batch's own: each against its own array, so the
-    # batch's sets (megabytes) are not copied behind the stored ones.
-    for pick, b_flat in ((outside, x_flat), (inside, q_flat)):
-        inter[pick] = pair_intersections(
-            q_flat, q_at[pick], q_len[pick], b_flat, b_at[pick], b_len[pick], need[pick]
-        )
+    by_source = np.argsort(b_source, kind="stable")
+    bounds = np.searchsorted(b_source[by_source], np.arange(len(x_flats) + 2))
+    for k, b_flat in enumerate([*x_flats, q_flat]):
+        pick = by_source[bounds[k] : bounds[k + 1]]
+        if pick.size:
+            inter[pick] = pair_intersections(
+                q_flat, q_at[pick], q_len[pick], b_flat, b_at[pick], b_len[pick], need[pick]
+            )
     return inter.astype(np.float64), q_len.astype(np.float64), b_len.astype(np.float64)
+
+
+def _stored_sets(
+    index: DedupIndex, stored: list[int], held: Held, cache: SetCache
+) -> tuple[I64, list[U32], I64, I64]:
+    """Where the verification sets of the indexed documents ``stored`` (ascending) lie:
+    per document, which of the returned arrays holds it, its start and its length there.
+
+    Most candidates fail verification, and the cache holds most of their sets: those it
+    vouches for (:meth:`SetCache.committed_spans`) are served in place, without reading
+    their records; the others' records are read and join ``held.records``, and their
+    sets are put end to end in the last array. A candidate that verifies has its record
+    read afterwards (:func:`_read_named`), where a verdict names it.
+    """
+    records = held.records
+    unheld = [n for n in stored if n not in records]
+    c_source, flats, c_at, c_len = cache.committed_spans(unheld)
+    served = c_source >= 0
+    missing = [n for n, s in zip(unheld, served.tolist(), strict=True) if not s]
+    if missing:
+        records.update(index.read_records(missing))
+    wanted = np.asarray(stored, dtype=np.int64)
+    from_cache = np.searchsorted(wanted, np.asarray(unheld, dtype=np.int64)[served])
+    rest = np.ones(wanted.size, dtype=bool)
+    rest[from_cache] = False
+    r_flat, r_at, r_len = joined(
+        payload_arrays({n: records[n] for n in wanted[rest].tolist()}, cache)
+    )
+    source = np.full(wanted.size, len(flats), dtype=np.int64)
+    at, length = np.empty_like(source), np.empty_like(source)
+    source[from_cache], at[from_cache], length[from_cache] = (
+        c_source[served], c_at[served], c_len[served],
+    )  # fmt: skip
+    at[rest], length[rest] = r_at, r_len
+    return source, [*flats, r_flat], at, length
+
+
+def _read_named(
+    index: DedupIndex,
+    held: Held,
+    first: int,
+    other: I64,
+    contained: npt.NDArray[np.float64],
+    reverse: npt.NDArray[np.float64],
+    level: float,
+) -> None:
+    """Read the records of the stored candidates that a verdict may name (a containment
+    either way at ``level``) and that :func:`_stored_sets` left unread."""
+    named = np.unique(other[(other < first) & ((contained >= level) | (reverse >= level))])
+    wanted = [n for n in named.tolist() if n not in held.records]
+    if wanted:
+        held.records.update(index.read_records(wanted))
 
 
 def _batch_positions(found: Matches, first: int, docnums: I64) -> I64:

@@ -54,15 +54,21 @@ class FullBuckets:
         """Which of ``values`` (in any order, repeats allowed) are known full for a batch
         writing to ``epoch`` with retention's ``cutoff``; forgets everything that may no
         longer hold."""
-        if epoch != self._epoch or cutoff > self._floor:
-            self._epoch, self._floor = epoch, np.iinfo(np.int64).max
-            self._values = np.empty(0, dtype=np.uint64)
+        self.current(epoch, cutoff)
         if not self._values.size or not values.size:
             return np.zeros(values.size, dtype=bool)
         at = np.minimum(np.searchsorted(self._values, values), self._values.size - 1)
         hit: npt.NDArray[np.bool_] = self._values[at] == values
         self.left_unread += int(hit.sum())
         return hit
+
+    def current(self, epoch: int, cutoff: int) -> U64:
+        """The values known full for a batch writing to ``epoch`` with retention's
+        ``cutoff`` (sorted), after forgetting everything that may no longer hold."""
+        if epoch != self._epoch or cutoff > self._floor:
+            self._epoch, self._floor = epoch, np.iinfo(np.int64).max
+            self._values = np.empty(0, dtype=np.uint64)
+        return self._values
 
     def learn(self, values: U64, mine: Members) -> None:
         """Remember the ``values`` (sorted, one per key read) whose committed bucket in

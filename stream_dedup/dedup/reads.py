@@ -146,13 +146,27 @@ def payloads(
     the threshold with any document that meets it.
     """
     docnums = np.fromiter(records, dtype=np.uint64, count=len(records))
+    flat, at, lengths = joined(payload_arrays(records, cache, needed))
+    return docnums, flat, at, lengths
+
+
+def joined(arrays: Sequence[U32]) -> tuple[U32, I64, I64]:
+    """``arrays`` end to end, as ``(flat, start, length)``."""
+    lengths = np.fromiter((a.size for a in arrays), dtype=np.int64, count=len(arrays))
+    flat = np.concatenate(arrays).astype("<u4", copy=False) if arrays else np.empty(0, "<u4")
+    return flat, np.cumsum(lengths) - lengths, lengths
+
+
+def payload_arrays(
+    records: dict[int, DocRecord],
+    cache: SetCache | None = None,
+    needed: npt.NDArray[np.bool_] | None = None,
+) -> list[U32]:
+    """Each record's verification payload, as :func:`payloads` gives them."""
     held = list(records.values())
     texts = [r.payload for r in held if r.text]
     if not texts:
-        raw = [r.payload for r in held]
-        flat = np.frombuffer(b"".join(raw), dtype="<u4")
-        lengths = np.fromiter(map(len, raw), dtype=np.int64, count=len(raw)) >> 2
-        return docnums, flat, np.cumsum(lengths) - lengths, lengths
+        return [np.frombuffer(r.payload, dtype="<u4") for r in held]
     if cache is None:
         raise ValueError("records hold compressed texts: a SetCache must rebuild their sets")
     if needed is None:
@@ -165,10 +179,7 @@ def payloads(
     text_docnums = [d for d, w in zip(records, wanted, strict=True) if w]
     rebuilt = iter(cache.sets(text_docnums, texts))
     empty = np.empty(0, dtype="<u4")
-    arrays = [
+    return [
         next(rebuilt) if w else empty if r.text else np.frombuffer(r.payload, dtype="<u4")
         for r, w in zip(held, wanted, strict=True)
     ]
-    lengths = np.fromiter((a.size for a in arrays), dtype=np.int64, count=len(arrays))
-    flat = np.concatenate(arrays).astype("<u4", copy=False) if arrays else np.empty(0, "<u4")
-    return docnums, flat, np.cumsum(lengths) - lengths, lengths

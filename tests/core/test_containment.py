@@ -18,6 +18,7 @@ from stream_dedup.core.containment import (
     SampledBuckets,
     pair_intersections,
     sample_keys,
+    sample_unknown,
     sampled,
     spans,
     vote,
@@ -41,6 +42,27 @@ def test_sampling_is_consistent_and_near_its_rate() -> None:
             pos, values = sample_keys(big, at, length, 16, 1)
         assert values.tolist() == sampled(big, 16, 1).tolist()
         assert pos.tolist() == [0 if v in set(big[:100].tolist()) else 1 for v in values.tolist()]
+
+
+def test_values_known_full_are_left_out_as_sampled() -> None:
+    """``skip`` leaves out exactly the occurrences of its values, in both forms, and
+    counts them: what sampling everything and dropping them after gives."""
+    rng = np.random.default_rng(4)
+    flat = rng.integers(0, 2**32, 30_000, dtype=np.uint64).astype(np.uint32)
+    flat[10_000:20_000] = flat[:10_000]  # repeated values: a skipped one occurs twice
+    at = np.array([0, 10_000, 20_000], dtype=np.int64)
+    length = np.full(3, 10_000, dtype=np.int64)
+    all_pos, all_values = sample_keys(flat, at, length, 16, 1)
+    skip = np.unique(all_values[::3])
+    dropped = np.isin(all_values, skip)
+    assert dropped.sum() > skip.size  # skipped values occur in two sets
+    for compiled in (False, True):
+        with jit.forced(compiled):
+            pos, values, skipped = sample_unknown(flat, at, length, 16, 1, skip)
+            assert sample_unknown(flat, at, length, 16, 1, None)[2] == 0
+        assert values.tolist() == all_values[~dropped].tolist()
+        assert pos.tolist() == all_pos[~dropped].tolist()
+        assert skipped == int(dropped.sum())
 
 
 def test_spans() -> None:

@@ -220,3 +220,38 @@ def test_sets_asked_out_of_docnum_order_come_back_in_the_order_asked() -> None:
         got = cache.sets([100 + i for i in order], [sk.payloads[i] for i in order])
         assert all(np.array_equal(g, sk.sets[i]) for g, i in zip(got, order, strict=True))
     assert (cache.asked, cache.rebuilt) == (24, len(set(sk.payloads)))
+
+
+def served(cache: SetCache, docnums: list[int]) -> list[np.ndarray | None]:
+    """The sets ``cache.committed_spans`` serves for ``docnums`` (``None``: not served)."""
+    source, flats, at, length = cache.committed_spans(docnums)
+    return [
+        None if s < 0 else flats[s][a : a + n]
+        for s, a, n in zip(source.tolist(), at.tolist(), length.tolist(), strict=True)
+    ]
+
+
+def test_committed_sets_are_served_only_below_the_trusted_count() -> None:
+    """Sets served without their records' payloads are those of docnums below the count
+    ``trust_below`` was given; the generations of a batch never committed (docnums from
+    that count on) are dropped, so a later batch under the same docnums cannot find them."""
+    config = DedupConfig()
+    sk = sketch(news(8), config, config.band_plan())
+    cache = SetCache(1 << 20, config)
+    assert served(cache, [0, 1]) == [None, None]  # nothing vouched for yet
+    first = np.arange(4, dtype=np.int64)
+    cache.keep_spans(first, sk.payloads[:4], sk.set_flat, sk.set_at, sk.set_len)
+    cache.trust_below(4)  # the batch of docnums 0-3 committed
+    at, length = sk.set_at[4:], sk.set_len[4:]
+    cache.keep_spans(first + 4, sk.payloads[4:], sk.set_flat, at, length)
+    got = served(cache, [1, 3, 5, 9])
+    assert [g is None for g in got] == [False, False, True, True]  # 5: not committed yet
+    assert np.array_equal(got[0], sk.sets[1]) and np.array_equal(got[1], sk.sets[3])
+    assert cache.asked == 2 and cache.rebuilt == 0
+    cache.trust_below(4)  # the batch of 4-7 failed: its docnums are given out again
+    assert len(cache) == 6  # 0-3, and 1 and 3 renewed (found in the older half); 4-7 gone
+    assert cache.sets([1, 3], sk.payloads[1:4:2]) and cache.rebuilt == 0
+    cache.trust_below(8)  # another batch committed 4-7, with other texts: none kept here
+    assert served(cache, [4, 5, 6, 7]) == [None] * 4
+    for got_set, want in zip(served(cache, [0, 1, 2, 3]), sk.sets[:4], strict=True):
+        assert got_set is not None and np.array_equal(got_set, want)
