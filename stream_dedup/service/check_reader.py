@@ -19,8 +19,8 @@ and in order, until ``CONN`` ends (the front closed it, or died: nothing is left
   flight here, so no check waits for it. A follow that fails ends the process (its front
   starts another, which opens the index afresh).
 
-Those messages are raw bytes, not pickles (:mod:`.check_wire`: a pickled round trip cost
-several times the CPU of the same bytes sent raw).
+Those messages are raw bytes, not pickles (:mod:`.check_wire`: a quarter less CPU per
+round trip).
 
 Why a process of its own: rocksdict keeps the interpreter lock for the whole of a
 catch-up (tens to hundreds of milliseconds for a large batch), so a catch-up in the

@@ -3,9 +3,9 @@ the index holds for it back, and the few other messages of :mod:`.check_reader`.
 
 Why not pickles: a request is a handful of arrays and keys, a reply a handful of records,
 sent 200 times a second each way. Through :mod:`multiprocessing`'s pickler (a new pickler
-per message, each array rebuilt through its reduce function) a round trip cost ~90-110
-µs of CPU on each side; the same bytes sent raw, ~15 µs (measured with an echo process
-on the shared 2-CPU machine, 2026-11-26). So each message is one ``send_bytes``: a kind
+per message, each array rebuilt through its reduce function) a round trip with real reads
+and replies cost ~82-88 µs of CPU on each side, raw ~60-67 µs, the wake-up included
+(``bench/bench_check_wire.py``, 2026-11-26). So each message is one ``send_bytes``: a kind
 byte, then fixed-width counts (``struct``), then the arrays' raw bytes, then the
 variable-length keys or strings joined, their lengths in an array before them.
 
