@@ -6,8 +6,9 @@ fresh interpreter (``python -m stream_dedup.service.check_reader CONN``, one inh
 descriptor: a :mod:`multiprocessing.connection` over a socket pair). On ``CONN`` it
 receives the index's location and detector settings, opens the index as a
 :class:`~stream_dedup.index.follower.FollowerIndex`, runs one check's reads to load the
-compiled kernels, and says ``("ready", pid, documents)``. Then it answers, one at a time
-and in order, until ``CONN`` ends (the front closed it, or died: nothing is left running):
+compiled kernels (all of them: a reader never runs the Python ones), and says ``("ready",
+pid, documents)``. Then it answers, one at a time and in order, until ``CONN`` ends (the
+front closed it, or died: nothing is left running):
 
 - a read (a :class:`~stream_dedup.dedup.check.CheckReads`) -> what the index holds for it
   (a :class:`~stream_dedup.dedup.check.Held`), or a failure's reason when the index
@@ -39,6 +40,7 @@ import time
 from multiprocessing.connection import Connection
 from pathlib import Path
 
+from stream_dedup.core import jit
 from stream_dedup.core.config import DedupConfig
 from stream_dedup.dedup.check import check_texts, read_held
 from stream_dedup.errors import StreamDedupError
@@ -75,8 +77,11 @@ def serve(conn: Connection) -> None:
     setup_logging(*log_settings)
     index = open_follower(where)
     try:
-        # The first real check must not load the kernels (the front's sketch is its own).
-        check_texts(index, dedup, dedup.band_plan(), ["warm-up text for the check path"], 1)
+        # Load the compiled kernels now (once loaded, every size runs compiled): the first
+        # real check must not pay for them, and left to the Python kernels a check's reads
+        # (hashing its keys, joining its buckets' members) cost as much as RocksDB's.
+        with jit.forced(True):
+            check_texts(index, dedup, dedup.band_plan(), ["warm-up text for the check path"], 1)
         conn.send(("ready", os.getpid(), index.counter("documents")))
         while True:
             try:
