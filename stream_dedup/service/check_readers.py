@@ -22,13 +22,13 @@ committed state. What a check sees: every batch committed before the start of th
 catch-up that made its reader active (``docs/check.md`` says it in full).
 
 **The connection**: a :mod:`multiprocessing.connection` over a socket pair per reader,
-pickled tuples. Why: the check process already talks to its service that way; a request
-is one small message each way (a few keys out, a few records back), so a pipe's copy and
-pickling cost microseconds, and a socket pair gives both ends end-of-file when the other
-dies (a killed front leaves no reader running; a killed reader fails its check's
+its messages raw bytes (:mod:`.check_wire`; only the start-up's are pickled). Why: the
+check process already talks to its service that way; a request is one small message each
+way (a few keys out, a few records back), and a socket pair gives both ends end-of-file
+when the other dies (a killed front leaves no reader running; a killed reader fails its check's
 ``recv`` at once). One request at a time per reader (a lock): a reader answers in order
 on one thread anyway, and checks arrive at hundreds per second, each read well under a
-millisecond. Shared memory would save the copies but not the wake-up, which is the cost.
+millisecond. Shared memory would save the copies but not the wake-up.
 
 **Supervision**, as the service supervises the check process
 (:mod:`.check_process`): a thread per reader starts it, waits for it to say ready, and
@@ -61,6 +61,7 @@ from stream_dedup.core.payload_dictionary import add_source
 from stream_dedup.dedup.check import CheckReads, Held
 from stream_dedup.errors import IndexStoreError
 from stream_dedup.logs import fields
+from stream_dedup.service import check_wire as wire
 from stream_dedup.service.check_metrics import CheckMetrics
 
 __all__ = ["Readers"]
@@ -156,22 +157,19 @@ class Readers:
         """A check's reads, answered by the active reader (by the other, when that one
         dies under it). :class:`~stream_dedup.errors.IndexStoreError` when no reader
         serves, or the reader could not read the index."""
-        held = self._request(("read", reads))
-        assert isinstance(held, Held)
-        return held
+        return wire.decode_held(self._request(wire.encode_reads(reads), wire.HELD))
 
     def dictionary(self, ident: int) -> bytes | None:
         """The payload dictionary ``ident`` as the index stores it (``None``: not
         stored). The front's scoring decompresses the candidates' payloads, which name
         their dictionary; it asks once per dictionary (registered with
         :func:`~stream_dedup.core.payload_dictionary.add_source`)."""
-        raw = self._request(("dictionary", ident))
-        assert raw is None or isinstance(raw, bytes)
-        return raw
+        reply = self._request(wire.dictionary_request(ident), wire.DICTIONARY)
+        return wire.decode_dictionary(reply)
 
-    def _request(self, request: tuple[object, ...]) -> object:
-        """One request's answer from the active reader, asked again of the other when
-        that one dies under it."""
+    def _request(self, request: bytes, kind: bytes) -> bytes:
+        """One request's reply (a message of ``kind``) from the active reader, asked again
+        of the other when that one dies under it."""
         for _ in range(len(self._readers) + 1):
             reader = self._take()
             try:
@@ -180,9 +178,12 @@ class Readers:
                 self._give(reader)
             if reply is None:
                 continue  # it died: asked again of a reader that serves
-            if reply[0] == "failed":
-                raise IndexStoreError(f"{self._where}: a check reader could not read: {reply[1]}")
-            return reply[1]
+            if reply[:1] == wire.FAILED:
+                reason = reply[1:].decode(errors="replace")
+                raise IndexStoreError(f"{self._where}: a check reader could not read: {reason}")
+            if reply[:1] != kind:
+                raise IndexStoreError(f"{self._where}: a check reader answered {reply[:1]!r}")
+            return reply
         raise IndexStoreError(f"{self._where}: the check readers died under a check")
 
     def _free(self) -> _Reader | None:
@@ -209,19 +210,18 @@ class Readers:
             if not reader.in_flight:
                 self._cond.notify_all()
 
-    def _ask(self, reader: _Reader, request: tuple[object, ...]) -> tuple[object, ...] | None:
+    def _ask(self, reader: _Reader, request: bytes) -> bytes | None:
         """One request and its reply (``None``: the reader is gone)."""
         with reader.lock:
             conn = reader.conn
             if conn is None:
                 return None
             try:
-                conn.send(request)
-                reply: tuple[object, ...] = conn.recv()
+                conn.send_bytes(request)
+                return conn.recv_bytes()
             except (EOFError, OSError):
                 self._lost(reader)
                 return None
-        return reply
 
     # -- the turn ---------------------------------------------------------------------
 
@@ -245,16 +245,14 @@ class Readers:
             reader.following = True
             self._cond.wait_for(lambda: not reader.in_flight or not reader.serving)
         try:
-            reply = self._ask(reader, ("follow",)) if reader.serving else None
+            reply = self._ask(reader, wire.FOLLOW) if reader.serving else None
         finally:
             with self._cond:
                 reader.following = False
                 self._cond.notify_all()
         if reply is None:
             return False
-        _, seconds, documents = reply
-        assert isinstance(seconds, float) and isinstance(documents, int)
-        reader.documents = documents
+        seconds, reader.documents = wire.decode_followed(reply)
         self._metrics.follow.observe(seconds)
         return True
 

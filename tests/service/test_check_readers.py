@@ -89,6 +89,16 @@ def test_checks_answer_as_the_writer_and_see_a_commit_after_one_turn(
         assert found(readers, asked[1]) == ["b1-20"]  # whichever reader is active
 
 
+def test_readers_run_the_compiled_kernels(readers: Readers) -> None:
+    """A reader loads the compiled kernels before it says ready, so a check's reads never
+    run the Python ones (small inputs would otherwise stay in Python, at a cost of the
+    order of the RocksDB reads): numba's compiler is mapped into each reader process."""
+    for pid in readers.pids():
+        assert pid is not None
+        maps = Path(f"/proc/{pid}/maps").read_text(encoding="ascii", errors="replace")
+        assert "llvmlite" in maps, f"reader {pid} has not loaded the compiled kernels"
+
+
 def test_the_previous_reader_catches_up_only_once_its_checks_are_answered(
     written: Deduplicator, readers: Readers, registry: CollectorRegistry
 ) -> None:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import logging
+import socket
+import struct
 import sys
 from collections.abc import Iterator
 
@@ -99,5 +101,46 @@ def test_a_connection_is_kept_alive_for_many_requests(registry: CollectorRegistr
         assert conn.sock is not None  # still the first connection
         assert time.perf_counter() - started < 0.5  # 20 x 40 ms if Nagle held the bodies
         conn.close()
+    finally:
+        endpoints.stop()
+
+
+def data_segments_in(sock: socket.socket) -> int:
+    """The data segments this TCP socket has received (Linux ``tcp_info``'s
+    ``tcpi_data_segs_in``, at byte 152 since Linux 4.6)."""
+    info = sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, 256)
+    return int(struct.unpack_from("<I", info, 152)[0])
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="reads Linux's tcp_info")
+def test_a_small_reply_is_one_segment_and_a_large_one_arrives_whole(
+    registry: CollectorRegistry,
+) -> None:
+    """A small reply's headers and body leave in one write: one segment on the wire, so
+    the client is woken once per reply (as two writes, each its own segment under
+    TCP_NODELAY: 20 for these 10 replies). A reply larger than the buffer (a scrape)
+    still arrives whole."""
+    endpoints = serve(registry)
+    try:
+        with socket.create_connection(("127.0.0.1", endpoints.port), timeout=5) as sock:
+            before = data_segments_in(sock)
+            for _ in range(10):
+                sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+                got = sock.recv(65536)
+                while b"alive" not in got:
+                    got += sock.recv(65536)
+            assert data_segments_in(sock) - before == 10
+            for i in range(1000):
+                Counter(f"stream_dedup_many_{i}", "Padding for a large scrape.", registry=registry)
+            sock.sendall(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
+            got = b""
+            while b"\r\n\r\n" not in got:
+                got += sock.recv(65536)
+            head, _, body = got.partition(b"\r\n\r\n")
+            length = int(head.lower().split(b"content-length: ")[1].split(b"\r\n")[0])
+            assert length > 64 * 1024  # larger than the reply buffer
+            while len(body) < length:
+                body += sock.recv(65536)
+            assert len(body) == length and b"stream_dedup_many_999_total 0.0" in body
     finally:
         endpoints.stop()
