@@ -1,0 +1,166 @@
+"""Deciding a batch of a shared index before its lease, and settling it inside.
+
+Under the lease a batch used to be decided whole: its reads, the matching pass, its
+verdicts and records, most of the time the lease is held (``docs/shared-index.md``,
+Sizing). Deciding reads only the index, so the same batch can be decided before the
+lease against the index as of one version ``V`` of its change log
+(:meth:`~stream_dedup.index.store.DedupIndex.as_of`: the counters, epochs and key filters
+of ``V``, the writes waiting at ``V`` read through). Inside the lease, the log past ``V``
+says which look-up keys the other instances wrote since. Another instance's write can
+change a document's verdict only through those keys (its id: a replay; its exact text: a
+repeat; a band bucket: a new candidate), so a batch none of whose keys was written is
+decided exactly as it would be inside the lease, but for its docnums: they are counted
+from the ``indexed`` counter, which the others moved. Those are moved by the same amount
+(every number the batch gave is at or after the one it started from, every number it
+read is before it), and the write is built again from the moved numbers.
+
+Where that cannot be shown, the batch is decided again, whole, inside the lease, as
+before: a key of the batch was written past ``V`` (its *touched* documents are counted),
+the log cannot tell, the batch's epoch, the cut-off, the live epochs, the retention or
+the clock its documents are decided at changed, or documents were indexed meanwhile under
+a retention (its expiry is measured in docnums and clock points). Containment (sampled
+keys read beside the buckets) is always decided inside the lease.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from stream_dedup.core.hashing import U64
+from stream_dedup.core.match import I64
+from stream_dedup.core.sketch import Sketch
+from stream_dedup.dedup.batch import BatchResult
+from stream_dedup.dedup.reads import clocks
+from stream_dedup.index.retention import NO_RETENTION, Retention
+from stream_dedup.models import Document
+
+if TYPE_CHECKING:
+    from stream_dedup.dedup.deduplicator import Decided, Deduplicator
+
+__all__ = ["PredecideCounts", "Predecided", "predecide", "settle"]
+
+
+@dataclass(frozen=True, slots=True)
+class Predecided:
+    """A batch decided before the lease, and the state it was decided at."""
+
+    parts: Decided
+    result: BatchResult
+    #: The change log's version the batch was decided as of.
+    version: int
+    cutoff: int
+    epochs: tuple[int, ...]
+    retention: Retention
+    #: The fingerprints of the batch's look-up keys (ids' verdict keys, exact texts,
+    #: band buckets) and the position in the batch of the document each belongs to.
+    lookups: U64
+    owner: I64
+
+
+@dataclass(slots=True)
+class PredecideCounts:
+    """How the batches decided before the lease were settled inside it."""
+
+    #: Batches decided before the lease.
+    batches: int = 0
+    #: Kept as decided, docnums unchanged (no document was indexed past the version).
+    kept: int = 0
+    #: Kept with their docnums moved and their write built again.
+    moved: int = 0
+    #: Decided again inside the lease, whole, and their documents.
+    redecided: int = 0
+    redecided_docs: int = 0
+    #: Documents of those batches with a look-up key another instance wrote meanwhile:
+    #: what deciding only the affected documents again would start from.
+    touched_docs: int = 0
+
+
+def predecide(
+    dedup: Deduplicator, docs: Sequence[Document], sketched: Sketch | None = None
+) -> Predecided | None:
+    """``docs`` decided before the lease, against the index as of its latest version;
+    ``None`` where this index or configuration decides inside the lease only."""
+    index = dedup.index
+    if not docs or not index.shared or dedup.config.containment:
+        return None
+    dedup.after_lease()  # what the last batch left: before this batch's reads, as decide
+    with index.as_of() as version:
+        if version is None:
+            return None
+        parts = dedup.decide_parts(docs, sketched)
+        result = dedup.result_of(parts)
+        cutoff, epochs = index.cutoff(), tuple(index.timeline.numbers())
+        retention = index.retention
+    dedup.predecided.batches += 1
+    lookups, owner = _lookups(dedup, parts)
+    return Predecided(parts, result, version, cutoff, epochs, retention, lookups, owner)
+
+
+def settle(dedup: Deduplicator, pre: Predecided) -> BatchResult | None:
+    """Inside the lease: ``pre``'s result as deciding the batch now would give it, or
+    ``None`` when the batch must be decided again (see the module docstring)."""
+    index, parts, counts = dedup.index, pre.parts, dedup.predecided
+    written = index.written_since()
+    moved_by = index.counter("indexed") - parts.first
+    same = (
+        written is not None
+        and index.batch_epoch() == parts.epoch
+        and index.cutoff() == pre.cutoff
+        and tuple(index.timeline.numbers()) == pre.epochs
+        and index.retention == pre.retention
+        and (moved_by == 0 or pre.retention == NO_RETENTION)
+        and np.array_equal(clocks(parts.docs, index.timeline.clock), parts.doc_clock)
+    )
+    touched = 0
+    if same and written:
+        keys = np.concatenate([fingerprints for _, fingerprints in written])
+        touched = int(np.unique(pre.owner[np.isin(pre.lookups, keys)]).size)
+    if not same or touched:
+        counts.redecided += 1
+        counts.redecided_docs += len(parts.docs)
+        counts.touched_docs += touched
+        return None
+    if moved_by:
+        parts = moved(parts, moved_by)
+        result = dedup.result_of(parts)
+        counts.moved += 1
+    else:
+        result = pre.result
+        counts.kept += 1
+    dedup.leave_for_later(parts.sk, parts.found)
+    return result
+
+
+def moved(parts: Decided, by: int) -> Decided:
+    """``parts`` with the docnums the batch gave moved ``by`` on: those at or after the
+    first it gave, wherever they stand (its documents', their matches, the buckets'
+    final contents, the clock points); the numbers it read are all before it."""
+    found, first = parts.found, parts.first
+
+    def up(numbers: I64) -> I64:
+        return np.where(numbers >= first, numbers + by, numbers)
+
+    shifted = replace(
+        found,
+        match=up(found.match),
+        docnum=up(found.docnum),
+        contents=up(found.contents),
+        points_doc=up(found.points_doc),
+    )
+    return replace(parts, found=shifted, first=first + by)
+
+
+def _lookups(dedup: Deduplicator, parts: Decided) -> tuple[U64, I64]:
+    """The fingerprints of every look-up key the batch read or may read, each with its
+    document's position in the batch."""
+    docs, sk = parts.docs, parts.sk
+    keys = dedup.index.lookup_fingerprints([d.id for d in docs], sk.exact_keys)
+    live = np.asarray(sk.live, dtype=np.int64)
+    owner = np.concatenate(
+        [np.arange(len(docs), dtype=np.int64), live, np.repeat(live, dedup.plan.bands)]
+    )
+    return np.concatenate([keys, sk.bucket_fingerprints]), owner
