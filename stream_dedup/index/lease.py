@@ -40,6 +40,8 @@ class SharedSections:
     _followed: FollowedFilters
     _state_lock: StateLock
     _writes: int
+    #: ``_writes`` when :meth:`as_of` last ended.
+    _as_of_writes: int = -2
 
     def _load_state(self, since: int | None = None) -> None:
         raise NotImplementedError  # DedupIndex's
@@ -90,11 +92,15 @@ class SharedSections:
                 yield version if self._followed.current else None
             finally:
                 self._followed.after_lease()
+                self._as_of_writes = self._writes
 
     def written_since(self) -> list[tuple[int, U64]] | None:
         """Inside :meth:`exclusive`: the other instances' writes since the last
         :meth:`as_of` or lease, as (epoch, fingerprints of their look-up keys); ``None``
-        when the log could not tell them all."""
+        when the log could not tell them all, or this instance wrote since (its own
+        write's keys are not in the log it reads)."""
+        if self._writes != self._as_of_writes + 1:  # + 1: this lease
+            return None
         return self._followed.added
 
     def lease_end(self) -> float:

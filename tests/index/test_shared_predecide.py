@@ -68,7 +68,7 @@ def test_a_batch_no_other_write_touched_keeps_its_verdicts_with_its_docnums_move
     finds its documents by those docnums (their records and buckets were written moved)."""
     first, second = shared(), shared()
     start = stories(0, 20)
-    pending = stories(100, 30) + [Document("c100", edit(article(100), 3, 1))]
+    pending = [*stories(100, 30), Document("c100", edit(article(100), 3, 1))]
     other = stories(200, 25)
     later = [Document(f"late{i}", edit(article(i), 4, i)) for i in (0, 5, 100, 110, 129, 210)]
     decide_and_store(first, start)
