@@ -178,14 +178,23 @@ class Deduplicator:
         be decided again (:func:`~.predecide.settle`)."""
         return settle(self, pre)
 
-    def decide_parts(self, docs: Sequence[Document], sketched: Sketch | None = None) -> Decided:
-        """What :meth:`decide` reads and matches: everything that asks the index."""
+    def decide_parts(
+        self, docs: Sequence[Document], sketched: Sketch | None = None, *, ahead: bool = False
+    ) -> Decided:
+        """What :meth:`decide` reads and matches: everything that asks the index.
+
+        ``ahead``: decided outside a shared index's lease (:mod:`.predecide`), where a
+        newer write may be read in part: documents numbered past the counters read are
+        left out (the batch's documents that meet them are decided again in the lease)."""
         sk = sketched if sketched is not None else self.sketch(docs)
         if sk.size != len(docs):
             raise ValueError("the sketch handed in is not the sketch of these documents")
         known = read_known(self.index, docs, sk, self.config.revisions)
         epoch = self.index.batch_epoch()
-        held = read_held(self.index, sk, known, epoch)
+        below = self.index.counter("indexed") if ahead else None
+        if below is not None:
+            known.group_docnum[known.group_docnum >= below] = -1
+        held = read_held(self.index, sk, known, epoch, below)
         doc_clock = clocks(docs, self.index.timeline.clock)
         queries = self._queries(sk)
         found = self._match(sk, known, held, epoch, doc_clock, queries)

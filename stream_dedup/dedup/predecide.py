@@ -29,12 +29,15 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 import numpy as np
+import numpy.typing as npt
 
 from stream_dedup.core.hashing import U64
 from stream_dedup.core.match import I64
 from stream_dedup.core.sketch import Sketch
 from stream_dedup.dedup.batch import BatchResult
 from stream_dedup.dedup.reads import clocks
+from stream_dedup.dedup.redecide import MOST, linked, redecide_parts
+from stream_dedup.errors import IndexCorruptError
 from stream_dedup.index.retention import NO_RETENTION, Retention
 from stream_dedup.models import Document
 
@@ -71,11 +74,15 @@ class PredecideCounts:
     kept: int = 0
     #: Kept with their docnums moved and their write built again.
     moved: int = 0
-    #: Decided again inside the lease, whole, and their documents.
+    #: Kept but for the parts holding a touched document, decided again inside the lease
+    #: (:mod:`.redecide`).
+    partly: int = 0
+    #: Decided again inside the lease, whole.
     redecided: int = 0
+    #: Documents decided again inside the lease, in whole batches or in parts.
     redecided_docs: int = 0
-    #: Documents of those batches with a look-up key another instance wrote meanwhile:
-    #: what deciding only the affected documents again would start from.
+    #: Documents with a look-up key another instance wrote between the pre-decide and
+    #: the lease.
     touched_docs: int = 0
 
 
@@ -91,7 +98,10 @@ def predecide(
     with index.as_of() as version:
         if version is None:
             return None
-        parts = dedup.decide_parts(docs, sketched)
+        try:
+            parts = dedup.decide_parts(docs, sketched, ahead=True)
+        except IndexCorruptError:  # a newer write read half applied: decide in the lease
+            return None
         result = dedup.result_of(parts)
         cutoff, epochs = index.cutoff(), tuple(index.timeline.numbers())
         retention = index.retention
@@ -102,7 +112,7 @@ def predecide(
 
 def settle(dedup: Deduplicator, pre: Predecided) -> BatchResult | None:
     """Inside the lease: ``pre``'s result as deciding the batch now would give it, or
-    ``None`` when the batch must be decided again (see the module docstring)."""
+    ``None`` when the batch must be decided again whole (see the module docstring)."""
     index, parts, counts = dedup.index, pre.parts, dedup.predecided
     written = index.written_since()
     moved_by = index.counter("indexed") - parts.first
@@ -115,17 +125,29 @@ def settle(dedup: Deduplicator, pre: Predecided) -> BatchResult | None:
         and (moved_by == 0 or pre.retention == NO_RETENTION)
         and np.array_equal(clocks(parts.docs, index.timeline.clock), parts.doc_clock)
     )
-    touched = 0
+    touched = np.zeros(len(parts.docs), dtype=bool)
     if same and written:
         keys = np.concatenate([fingerprints for _, fingerprints in written])
-        touched = int(np.unique(pre.owner[np.isin(pre.lookups, keys)]).size)
-    if not same or touched:
+        touched[pre.owner[np.isin(pre.lookups, keys)]] = True
+    n_touched = int(np.count_nonzero(touched))
+    counts.touched_docs += n_touched
+    if same and moved_by:
+        parts = moved(parts, moved_by)
+    if same and n_touched:
+        parts_again = _in_part(dedup, pre, parts, touched)
+        if parts_again is None:
+            same = False
+        else:
+            parts, again = parts_again
+            counts.partly += 1
+            counts.redecided_docs += again
+    if not same:
         counts.redecided += 1
         counts.redecided_docs += len(parts.docs)
-        counts.touched_docs += touched
         return None
-    if moved_by:
-        parts = moved(parts, moved_by)
+    if n_touched:
+        result = dedup.result_of(parts)
+    elif moved_by:
         result = dedup.result_of(parts)
         counts.moved += 1
     else:
@@ -133,6 +155,29 @@ def settle(dedup: Deduplicator, pre: Predecided) -> BatchResult | None:
         counts.kept += 1
     dedup.leave_for_later(parts.sk, parts.found)
     return result
+
+
+def _in_part(
+    dedup: Deduplicator, pre: Predecided, parts: Decided, touched: npt.NDArray[np.bool_]
+) -> tuple[Decided, int] | None:
+    """``parts`` with the parts of the batch holding a ``touched`` document decided again
+    (:mod:`.redecide`), and how many live documents that was; ``None`` where the whole
+    batch must be."""
+    known = parts.known
+    if pre.retention != NO_RETENTION or known.repeats:
+        return None
+    live_touched = np.zeros(len(parts.sk.live), dtype=bool)
+    for i in np.flatnonzero(touched).tolist():
+        p = known.live_pos[i]
+        if p is None:  # an empty document's id was written: a replay
+            return None
+        live_touched[p] = True
+    again = linked(parts, dedup.plan.bands, live_touched)
+    n_again = int(np.count_nonzero(again))
+    if n_again > MOST * again.size:
+        return None
+    joined = redecide_parts(dedup, parts, again)
+    return None if joined is None else (joined, n_again)
 
 
 def moved(parts: Decided, by: int) -> Decided:
