@@ -342,18 +342,13 @@ class RedisBackend:
 
     @contextlib.contextmanager
     def as_of(self) -> Iterator[int]:
-        """Read the index as of its version now, without the lease: the version, with the
-        writes waiting at it read through and the change log read up to it (one script).
-
-        For deciding a batch before the lease: a key no write past this version touched
-        reads as it stood at it (a waiting record applied meanwhile holds the same
-        values); the lease then tells which keys were written since (the log past it).
-        """
+        """Read as of the version now, outside the lease: the writes waiting at it read
+        through, the log read up to it (one script; see ``dedup/predecide.py``)."""
         if self._token is not None:
             raise RuntimeError("the lease is held: read inside it")
         with self._failing("reading the index's version"):
-            keys = [self._redos, *self._log_keys]
-            waiting, *since = self._peek(keys=keys, args=[self._cursor.position])
+            keys, at = [self._redos, *self._log_keys], [self._cursor.position]
+            waiting, *since = self._peek(keys=keys, args=at)
             self._cursor.read(since)
             self._overlay = self._queue.overlay([int(v) for v in waiting])
         try:
