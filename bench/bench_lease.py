@@ -2,8 +2,13 @@
 
 ``--instances`` index objects (each its own connection, as separate service instances
 have) take turns on one index: each batch is sketched outside the lease (the service's
-worker does that), then decided and stored inside it exactly as the service's
-``SharedIndex`` strategy does. Printed per setup (a Redis node, a 3-master cluster): the
+worker does that) and decided before it (``Deduplicator.predecide``), then settled and
+stored inside it exactly as the service's ``SharedIndex`` strategy does. The next holder
+decides its batch before this one's lease (as under contention, when it decides while
+this one holds the lease), so it learns of this batch's write only at its own lease;
+printed per run: how its batches were settled (kept, docnums moved, parts decided again,
+decided again whole) and the documents decided again. ``--inside`` decides inside the
+lease only, as before 2026-11-26. Printed per setup (a Redis node, a 3-master cluster): the
 lease held per document (what ``stream_dedup_index_lease_held_seconds`` measures), split
 into taking it (with the state re-read and the writes not applied yet read), deciding
 (the index reads), preparing the write and storing it up to its commit point (which lets
@@ -45,7 +50,7 @@ from bench_shared import redis_cpu_s
 from stream_dedup.core.config import DedupConfig
 from stream_dedup.core.sketch import Sketch
 from stream_dedup.dedup import Deduplicator
-from stream_dedup.dedup.predecide import Predecided
+from stream_dedup.dedup.predecide import PredecideCounts, Predecided
 from stream_dedup.index import DedupIndex
 from stream_dedup.index.params import IndexParams
 from stream_dedup.index.redis_backend import RedisBackend
@@ -175,7 +180,7 @@ def one_run(url: str, docs: list[Document], args: argparse.Namespace, run: int) 
             dedup.index.close()
     out: dict[str, Any] = {name: totals[name] / counted * 1e6 for name in totals}
     counts = [d.predecided for d in instances]
-    for name in ("batches", "kept", "moved", "redecided", "redecided_docs", "touched_docs"):
+    for name in PredecideCounts.__slots__:
         out[name] = sum(getattr(c, name) for c in counts)
     out["lease"] = sum(out[name] for name in HELD)
     out["redis_cpu"] = redis_cpu * 1e6
@@ -220,8 +225,8 @@ def main() -> int:
                     f"  run {i}: lease {run['lease']:.1f} us/doc, deciding {run['decide']:.1f}"
                     f" (CPU {run['decide_cpu']:.1f}); batches decided before the lease"
                     f" {run['batches']}: kept {run['kept']}, docnums moved {run['moved']},"
-                    f" decided again {run['redecided']} ({run['redecided_docs']} documents,"
-                    f" {run['touched_docs']} touched)"
+                    f" in part {run['partly']}, whole {run['redecided']} (documents decided"
+                    f" again {run['redecided_docs']}, touched {run['touched_docs']})"
                 )
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=2), encoding="utf-8")
