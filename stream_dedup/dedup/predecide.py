@@ -5,7 +5,8 @@ verdicts and records, most of the time the lease is held (``docs/shared-index.md
 Sizing). Deciding reads only the index, so the same batch can be decided before the
 lease against the index as of one version ``V`` of its change log
 (:meth:`~stream_dedup.index.store.DedupIndex.as_of`: the counters, epochs and key filters
-of ``V``, the writes waiting at ``V`` read through). Inside the lease, the log past ``V``
+of ``V``, the writes waiting at ``V`` read through): its reads and its matching pass; its
+verdicts and write are built inside the lease, once. Inside the lease, the log past ``V``
 says which look-up keys the other instances wrote since. Another instance's write can
 change a document's verdict only through those keys (its id: a replay; its exact text: a
 repeat; a band bucket: a new candidate), so a batch none of whose keys was written is
@@ -52,7 +53,6 @@ class Predecided:
     """A batch decided before the lease, and the state it was decided at."""
 
     parts: Decided
-    result: BatchResult
     #: The change log's version the batch was decided as of.
     version: int
     cutoff: int
@@ -75,7 +75,7 @@ class PredecideCounts:
     batches: int = 0
     #: Kept as decided, docnums unchanged (no document was indexed past the version).
     kept: int = 0
-    #: Kept with their docnums moved and their write built again.
+    #: Kept, their docnums moved (other instances indexed documents meanwhile).
     moved: int = 0
     #: Kept but for the parts holding a touched document, decided again inside the lease
     #: (:mod:`.redecide`).
@@ -105,14 +105,13 @@ def predecide(
             parts = dedup.decide_parts(docs, sketched, ahead=True)
         except IndexCorruptError:  # a newer write read half applied: decide in the lease
             return None
-        result = dedup.result_of(parts)
         cutoff, epochs = index.cutoff(), tuple(index.timeline.numbers())
         retention = index.retention
     dedup.predecided.batches += 1
     fingerprints, owner = _lookups(dedup, parts)
     lookups, place = np.unique(fingerprints, return_inverse=True)
     return Predecided(
-        parts, result, version, cutoff, epochs, retention, lookups, place.astype(np.int64), owner
+        parts, version, cutoff, epochs, retention, lookups, place.astype(np.int64), owner
     )
 
 
@@ -151,14 +150,12 @@ def settle(dedup: Deduplicator, pre: Predecided) -> BatchResult | None:
         counts.redecided += 1
         counts.redecided_docs += len(parts.docs)
         return None
-    if n_touched:
-        result = dedup.result_of(parts)
-    elif moved_by:
-        result = dedup.result_of(parts)
-        counts.moved += 1
-    else:
-        result = pre.result
-        counts.kept += 1
+    # The verdicts and the write are built here, not before the lease: under contention
+    # most batches are moved or decided in part, and would build them twice.
+    result = dedup.result_of(parts)
+    if not n_touched:
+        counts.kept += moved_by == 0
+        counts.moved += moved_by != 0
     dedup.leave_for_later(parts.sk, parts.found)
     return result
 

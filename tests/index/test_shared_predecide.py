@@ -130,7 +130,7 @@ def test_the_parts_another_instance_wrote_near_are_decided_again_inside_the_leas
     decide_and_store(first, start)
     pre = first.predecide(pending)
     assert pre is not None
-    before = {v.id: (v.duplicate_of, v.cluster_id) for v in pre.result.verdicts}
+    before = {v.id: (v.duplicate_of, v.cluster_id) for v in first.result_of(pre.parts).verdicts}
     assert (before["o107"], before["p107"]) == ((None, "o107"), ("o107", "o107"))
     decide_and_store(second, other)
     got = verdicts(settled(first, pending, pre))
