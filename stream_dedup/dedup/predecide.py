@@ -36,6 +36,7 @@ from stream_dedup.core.hashing import U64
 from stream_dedup.core.match import I64
 from stream_dedup.core.sketch import Sketch
 from stream_dedup.dedup.batch import BatchResult
+from stream_dedup.dedup.batch_writes import Written, verdicts_of
 from stream_dedup.dedup.reads import clocks
 from stream_dedup.dedup.redecide import MOST, linked, redecide_parts
 from stream_dedup.errors import IndexCorruptError
@@ -65,6 +66,9 @@ class Predecided:
     lookups: U64
     place: I64
     owner: I64
+    #: Its live documents' verdicts and verdict records, which do not depend on docnums
+    #: (``None``: a batch with repeated ids, built a document at a time in the lease).
+    built: Written | None
 
 
 @dataclass(slots=True)
@@ -110,8 +114,13 @@ def predecide(
     dedup.predecided.batches += 1
     fingerprints, owner = _lookups(dedup, parts)
     lookups, place = np.unique(fingerprints, return_inverse=True)
+    built = (
+        None
+        if parts.known.repeats
+        else verdicts_of(parts.docs, parts.sk, parts.held.records, parts.found)
+    )
     return Predecided(
-        parts, version, cutoff, epochs, retention, lookups, place.astype(np.int64), owner
+        parts, version, cutoff, epochs, retention, lookups, place.astype(np.int64), owner, built
     )
 
 
@@ -138,6 +147,7 @@ def settle(dedup: Deduplicator, pre: Predecided) -> BatchResult | None:
     counts.touched_docs += n_touched
     if same and moved_by:
         parts = moved(parts, moved_by)
+    built = pre.built
     if same and n_touched:
         parts_again = _in_part(dedup, pre, parts, touched)
         if parts_again is None:
@@ -145,14 +155,16 @@ def settle(dedup: Deduplicator, pre: Predecided) -> BatchResult | None:
         else:
             parts, again = parts_again
             counts.partly += 1
-            counts.redecided_docs += again
+            counts.redecided_docs += int(np.count_nonzero(again))
+            built = None if built is None else replace(built, again=again)
     if not same:
         counts.redecided += 1
         counts.redecided_docs += len(parts.docs)
         return None
-    # The verdicts and the write are built here, not before the lease: under contention
-    # most batches are moved or decided in part, and would build them twice.
-    result = dedup.result_of(parts)
+    # The write is built here, not before the lease: under contention most batches are
+    # moved or decided in part. The verdicts built before are kept, but those decided
+    # again (they depend on no docnum).
+    result = dedup.result_of(parts, built)
     if not n_touched:
         counts.kept += moved_by == 0
         counts.moved += moved_by != 0
@@ -162,9 +174,9 @@ def settle(dedup: Deduplicator, pre: Predecided) -> BatchResult | None:
 
 def _in_part(
     dedup: Deduplicator, pre: Predecided, parts: Decided, touched: npt.NDArray[np.bool_]
-) -> tuple[Decided, int] | None:
+) -> tuple[Decided, npt.NDArray[np.bool_]] | None:
     """``parts`` with the parts of the batch holding a ``touched`` document decided again
-    (:mod:`.redecide`), and how many live documents that was; ``None`` where the whole
+    (:mod:`.redecide`), and which live documents those were; ``None`` where the whole
     batch must be."""
     known = parts.known
     if pre.retention != NO_RETENTION or known.repeats:
@@ -180,7 +192,7 @@ def _in_part(
     if n_again > MOST * again.size:
         return None
     joined = redecide_parts(dedup, parts, again)
-    return None if joined is None else (joined, n_again)
+    return None if joined is None else (joined, again)
 
 
 def moved(parts: Decided, by: int) -> Decided:
