@@ -121,6 +121,8 @@ def read_held(
     wanted = set(group_docnum[group_docnum >= cutoff].tolist())
     members = [committed[2]] if old is None else [committed[2], old[2]]
     wanted.update(m for m in np.unique(np.concatenate(members)).tolist() if m >= cutoff)
+    if below is not None:  # no record of a newer write: its numbers are the batch's own
+        wanted = {m for m in wanted if m < below}
     return Held(slot, committed, old, index.read_records(sorted(wanted)))
 
 

@@ -258,11 +258,14 @@ def test_a_write_applied_while_the_batch_is_decided_before_the_lease(
     with shared_instances(shared_redis_url, Interleaved) as make:
         first, second = make(), make()
         start = stories(0, 10)
-        # q3 and n3 share buckets that o3 holds already: q3 reads n3 in them.
+        # q3 and n3 share buckets that o3 holds already: q3 reads n3 in them. p100's
+        # match is the batch's first document, numbered as n3 is (both past the
+        # counters read at "reads"): n3's record must not be taken for it.
         pending = [
             *stories(100, 30),
             Document("p105", edit(article(105), 2, 5)),
             Document("q3", edit(article(3), 2, 3)),
+            Document("p100", edit(article(100), 2, 10)),
         ]
         other = [Document(f"n{i}", edit(article(i), 3, i)) for i in (3, 103, 105, 117)]
         decide_and_store(first, start)
@@ -275,4 +278,5 @@ def test_a_write_applied_while_the_batch_is_decided_before_the_lease(
         got = verdicts(settled(first, pending, pre))
     assert got == reference(tmp_path / "rocks", [start, other, pending])[2]
     assert first.predecided.touched_docs >= 4
-    assert {v[0]: v[2] for v in got}["o105"] == "n105"
+    of = {v[0]: v[2] for v in got}
+    assert (of["o105"], of["p100"]) == ("n105", "o100")
