@@ -2,8 +2,13 @@
 
 ``--instances`` index objects (each its own connection, as separate service instances
 have) take turns on one index: each batch is sketched outside the lease (the service's
-worker does that), then decided and stored inside it exactly as the service's
-``SharedIndex`` strategy does. Printed per setup (a Redis node, a 3-master cluster): the
+worker does that) and decided before it (``Deduplicator.predecide``), then settled and
+stored inside it exactly as the service's ``SharedIndex`` strategy does. The next holder
+decides its batch before this one's lease (as under contention, when it decides while
+this one holds the lease), so it learns of this batch's write only at its own lease;
+printed per run: how its batches were settled (kept, docnums moved, parts decided again,
+decided again whole) and the documents decided again. ``--inside`` decides inside the
+lease only, as before 2026-11-26. Printed per setup (a Redis node, a 3-master cluster): the
 lease held per document (what ``stream_dedup_index_lease_held_seconds`` measures), split
 into taking it (with the state re-read and the writes not applied yet read), deciding
 (the index reads), preparing the write and storing it up to its commit point (which lets
@@ -43,7 +48,9 @@ from bench_service import documents
 from cpu_time import redis_cpu_s
 
 from stream_dedup.core.config import DedupConfig
+from stream_dedup.core.sketch import Sketch
 from stream_dedup.dedup import Deduplicator
+from stream_dedup.dedup.predecide import PredecideCounts, Predecided
 from stream_dedup.index import DedupIndex
 from stream_dedup.index.params import IndexParams
 from stream_dedup.index.redis_backend import RedisBackend
@@ -115,6 +122,16 @@ def one_run(url: str, docs: list[Document], args: argparse.Namespace, run: int) 
     size = args.batch
     batches = [docs[i : i + size] for i in range(0, len(docs), size)]
     totals = dict.fromkeys((*PHASES, *(p + "_cpu" for p in PHASES), "lease_cpu"), 0.0)
+    ahead: dict[int, tuple[Sketch, Predecided | None, float, float]] = {}
+
+    def sketch_ahead(k: int) -> None:
+        """Batch ``k`` sketched and, unless ``--inside``, decided before its lease."""
+        dedup = instances[k % len(instances)]
+        wall, cpu = time.perf_counter(), time.process_time()
+        sketched = dedup.sketch(batches[k])
+        pre = None if args.inside else dedup.predecide(batches[k], sketched)
+        ahead[k] = (sketched, pre, time.perf_counter() - wall, time.process_time() - cpu)
+
     counted = 0
     cpu_start = 0.0
     try:
@@ -122,15 +139,24 @@ def one_run(url: str, docs: list[Document], args: argparse.Namespace, run: int) 
             if b == args.instances:  # every instance has warmed up
                 cpu_start = redis_cpu_s(url)
             dedup = instances[b % len(instances)]
+            if b not in ahead:
+                sketch_ahead(b)
+            if b + 1 < len(batches) and (b + 1) % len(instances) != b % len(instances):
+                # The next holder decides its batch while this one waits for or holds the
+                # lease: it sees this batch's write only through the log, at its lease.
+                sketch_ahead(b + 1)
+            sketched, pre, before_wall, before_cpu = ahead.pop(b)
             wall: list[float] = []
             cpu: list[float] = []
             mark = late[b % len(instances)].mark = _marker(wall, cpu)
             mark()
-            sketched = dedup.sketch(batch)
-            mark()
+            wall.insert(0, wall[0] - before_wall)
+            cpu.insert(0, cpu[0] - before_cpu)
             with dedup.index.exclusive():
                 mark()
-                result = dedup.decide(batch, sketched)
+                result = None if pre is None else dedup.settle(pre)
+                if result is None:
+                    result = dedup.decide(batch, sketched)
                 mark()
                 pending = dedup.prepare(result)
                 mark()
@@ -153,6 +179,9 @@ def one_run(url: str, docs: list[Document], args: argparse.Namespace, run: int) 
         for dedup in instances:
             dedup.index.close()
     out: dict[str, Any] = {name: totals[name] / counted * 1e6 for name in totals}
+    counts = [d.predecided for d in instances]
+    for name in PredecideCounts.__slots__:
+        out[name] = sum(getattr(c, name) for c in counts)
     out["lease"] = sum(out[name] for name in HELD)
     out["redis_cpu"] = redis_cpu * 1e6
     return out
@@ -166,6 +195,9 @@ def main() -> int:
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--setups", default="node,cluster")
     p.add_argument("--json", metavar="FILE", help="also write the results as JSON")
+    p.add_argument(
+        "--inside", action="store_true", help="decide inside the lease only, as before 2026-11-26"
+    )
     args = p.parse_args()
     results: dict[str, Any] = {"documents": args.documents, "instances": args.instances}
     with ExitStack() as stack, tempfile.TemporaryDirectory(prefix="bench-lease-") as tmp:
@@ -188,6 +220,14 @@ def main() -> int:
                 f"{med['lease_cpu']:.1f}, Redis {med['redis_cpu']:.1f} us/doc; "
                 f"ceiling per index (projection) {1e6 / med['lease']:,.0f} docs/s"
             )
+            for i, run in enumerate(runs):
+                print(
+                    f"  run {i}: lease {run['lease']:.1f} us/doc, deciding {run['decide']:.1f}"
+                    f" (CPU {run['decide_cpu']:.1f}); batches decided before the lease"
+                    f" {run['batches']}: kept {run['kept']}, docnums moved {run['moved']},"
+                    f" in part {run['partly']}, whole {run['redecided']} (documents decided"
+                    f" again {run['redecided_docs']}, touched {run['touched_docs']})"
+                )
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=2), encoding="utf-8")
     return 0

@@ -27,9 +27,11 @@ writes the index's key and record encodings. Modules: :mod:`.deduplicator` (the 
 a batch), :mod:`.reads` (what a batch reads), :mod:`.writes` (verdicts and the batch's
 index writes), :mod:`.revisions` (which repeats of an id replay and which are new
 revisions), :mod:`.batch` (what a batch gives), :mod:`.excerpts` (containment),
-:mod:`.queries` (texts asked about, decided against the index alone), :mod:`.check` (the
-indexed documents most similar to texts, scored, nothing written), :mod:`.kernels`
-(whether the compiled kernels are cached, asked only before a batch that runs them).
+:mod:`.predecide` and :mod:`.redecide` (a shared index's batch decided before its lease,
+settled inside it), :mod:`.queries` (texts asked about, decided against the index
+alone), :mod:`.check` (the indexed documents most similar to texts, scored, nothing
+written), :mod:`.kernels` (whether the compiled kernels are cached, asked only before a
+batch that runs them).
 """
 
 from stream_dedup.dedup.batch import BatchResult, BatchStats

@@ -13,8 +13,10 @@ document's cluster, is resolved in batch order over the duplicates alone.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import numpy as np
+import numpy.typing as npt
 
 from stream_dedup.core.hashing import U32
 from stream_dedup.core.match import I64, Matches
@@ -30,9 +32,47 @@ from stream_dedup.index.staged import StagedWrite
 from stream_dedup.index.store import DocRecord
 from stream_dedup.models import Document, Verdict, VerdictKind
 
-__all__ = ["decided_once"]
+__all__ = ["Written", "decided_once", "verdicts_of", "verdicts_once"]
 
 _UNIQUE, _DUPLICATE = VerdictKind.UNIQUE, VerdictKind.DUPLICATE
+
+
+@dataclass(frozen=True, slots=True)
+class Written:
+    """The live documents' verdicts and verdict records (keys, records) of a batch
+    decided once: nothing in them depends on docnums, so a batch decided before a shared
+    index's lease builds them there, and the lease rebuilds those of ``again`` only
+    (:mod:`.predecide`)."""
+
+    verdicts: list[Verdict]
+    keys: list[bytes]
+    records: list[bytes]
+    #: Per live document: built again with the batch's final matches.
+    again: npt.NDArray[np.bool_] | None = None
+
+
+def verdicts_once(
+    live_ids: list[str],
+    exact_keys: Sequence[bytes],
+    matched: tuple[list[str | None], list[float | None], list[str]],
+) -> Written:
+    """The verdicts and verdict records of live documents ``live_ids`` (their exact
+    keys, and ``matched``: what :func:`_matches` gives for them)."""
+    of, sim, cluster = matched
+    verdicts = [
+        Verdict(i, _UNIQUE if o is None else _DUPLICATE, o, s, c)
+        for i, o, s, c in zip(live_ids, of, sim, cluster, strict=True)
+    ]
+    return Written(verdicts, *verdict_records(live_ids, of, sim, cluster, exact_keys))
+
+
+def verdicts_of(
+    docs: Sequence[Document], sk: Sketch, records: dict[int, DocRecord], found: Matches
+) -> Written:
+    """The live documents' verdicts and verdict records, as :func:`decided_once` builds
+    them (``records``: the candidates' records)."""
+    live_ids = [docs[i].id for i in sk.live]
+    return verdicts_once(live_ids, sk.exact_keys, _matches(live_ids, records, found))
 
 
 def decided_once(
@@ -42,19 +82,23 @@ def decided_once(
     records: dict[int, DocRecord],
     found: Matches,
     queries: tuple[U32, I64, I64],
+    written: Written | None = None,
 ) -> tuple[list[Verdict], StagedWrite]:
     """Each document's verdict and the batch's writes, as
     :func:`~.writes.verdicts_and_writes` gives them for a batch without repeated ids
-    (before containment's fields); ``records`` (the candidates' records) is only read."""
+    (before containment's fields); ``records`` (the candidates' records) is only read.
+    ``written``: the live documents' verdicts built before, all but ``written.again``
+    still theirs."""
     ids = [d.id for d in docs]
     live_ids = [ids[i] for i in sk.live]
     of, sim, cluster = _matches(live_ids, records, found)
-    live_verdicts = [
-        Verdict(i, _UNIQUE if o is None else _DUPLICATE, o, s, c)
-        for i, o, s, c in zip(live_ids, of, sim, cluster, strict=True)
-    ]
+    if written is None:
+        written = verdicts_once(live_ids, sk.exact_keys, (of, sim, cluster))
+    elif written.again is not None and written.again.any():
+        written = _spliced(written, written.again, live_ids, sk.exact_keys, (of, sim, cluster))
+    live_verdicts = written.verdicts
     staged = StagedWrite()
-    staged.records(*verdict_records(live_ids, of, sim, cluster, sk.exact_keys))
+    staged.records(written.keys, written.records)
     indexed = np.flatnonzero(found.docnum >= 0)
     at, nums = indexed.tolist(), found.docnum[indexed].tolist()
     doc_ids, doc_clusters = [live_ids[p] for p in at], [cluster[p] for p in at]
@@ -80,6 +124,27 @@ def decided_once(
         }
     )
     return verdicts, staged
+
+
+def _spliced(
+    written: Written,
+    again: npt.NDArray[np.bool_],
+    live_ids: list[str],
+    exact_keys: Sequence[bytes],
+    matched: tuple[list[str | None], list[float | None], list[str]],
+) -> Written:
+    """``written`` with the verdicts of the live documents ``again`` built anew."""
+    at = np.flatnonzero(again).tolist()
+    of, sim, cluster = matched
+    new = verdicts_once(
+        [live_ids[p] for p in at],
+        [exact_keys[p] for p in at],
+        ([of[p] for p in at], [sim[p] for p in at], [cluster[p] for p in at]),
+    )
+    verdicts, records = list(written.verdicts), list(written.records)
+    for p, verdict, record in zip(at, new.verdicts, new.records, strict=True):
+        verdicts[p], records[p] = verdict, record
+    return Written(verdicts, written.keys, records)
 
 
 def _matches(

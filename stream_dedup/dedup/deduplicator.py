@@ -10,7 +10,9 @@ staged index writes (:func:`~.writes.verdicts_and_writes`). Nothing is written u
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -23,10 +25,12 @@ from stream_dedup.core.payload import payload_sets
 from stream_dedup.core.set_cache import SetCache
 from stream_dedup.core.sketch import Sketch, sketch
 from stream_dedup.dedup.batch import BatchResult, BatchStats
+from stream_dedup.dedup.batch_writes import Written
 from stream_dedup.dedup.dictionary import DictionaryTrainer
-from stream_dedup.dedup.excerpts import find_excerpts
+from stream_dedup.dedup.excerpts import Relations, find_excerpts
 from stream_dedup.dedup.full_buckets import FullBuckets
 from stream_dedup.dedup.kernels import COMPILING_NOTICE, kernels_cached
+from stream_dedup.dedup.predecide import PredecideCounts, Predecided, predecide, settle
 from stream_dedup.dedup.prune import needed_records
 from stream_dedup.dedup.reads import Held, Known, clocks, payloads, read_held, read_known
 from stream_dedup.dedup.writes import verdicts_and_writes
@@ -40,6 +44,25 @@ from stream_dedup.models import Document
 #: 2026-11-26): 32 MiB found 49% of candidates' sets at 0-100k documents and 26% at
 #: 200-300k, 128 MiB 79% and 49%, for 40-120 MB more resident memory as it fills.
 SET_CACHE_BYTES = 128 << 20
+
+
+@dataclass(frozen=True, slots=True)
+class Decided:
+    """A batch read and matched, its verdicts and write not built
+    (:meth:`Deduplicator.decide_parts`); ``first``: the docnum its first indexed
+    document was given (the ``indexed`` counter it was matched at)."""
+
+    docs: Sequence[Document]
+    sk: Sketch
+    known: Known
+    held: Held
+    found: Matches
+    queries: tuple[U32, I64, I64]
+    stats: BatchStats
+    relations: Relations | None
+    epoch: int
+    doc_clock: I64
+    first: int
 
 
 class Deduplicator:
@@ -63,6 +86,8 @@ class Deduplicator:
         self._warming = False
         #: Work the batches decided left for after the lease (:meth:`after_lease`).
         self._pending: list[Callable[[], None]] = []
+        #: How the batches decided before a shared index's lease were settled in it.
+        self.predecided = PredecideCounts()
 
     def warm_up(self, notice: Callable[[str], None] | None = None) -> None:
         """Load the compiled kernels now, so the first batch does not wait for them.
@@ -138,6 +163,30 @@ class Deduplicator:
         turns its numbers into verdicts and records.
         """
         self.after_lease()  # what an earlier batch left, if nothing ran it
+        parts = self.decide_parts(docs, sketched)
+        self.leave_for_later(parts.sk, parts.found)
+        return self.result_of(parts)
+
+    def predecide(
+        self, docs: Sequence[Document], sketched: Sketch | None = None
+    ) -> Predecided | None:
+        """``docs`` decided before a shared index's lease (:mod:`.predecide`); ``None``
+        where they are decided inside it only."""
+        return predecide(self, docs, sketched)
+
+    def settle(self, pre: Predecided) -> BatchResult | None:
+        """Inside the lease: ``pre``'s verdicts and write, or ``None`` when the batch must
+        be decided again (:func:`~.predecide.settle`)."""
+        return settle(self, pre)
+
+    def decide_parts(
+        self, docs: Sequence[Document], sketched: Sketch | None = None, *, ahead: bool = False
+    ) -> Decided:
+        """What :meth:`decide` reads and matches: everything that asks the index.
+
+        ``ahead``: decided outside a shared index's lease (:mod:`.predecide`), where a
+        newer write may be read in part: documents numbered past the counters read are
+        left out (the batch's documents that meet them are decided again in the lease)."""
         sk = sketched if sketched is not None else self.sketch(docs)
         if sk.size != len(docs):
             raise ValueError("the sketch handed in is not the sketch of these documents")
@@ -145,7 +194,10 @@ class Deduplicator:
             self.set_cache.trust_below(self.index.counter("indexed"))
         known = read_known(self.index, docs, sk, self.config.revisions)
         epoch = self.index.batch_epoch()
-        held = read_held(self.index, sk, known, epoch)
+        below = self.index.counter("indexed") if ahead else None
+        if below is not None:
+            known.group_docnum[known.group_docnum >= below] = -1
+        held = read_held(self.index, sk, known, epoch, below)
         doc_clock = clocks(docs, self.index.timeline.clock)
         queries = self._queries(sk)
         found = self._match(sk, known, held, epoch, doc_clock, queries)
@@ -161,10 +213,25 @@ class Deduplicator:
         stats.window_without_time = (
             bool(docs) and stats.untimed == len(docs) and bool(self.index.retention.window)
         )
-        verdicts, staged = verdicts_and_writes(
-            docs, sk, known, held.records, found, queries, stats, relations
+        first = self.index.counter("indexed")
+        return Decided(
+            docs, sk, known, held, found, queries, stats, relations, epoch, doc_clock, first
         )
-        self._later(sk, found)
+
+    def result_of(self, parts: Decided, built: Written | None = None) -> BatchResult:
+        """The verdicts and the write of a batch read and matched (:meth:`decide_parts`).
+
+        Built from ``parts`` without changing them (a batch decided before the lease is
+        built again, its docnums moved, when other instances indexed documents meanwhile:
+        :mod:`.predecide`); ``built``: its verdicts built before the lease."""
+        docs, sk, known, held, found = parts.docs, parts.sk, parts.known, parts.held, parts.found
+        relations = parts.relations
+        # A batch of repeated ids adds its own records to the candidates' as it goes.
+        records = dict(held.records) if known.repeats else held.records
+        stats = copy.copy(parts.stats)
+        verdicts, staged = verdicts_and_writes(
+            docs, sk, known, records, found, parts.queries, stats, relations, built=built
+        )
         ordered, written = bucket_puts(
             sk.bucket_keys, sk.bucket_order, held.slot, found, self.plan.bands
         )
@@ -175,7 +242,7 @@ class Deduplicator:
                 [*ordered.keys, *relations.puts.keys], [*ordered.values, *relations.puts.values]
             )
             fingerprints = np.concatenate([fingerprints, relations.fingerprints])
-        clock = int(doc_clock[-1]) if len(docs) else self.index.timeline.clock
+        clock = int(parts.doc_clock[-1]) if len(docs) else self.index.timeline.clock
         return BatchResult(
             verdicts,
             staged.puts,
@@ -183,12 +250,12 @@ class Deduplicator:
             staged.counters,
             stats,
             fingerprints,
-            epoch,
+            parts.epoch,
             (found.points_doc, found.points_clock),
             clock,
         )
 
-    def _later(self, sk: Sketch, found: Matches) -> None:
+    def leave_for_later(self, sk: Sketch, found: Matches) -> None:
         """What the batch leaves for the batches after it, not for its own verdicts: its
         sets kept in the cache, its texts gathered for the payload dictionary. On a
         shared index that waits for :meth:`after_lease` (the next decide runs it first
@@ -206,7 +273,7 @@ class Deduplicator:
             later()
 
     def after_lease(self) -> None:
-        """Run what the last decided batches left for later (see :meth:`_later`): the
+        """Run what the last decided batches left for later (see :meth:`leave_for_later`): the
         service calls it once a shared index's lease is let go, :meth:`commit` once the
         batch is stored."""
         pending, self._pending = self._pending, []

@@ -98,14 +98,21 @@ class Held:
     records: dict[int, DocRecord]
 
 
-def read_held(index: DedupIndex, sk: Sketch, known: Known, epoch: int) -> Held:
+def read_held(
+    index: DedupIndex, sk: Sketch, known: Known, epoch: int, below: int | None = None
+) -> Held:
     """The bucket members and candidate records for a batch that writes to ``epoch``.
 
     Only documents still held (at or after the index's cutoff) are read: an expired one
-    is no candidate, whatever a bucket of an older epoch still lists.
+    is no candidate, whatever a bucket of an older epoch still lists. ``below``: only
+    documents numbered below it are read (outside a shared index's lease, a bucket may
+    already hold a newer write's documents, which the batch is decided again for).
     """
     bkeys = sk.bucket_keys
     committed, older = index.read_bucket_members(bkeys, sk.bucket_fingerprints, epoch)
+    if below is not None:
+        committed = members_below(committed, below)
+        older = None if older is None else members_below(older, below)
     slot = np.arange(len(bkeys), dtype=np.intp)
     slot[sk.bucket_shared[:, 0]] = sk.bucket_shared[:, 1]
     old = None if older is None else (older[0][slot], older[1][slot], older[2])
@@ -114,7 +121,17 @@ def read_held(index: DedupIndex, sk: Sketch, known: Known, epoch: int) -> Held:
     wanted = set(group_docnum[group_docnum >= cutoff].tolist())
     members = [committed[2]] if old is None else [committed[2], old[2]]
     wanted.update(m for m in np.unique(np.concatenate(members)).tolist() if m >= cutoff)
+    if below is not None:  # no record of a newer write: its numbers are the batch's own
+        wanted = {m for m in wanted if m < below}
     return Held(slot, committed, old, index.read_records(sorted(wanted)))
+
+
+def members_below(members: Members, below: int) -> Members:
+    """``members`` without the documents numbered ``below`` or after: the tail of each
+    bucket's list (a bucket's members are in docnum order, a write appends newer ones)."""
+    at, length, flat = members
+    kept = np.concatenate([[0], np.cumsum(flat < below)])
+    return at, kept[at + length] - kept[at], flat
 
 
 def clocks(docs: Sequence[Document], committed: int) -> I64:

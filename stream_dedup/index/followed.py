@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 
+from stream_dedup.core.hashing import U64
 from stream_dedup.index.backend import Backend, ChangeFeed
 from stream_dedup.index.epoch_filters import EpochFilters
 
@@ -33,6 +34,10 @@ class FollowedFilters:
         #: The filters were built whole and have been kept in step since: false until a
         #: build finishes (one cut short by an outage is started again).
         self._ready = False
+        #: The other instances' entries the last :meth:`in_lease` added (``None``: the log
+        #: could not tell, or it is not followed): what changed since the version the
+        #: filters stood at before, for a batch decided there (``DedupIndex.as_of``).
+        self.added: list[tuple[int, U64]] | None = None
 
     def before_lease(self, capacities: Callable[[], dict[int, int]]) -> None:
         """Build the filters (from a scan, outside the lease) when they are not being
@@ -54,10 +59,10 @@ class FollowedFilters:
     def in_lease(self, live: Iterable[int], capacity: int) -> None:
         """Add the other instances' keys committed since the last lease; drop the filters
         of epochs they let go. ``capacity``: the size of a filter made for a new epoch."""
-        self.current = False
+        self.current, self.added = False, None
         if self._feed is None or not (self._ready and self._feed.following):
             return
-        changes = self._feed.changes()
+        changes = self.added = self._feed.changes()
         if changes is None:
             self._ready = False  # built again before the next lease; all keys read in this
             return

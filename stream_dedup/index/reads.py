@@ -105,6 +105,11 @@ class IndexReads(PayloadDictionaries):
         docnums = [None if raw is None else int.from_bytes(raw, "little") for raw in read[n:]]
         return verdicts, docnums
 
+    def lookup_fingerprints(self, doc_ids: Sequence[str], exact_keys: Sequence[bytes]) -> U64:
+        """The key filter's fingerprints of the verdict keys of ``doc_ids`` and of
+        ``exact_keys``, as :meth:`read_decided` asks and a shared index's log lists them."""
+        return key_fingerprints([keys.verdict_key(i) for i in doc_ids] + list(exact_keys))
+
     def has_decided(self, doc_ids: Sequence[str]) -> bool:
         """Whether any of ``doc_ids`` has a verdict in the index."""
         return any(self.read_lookups([keys.verdict_key(i) for i in doc_ids]))

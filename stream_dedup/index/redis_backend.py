@@ -53,6 +53,7 @@ from stream_dedup.index.redis_layout import (
 )
 from stream_dedup.index.redis_log import (
     LOG_ENTRIES,
+    PEEK,
     READ,
     TAKE,
     ChangeCursor,
@@ -130,6 +131,7 @@ class RedisBackend:
         #: the lease's held time; None while it holds the lease or wrote outside one.
         self.released_at: float | None = None
         self._take = self._client.register_script(TAKE)
+        self._peek = self._client.register_script(PEEK)
         self._commit = self._client.register_script(COMMIT)
         self._read_log = self._client.register_script(READ)
         self._follow = self._client.register_script(FOLLOW)
@@ -337,6 +339,22 @@ class RedisBackend:
                     self._release(keys=[self._lock], args=[token])
                 except (redis.RedisError, OSError):
                     self._unreleased = token
+
+    @contextlib.contextmanager
+    def as_of(self) -> Iterator[int]:
+        """Read as of the version now, outside the lease: the writes waiting at it read
+        through, the log read up to it (one script; see ``dedup/predecide.py``)."""
+        if self._token is not None:
+            raise RuntimeError("the lease is held: read inside it")
+        with self._failing("reading the index's version"):
+            keys, at = [self._redos, *self._log_keys], [self._cursor.position]
+            waiting, *since = self._peek(keys=keys, args=at)
+            self._cursor.read(since)
+            self._overlay = self._queue.overlay([int(v) for v in waiting])
+        try:
+            yield int(since[0])
+        finally:
+            self._overlay = Overlay()
 
     # -- the change log (ChangeFeed) ----------------------------------------------------
 

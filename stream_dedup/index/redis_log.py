@@ -29,7 +29,7 @@ import numpy as np
 
 from stream_dedup.core.hashing import U64
 
-__all__ = ["LOG_ENTRIES", "READ", "TAKE", "ChangeCursor", "Changes", "encode_entry"]
+__all__ = ["LOG_ENTRIES", "PEEK", "READ", "TAKE", "ChangeCursor", "Changes", "encode_entry"]
 
 #: Entries the log keeps: how far behind the others an instance may fall and still catch
 #: up from the log (at ~300 KB per 2,000-document batch, ~10 MB of Redis memory).
@@ -63,6 +63,17 @@ if not redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
 end
 local out = since(KEYS[3], KEYS[4], tonumber(ARGV[3]))
 table.insert(out, 1, redis.call('HKEYS', KEYS[2]))
+return out
+"""
+)
+#: KEYS: redos, version, log. ARGV: from. What :data:`TAKE` answers, without taking the
+#: lease: the index as of one version, for deciding a batch before the lease
+#: (``{{waiting...}, version, status, entries...}``, read in one step).
+PEEK = (
+    _SINCE
+    + """
+local out = since(KEYS[2], KEYS[3], tonumber(ARGV[1]))
+table.insert(out, 1, redis.call('HKEYS', KEYS[1]))
 return out
 """
 )

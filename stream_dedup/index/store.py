@@ -26,11 +26,8 @@ its start and brings the key filters up to date from the backend's change log
 
 from __future__ import annotations
 
-import contextlib
-import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import replace
-from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -43,6 +40,7 @@ from stream_dedup.index.bucket_records import Members
 from stream_dedup.index.epoch_filters import FILTER_FILE, EpochFilters
 from stream_dedup.index.followed import FollowedFilters
 from stream_dedup.index.index_stats import IndexStats
+from stream_dedup.index.lease import SharedSections
 from stream_dedup.index.params import IndexParams
 from stream_dedup.index.pending import (
     PendingCommit,
@@ -65,9 +63,6 @@ from stream_dedup.index.staged import COUNTERS, DocRecord, StoredVerdict
 from stream_dedup.index.state_lock import StateLock
 from stream_dedup.index.timeline_store import load_timeline, refresh_timeline, stored_epochs
 
-if TYPE_CHECKING:  # the Redis client is imported only where an index on it is opened
-    from stream_dedup.index.redis_heads import GroupHeads
-
 __all__ = [
     "COUNTERS",
     "FILTER_FILE",
@@ -80,7 +75,7 @@ __all__ = [
 ]
 
 
-class DedupIndex(IndexReads, IndexProgress):
+class DedupIndex(IndexReads, IndexProgress, SharedSections):
     """One open index. One process writes an index (RocksDB's lock), from one thread;
     other threads may read it inside :meth:`~.reads.IndexReads.consistent`.
 
@@ -177,39 +172,6 @@ class DedupIndex(IndexReads, IndexProgress):
     def shared(self) -> bool:
         """Whether other instances write this index too (see :meth:`exclusive`)."""
         return self._shared
-
-    @contextlib.contextmanager
-    def exclusive(self) -> Iterator[None]:
-        """Decide and store a batch of a shared index in here: the other instances wait,
-        and the counters and epochs are re-read first (another instance may have
-        committed since) and the key filters brought up to date (built first, outside
-        the lease, when they are not kept yet). For a single-writer index it only marks
-        the section."""
-        if self._shared:
-            self._followed.before_lease(self._capacities)
-        with self._backend.exclusive():
-            if self._shared:
-                with self._state_lock.writing():
-                    self._load_state(since=self._counters["indexed"])
-                    self._followed.in_lease(self._timeline.numbers(), self._new_filter_size())
-                self._writes += 1  # a commit prepared before this section is stale
-            try:
-                yield
-            finally:
-                self._followed.after_lease()
-
-    def lease_end(self) -> float:
-        """When the last :meth:`exclusive` section let the lease go (``perf_counter``): a
-        shared index's write lets it go at its commit point, before it is applied."""
-        released = getattr(self._backend, "released_at", None)
-        return time.perf_counter() if released is None else float(released)
-
-    def group_heads(self, scope: str) -> GroupHeads | None:
-        """A shared index's exchange of partition heads for consumer group ``scope``
-        (:class:`~stream_dedup.index.redis_heads.GroupHeads`), or None: an index one
-        instance owns needs none."""
-        make = getattr(self._backend, "group_heads", None)
-        return None if make is None else make(scope)
 
     @property
     def params(self) -> IndexParams:

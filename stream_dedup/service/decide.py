@@ -27,6 +27,7 @@ from confluent_kafka import KafkaError, KafkaException
 
 from stream_dedup.core.sketch import Sketch
 from stream_dedup.dedup import BatchResult, Deduplicator
+from stream_dedup.dedup.predecide import Predecided
 from stream_dedup.errors import IndexStoreError
 from stream_dedup.logs import LogThrottle, fields
 from stream_dedup.models import Document
@@ -100,6 +101,23 @@ class Decider:
         A shared index's lease holds this half only; the records, a JSON event per
         document, are built after it (:meth:`records`)."""
         return Decision(*self._decide(decoded.docs, sketched))
+
+    def predecide(self, decoded: Decoded, sketched: Sketch | None = None) -> Predecided | None:
+        """A shared index's batch decided before the lease (``None``: inside it only).
+
+        A document whose deciding raises is found inside the lease, where the batch is
+        then decided again (:meth:`decide`): here nothing is counted or blamed."""
+        try:
+            return self.dedup.predecide(decoded.docs, sketched)
+        except ENVIRONMENT_ERRORS:
+            raise
+        except Exception:
+            return None
+
+    def settle(self, decoded: Decoded, sketched: Sketch | None, pre: Predecided | None) -> Decision:
+        """Inside the lease: ``pre`` as deciding now would give it, else :meth:`decide`."""
+        result = None if pre is None else self.dedup.settle(pre)
+        return self.decide(decoded, sketched) if result is None else Decision(result, [])
 
     def records(self, decoded: Decoded, decision: Decision, *, told: bool = False) -> DecidedBatch:
         """The second half of :meth:`build`: each verdict's event, then the dead letters

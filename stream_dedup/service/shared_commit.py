@@ -110,18 +110,21 @@ class SharedIndex(CommitStrategy):
         return out
 
     def _decide_and_store(self, decoded: Decoded, sketched: Sketch | None) -> Decision:
-        """Step 1: under the lease, decide the batch and store it (one atomic write).
+        """Step 1: decide the batch before the lease, then under it settle it (decide it
+        again where another instance wrote near it meanwhile) and store it (one atomic
+        write); ``stream_dedup.dedup.predecide`` tells why the verdicts are the same.
 
         Run again after an outage, it takes a new lease, which first applies a write the
         outage interrupted after its commit point; the batch's documents stored by then
         get their stored verdicts back, so its events are the same as the first try's.
         """
         metrics = self._metrics
+        pre = self._decider.predecide(decoded, sketched)
         waited = time.perf_counter()
         with self._index.exclusive():
             held = time.perf_counter()
             metrics.lease_wait.observe(held - waited)
-            decision = self._decider.decide(decoded, sketched)
+            decision = self._decider.settle(decoded, sketched, pre)
             self._index.apply(self._decider.dedup.prepare(decision.result))  # 1. store
         metrics.lease_held.observe(self._index.lease_end() - held)
         return decision

@@ -46,8 +46,8 @@ def _run(config: DedupConfig, one_at_a_time: bool, mp: pytest.MonkeyPatch) -> li
     calls: list[int] = []
     if one_at_a_time:
 
-        def slow(docs: Sequence[Document], *rest: object) -> object:
-            calls.append(len(docs))
+        def slow(docs: Sequence[Document], *rest: object, written: object = None) -> object:
+            calls.append(len(docs))  # ``written``: verdicts built before, none here
             return writes.one_by_one(docs, *rest, BatchStats())  # type: ignore[call-arg, arg-type]
 
         mp.setattr(writes, "decided_once", slow)
@@ -108,7 +108,7 @@ def test_a_containment_batch_built_list_by_list_equals_one_at_a_time(
     fast = run()
     calls: list[int] = []
 
-    def slow(docs: Sequence[Document], *rest: object) -> object:
+    def slow(docs: Sequence[Document], *rest: object, built: object = None) -> object:
         calls.append(len(docs))
         *head, stats, relations = rest
         return writes.one_by_one(docs, *head, stats, relations)  # type: ignore[arg-type]
