@@ -267,12 +267,6 @@ def main() -> int:
         help="answered by the check process (default), by it with two RocksDB readers "
         "(http.check_readers), or in the service's process",
     )
-    p.add_argument(
-        "--slice-ms",
-        type=float,
-        help="the check process's http.check_slice_ms (default: its own setting; 0: the "
-        "kernel's slice)",
-    )
     p.add_argument("--json", metavar="FILE", help="also write the results as JSON")
     args = p.parse_args()
     args.partitions, args.delivery = 1, "at-least-once"  # as bench_service.Run reads them
@@ -306,8 +300,6 @@ def main() -> int:
             args.check_port = free_port() if in_process else run.port
             http = f"check_process = {str(in_process).lower()}\n"
             http += f"check_readers = {str(args.checks == 'readers').lower()}\n"
-            if args.slice_ms is not None:
-                http += f"check_slice_ms = {args.slice_ms}\n"
             http += f"check_port = {args.check_port}\n"
             text = text.replace("[http]\n", "[http]\n" + http, 1)
             if args.switch_interval_ms is not None:
