@@ -58,7 +58,6 @@ from stream_dedup.service.check_http import CheckEndpoint
 from stream_dedup.service.check_metrics import CheckMetrics
 from stream_dedup.service.check_readers import Readers
 from stream_dedup.service.config import ServiceConfig
-from stream_dedup.service.cpu_slice import request_slice
 from stream_dedup.service.http import HttpEndpoints
 
 #: Without a notice for this long, the index is followed anyway.
@@ -178,8 +177,6 @@ def serve(conn: Connection, notices: Notices, sock: socket.socket) -> None:
     the service goes."""
     config: ServiceConfig = conn.recv()
     setup_logging(config.log.level, config.log.format)
-    if config.http.check_slice_ms:  # before any thread or reader starts: they inherit it
-        request_slice(config.http.check_slice_ms)
     registry = CollectorRegistry()
     ProcessCollector(registry=registry)
     PlatformCollector(registry=registry)

@@ -239,8 +239,6 @@ class HttpConfig:
     deciding process itself. On RocksDB, ``check_readers`` has that process answer from
     two reader processes that catch up in turn (:mod:`stream_dedup.service.check_readers`):
     off by default, since on a host without idle cores it lengthened the checks' tail.
-    ``check_slice_ms`` is the CPU slice the check process asks Linux for
-    (:mod:`stream_dedup.service.cpu_slice`; 0: the kernel's default).
     With ``port = 0`` the check port left at its default is any free port too."""
 
     enabled: bool = True
@@ -254,7 +252,6 @@ class HttpConfig:
     check_port: int = DEFAULT_CHECK_PORT
     check_restarts: int = 5
     check_readers: bool = False
-    check_slice_ms: float = 0.5
 
     def __post_init__(self) -> None:
         if self.port == 0 and self.check_port == DEFAULT_CHECK_PORT:
@@ -269,10 +266,6 @@ class HttpConfig:
         if self.check_restarts < 0:
             raise ConfigError(
                 "http.check_restarts", f"must be 0 or more, got {self.check_restarts}"
-            )
-        if self.check_slice_ms != 0 and not 0.1 <= self.check_slice_ms <= 100:
-            raise ConfigError(
-                "http.check_slice_ms", f"must be 0 (off) or 0.1-100, got {self.check_slice_ms}"
             )
         if not self.host:
             raise ConfigError("http.host", "name an address to listen on, e.g. 0.0.0.0")

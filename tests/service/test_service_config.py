@@ -164,8 +164,6 @@ def test_environment_and_flags_are_parsed_into_the_settings_types() -> None:
         ({"http": {"health_max_age_s": 0}}, "http.health_max_age_s"),
         ({"http": {"health_max_age_s": float("inf")}}, "http.health_max_age_s"),
         ({"http": {"host": ""}}, "http.host"),
-        ({"http": {"check_slice_ms": 0.05}}, "http.check_slice_ms"),
-        ({"http": {"check_slice_ms": 101}}, "http.check_slice_ms"),
         ({"service": {"flush_timeout_s": 0.0}}, "service.flush_timeout_s"),
         ({"service": {"switch_interval_ms": 0.0}}, "service.switch_interval_ms"),
         ({"service": {"switch_interval_ms": 5000.0}}, "service.switch_interval_ms"),
@@ -200,8 +198,6 @@ def test_edges_of_the_ranges_are_accepted() -> None:
     assert config.http.port == 65535
     assert config.service.backoff_max_s == 2.0 and isinstance(config.service.backoff_max_s, float)
     assert build_config([{"http": {"port": 0}}]).http.port == 0
-    for edge in (0.0, 0.1, 100.0):
-        assert build_config([{"http": {"check_slice_ms": edge}}]).http.check_slice_ms == edge
 
 
 def _kafka_file(tmp_path: Path, settings: str) -> Path:
