@@ -42,6 +42,10 @@ class SharedSections:
     _writes: int
     #: ``_writes`` when :meth:`as_of` last ended.
     _as_of_writes: int = -2
+    #: Whether the last lease found other instances' writes since this one last read the
+    #: log (or could not tell): deciding before the lease pays only then (see
+    #: :attr:`others_writing`).
+    _others_wrote: bool = True
 
     def _load_state(self, since: int | None = None) -> None:
         raise NotImplementedError  # DedupIndex's
@@ -66,6 +70,7 @@ class SharedSections:
                 with self._state_lock.writing():
                     self._load_state(since=self._counters["indexed"])
                     self._followed.in_lease(self._timeline.numbers(), self._new_filter_size())
+                self._others_wrote = self._followed.added != []
                 self._writes += 1  # a commit prepared before this section is stale
             try:
                 yield
@@ -93,6 +98,17 @@ class SharedSections:
             finally:
                 self._followed.after_lease()
                 self._as_of_writes = self._writes
+
+    @property
+    def others_writing(self) -> bool:
+        """Whether other instances wrote to this shared index between this instance's
+        last two reads of its log (true until a lease tells, and where the log cannot).
+
+        Deciding a batch before the lease shortens the lease only for the instances
+        waiting for it; alone, an instance would pay for reading the index as of a version
+        and settling the batch and gain nothing, so it decides inside the lease while no
+        other instance writes, and before it again once one does."""
+        return self._others_wrote
 
     def written_since(self) -> list[tuple[int, U64]] | None:
         """Inside :meth:`exclusive`: the other instances' writes since the last

@@ -119,7 +119,7 @@ class SharedIndex(CommitStrategy):
         get their stored verdicts back, so its events are the same as the first try's.
         """
         metrics = self._metrics
-        pre = self._decider.predecide(decoded, sketched)
+        pre = self._decider.predecide(decoded, sketched) if self._index.others_writing else None
         waited = time.perf_counter()
         with self._index.exclusive():
             held = time.perf_counter()

@@ -280,3 +280,21 @@ def test_a_write_applied_while_the_batch_is_decided_before_the_lease(
     assert first.predecided.touched_docs >= 4
     of = {v[0]: v[2] for v in got}
     assert (of["o105"], of["p100"]) == ("n105", "o100")
+
+
+def test_an_instance_decides_before_the_lease_only_while_another_writes(
+    shared: Callable[[], Deduplicator],
+) -> None:
+    """Alone, deciding before the lease gains nothing: an instance does so until a lease
+    shows no other instance wrote since its last read of the log, then decides inside,
+    and before it again once a lease finds another instance's write."""
+    first, second = shared(), shared()
+    assert first.index.others_writing  # nothing known yet: as if others wrote
+    decide_and_store(first, stories(0, 10))
+    decide_and_store(first, stories(10, 10))
+    assert not first.index.others_writing  # its own write is not another's
+    decide_and_store(second, stories(20, 10))
+    decide_and_store(first, stories(30, 10))
+    assert first.index.others_writing
+    decide_and_store(first, stories(40, 10))
+    assert not first.index.others_writing
