@@ -39,7 +39,7 @@ import numpy as np
 import numpy.typing as npt
 
 from stream_dedup.dedup.check import CheckReads, Held
-from stream_dedup.index.records import DocRecord
+from stream_dedup.index.store import DocRecord
 
 __all__ = [
     "DICTIONARY",
