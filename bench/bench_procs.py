@@ -9,25 +9,8 @@ from pathlib import Path
 from bench_service import Run
 
 
-def answering_pid(run: Run, checks: str) -> int:
-    """The process answering the checks: the service, or its check process (the child
-    running ``stream_dedup.service.check_server``)."""
-    assert run.proc is not None
-    if checks == "inline":
-        return run.proc.pid
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            ppid = int(stat.read_text().rsplit(")", 1)[1].split()[1])
-            cmdline = (stat.parent / "cmdline").read_bytes()
-        except (OSError, ValueError, IndexError):
-            continue
-        if ppid == run.proc.pid and b"check_server" in cmdline:
-            return int(stat.parent.name)
-    raise RuntimeError("no check process found")
-
-
-def reader_pids(pid: int) -> list[int]:
-    """The check process's readers (children running ``check_reader``; none before them)."""
+def children(pid: int, name: bytes) -> list[int]:
+    """The processes whose parent is ``pid`` and whose command line holds ``name``."""
     out = []
     for stat in Path("/proc").glob("[0-9]*/stat"):
         try:
@@ -35,9 +18,26 @@ def reader_pids(pid: int) -> list[int]:
             cmdline = (stat.parent / "cmdline").read_bytes()
         except (OSError, ValueError, IndexError):
             continue
-        if ppid == pid and b"check_reader" in cmdline:
+        if ppid == pid and name in cmdline:
             out.append(int(stat.parent.name))
     return out
+
+
+def answering_pid(run: Run, checks: str) -> int:
+    """The process answering the checks: the service, or its check process (the child
+    running ``stream_dedup.service.check_server``)."""
+    assert run.proc is not None
+    if checks == "inline":
+        return run.proc.pid
+    found = children(run.proc.pid, b"check_server")
+    if not found:
+        raise RuntimeError("no check process found")
+    return found[0]
+
+
+def reader_pids(pid: int) -> list[int]:
+    """The check process's readers (children running ``check_reader``; none before them)."""
+    return children(pid, b"check_reader")
 
 
 def sched_ns(pid: int) -> dict[str, tuple[int, int]]:

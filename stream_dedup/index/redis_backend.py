@@ -16,10 +16,9 @@ needs (the protocol is in ``docs/shared-index.md``):
   across slots, so :meth:`RedisBackend.apply` first stores the write as one value in
   the own slot (``!redos``, versioned), then applies it, then deletes it. Every value
   written is the field's full new value, so applying a write twice is the same as once:
-  whoever next takes the lease reads through a redo record not applied yet, and the next
-  write (or opening the index) applies it. The whole write, document records included,
-  is in the redo record: the commit point is one script and one round trip, and nothing
-  is written before it.
+  the next lease reads through a redo record not applied yet, and the next write (or
+  opening the index) applies it. The whole write, document records included, is in the
+  redo record: the commit point is one script and one round trip, nothing before it.
 * **The lease** (:meth:`RedisBackend.exclusive`). Instances decide and store one batch at
   a time: ``SET !lock <token> NX PX <ttl>``. The commit point's script checks the token,
   so an instance whose lease expired (paused past ``lock_ttl_ms``) writes nothing. A
