@@ -62,6 +62,18 @@ class IndexProgress:
             return None
         return {(str(t), int(p)): (int(a), int(b)) for t, p, a, b in json.loads(raw)}
 
+    def stored_documents(self) -> int:
+        """How many documents the index holds, read from the backend now.
+
+        :meth:`~stream_dedup.index.store.DedupIndex.counter` is this process's view: as
+        of its last commit, or for a shared index its last lease (at first, its opening).
+        Other instances store documents meanwhile, so whether a shared index is empty,
+        asked when partitions are assigned, is read here (an instance that opened the
+        index empty and joined the group only after another one committed batches would
+        otherwise call it lost)."""
+        raw = self._backend.get_many([keys.counter_key("documents")])[0]
+        return int.from_bytes(raw, "little") if raw else 0
+
     def offsets(self) -> dict[tuple[str, int], int]:
         """The next offset to consume per (topic, partition), as last committed."""
         return {

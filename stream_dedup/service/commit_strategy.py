@@ -92,7 +92,9 @@ class CommitStrategy(ABC):
         return self._index.intent()
 
     def stored_documents(self) -> int:
-        """How many documents the index holds (asked when partitions are assigned)."""
+        """How many documents the index holds (asked when partitions are assigned): the
+        index's own counter, which this process alone writes (a shared index's strategy
+        reads Redis)."""
         return self._index.counter("documents")
 
     def replay_delivered(self, intent: Ranges) -> bool:

@@ -170,8 +170,9 @@ class BatchLife:
             elif key in stored:
                 tp.offset = stored[key]
         location = self._index.location
-        if not stored and not intent and self._strategy.stored_documents() == 0:
-            check_empty_index(consumer, partitions, location, self._on_lost)
+        documents = self._strategy.stored_documents
+        if not stored and not intent and documents() == 0:
+            check_empty_index(consumer, partitions, location, self._on_lost, documents)
         else:
             check_offsets_retained(consumer, partitions, location, self._on_lost)
         self._batches.assign({(tp.topic, tp.partition) for tp in partitions})

@@ -25,6 +25,7 @@ loudly.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 
 from confluent_kafka import (
     OFFSET_BEGINNING,
@@ -43,11 +44,20 @@ BROKER_TIMEOUT_S = 10.0
 
 
 def check_empty_index(
-    consumer: Consumer, partitions: list[TopicPartition], location: str, on_lost: str
+    consumer: Consumer,
+    partitions: list[TopicPartition],
+    location: str,
+    on_lost: str,
+    documents: Callable[[], int],
 ) -> None:
-    """The index is empty: if the group committed offsets, it was lost. ``fail`` raises
-    :class:`~stream_dedup.errors.IndexLostError`; ``rebuild`` seeks every partition to its
-    earliest retained message; ``continue`` leaves the group's offsets, loudly."""
+    """The index was found empty: if the group committed offsets, it was lost. ``fail``
+    raises :class:`~stream_dedup.errors.IndexLostError`; ``rebuild`` seeks every partition
+    to its earliest retained message; ``continue`` leaves the group's offsets, loudly.
+
+    ``documents()`` counts the index's documents again once the group's offsets are read:
+    on a shared index another instance may have committed a batch after the first count,
+    and it stored the batch before its offsets reached the group, so read in this order
+    the two agree (an index found filled meanwhile is whole, not lost)."""
     try:
         answer = consumer.committed(
             [TopicPartition(tp.topic, tp.partition) for tp in partitions], BROKER_TIMEOUT_S
@@ -61,6 +71,13 @@ def check_empty_index(
     committed = {f"{tp.topic}:{tp.partition}": tp.offset for tp in answer if tp.offset >= 0}
     if not committed:
         return  # a new index for a new group
+    stored = documents()
+    if stored:
+        log.info(
+            "the index, empty at first look, holds documents another instance stored since",
+            extra=fields(index=location, documents=stored, committed=committed),
+        )
+        return
     if on_lost == "fail":
         raise IndexLostError(location, committed)
     rebuild = on_lost == "rebuild"

@@ -71,7 +71,10 @@ class SharedIndex(CommitStrategy):
         return self._outage.call("reading the batch intent", self._index.intent)
 
     def stored_documents(self) -> int:
-        return self._outage.call("counting documents", lambda: self._index.counter("documents"))
+        """Read from Redis, not the counter as of this instance's last lease: the other
+        instances store documents meanwhile
+        (:meth:`~stream_dedup.index.progress.IndexProgress.stored_documents`)."""
+        return self._outage.call("counting documents", self._index.stored_documents)
 
     def commit(
         self, decoded: Decoded, sketched: Sketch | None, ranges: Ranges, *, replaying: bool

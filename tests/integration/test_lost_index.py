@@ -2,24 +2,38 @@
 service (``index.on_lost = "fail"``), or is rebuilt from the earliest retained messages
 (``"rebuild"``), or is carried on with (``"continue"``) with a warning. Real broker, a real
 RocksDB directory deleted, a real Redis whose keys were dropped. (Index offsets below what
-the broker retains: ``tests/service/test_lost_index.py``.)"""
+the broker retains: ``tests/service/test_lost_index.py``.) And a shared index that is whole
+is never called lost, by an instance that opened it before another one filled it."""
 
 from __future__ import annotations
 
+import json
 import logging
 import shutil
 import uuid
+from collections import Counter
+from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import pytest
 import redis
+from confluent_kafka import Consumer, TopicPartition
 
 from stream_dedup.errors import IndexLostError
 from stream_dedup.service.config import RedisConfig, ServiceConfig
 
-from .support import ServiceThread, Topics, kijiji_documents, make_config, produce_json
+from .committed_reader import read_committed
+from .support import (
+    ServiceThread,
+    Topics,
+    kijiji_documents,
+    make_config,
+    produce,
+    produce_json,
+)
+from .test_process import wait_until
 
 pytestmark = pytest.mark.broker
 
@@ -110,3 +124,69 @@ def test_on_lost_continue_resumes_from_the_group_offsets(
     assert svc.stop() == 0
     assert svc.metric("stream_dedup_messages_consumed_total") == 1  # only what came after
     assert any("consumer group has committed offsets" in r.getMessage() for r in package_logs)
+
+
+def _records(docs: list[dict[str, str]]) -> Iterator[tuple[None, bytes, None]]:
+    return ((None, json.dumps(d).encode(), None) for d in docs)
+
+
+def _group_at(bootstrap: str, topics: Topics, offsets: list[int]) -> bool:
+    """Whether the group's committed offsets of the input's partitions are ``offsets``."""
+    reader = Consumer({"bootstrap.servers": bootstrap, "group.id": topics.group})
+    try:
+        asked = [TopicPartition(topics.input, p) for p in range(len(offsets))]
+        return [tp.offset for tp in reader.committed(asked, 10)] == offsets
+    finally:
+        reader.close()
+
+
+@pytest.mark.parametrize("redis_fixture", ["redis_url", "redis_cluster_url"])
+def test_a_shared_index_filled_after_an_instance_opened_it_is_not_lost(
+    bootstrap: str, tmp_path: Path, redis_fixture: str, request: pytest.FixtureRequest
+) -> None:
+    """An instance opens the shared index while it is empty and joins the group only
+    after another instance has decided and committed batches (a slow start, a restart
+    while the other runs). The partitions it is given have committed offsets, and in
+    exactly-once mode the index stores no offset ahead of them: whether the index is
+    empty must be read from Redis then, not taken from what it held at opening (the
+    two-instance kill loop stopped such an instance with ``IndexLostError``)."""
+    url: str = request.getfixturevalue(redis_fixture)
+    topics = Topics.fresh()
+    topics.create(bootstrap, partitions=2)
+    redis_config = RedisConfig(url=url, namespace=uuid.uuid4().hex[:8], group_order=False)
+
+    def instance(n: int) -> ServiceThread:
+        config = make_config(
+            bootstrap,
+            topics,
+            tmp_path / f"unused-{n}",
+            service={"delivery": "exactly-once"},
+            kafka={
+                "transactional.id": f"{topics.group}-{n}",
+                "partition.assignment.strategy": "cooperative-sticky",
+            },
+        )
+        index = replace(config.index, backend="redis", redis=redis_config)
+        return ServiceThread(replace(config, index=index))
+
+    docs = kijiji_documents(4 * 30)
+    parts = [docs[0:30], docs[30:60], docs[60:90], docs[90:120]]
+    late = instance(1)  # opens the index now, empty
+    first = instance(0).start()
+    try:
+        for p in (0, 1):
+            produce(bootstrap, topics.input, _records(parts[p]), p)
+        first.wait_for("stream_dedup_index_documents", 60)
+        wait_until(lambda: _group_at(bootstrap, topics, [30, 30]), 60, "both partitions committed")
+        late.start()
+        late.wait_for("stream_dedup_assigned_partitions", 1)  # an IndexLostError is raised here
+        for p in (0, 1):
+            produce(bootstrap, topics.input, _records(parts[2 + p]), p)
+        late.wait_for("stream_dedup_messages_consumed_total", 30)  # its partition's half
+        wait_until(lambda: _group_at(bootstrap, topics, [60, 60]), 60, "every batch committed")
+    finally:
+        first_code = first.stop()
+    assert [first_code, late.stop()] == [0, 0]
+    logs = [read_committed(bootstrap, t) for t in (topics.unique, topics.duplicates)]
+    decided = Counter(json.loads(v or b"null")["id"] for log_ in logs for _k, v in log_.committed)
+    assert decided == Counter(d["id"] for d in docs)  # every document, each once
