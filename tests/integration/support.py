@@ -299,8 +299,9 @@ def process_config(
 #: once the producer is flushed: ``produce`` only queues the events in the client, which
 #: sends them a few milliseconds later (the partitions added to the transaction, then
 #: ``linger.ms``), and a kill aimed at a mark made before that (it lands within ~2 ms)
-#: usually left nothing on the broker to abort (2026-11-26: 3 aimed kills of 4 left
-#: nothing; with the flush, 4 of 4 left the batch's events, aborted at the restart).
+#: usually left nothing on the broker to abort (2026-11-26, one instance, 8 aimed kills
+#: at load 2 and 9: 6 left nothing; with the flush all 8 left the batch's events, which
+#: the restarted instance aborted).
 SLOW_COMMIT = """
 import os, sys, time
 from stream_dedup.cli import main
