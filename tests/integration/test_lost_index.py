@@ -145,11 +145,11 @@ def test_a_shared_index_filled_after_an_instance_opened_it_is_not_lost(
     bootstrap: str, tmp_path: Path, redis_fixture: str, request: pytest.FixtureRequest
 ) -> None:
     """An instance opens the shared index while it is empty and joins the group only
-    after another instance has decided and committed batches (a slow start, a restart
-    while the other runs). The partitions it is given have committed offsets, and in
+    after another instance has decided and committed batches (a slow start beside a
+    running instance). The partitions it is given have committed offsets, and in
     exactly-once mode the index stores no offset ahead of them: whether the index is
-    empty must be read from Redis then, not taken from what it held at opening (the
-    two-instance kill loop stopped such an instance with ``IndexLostError``)."""
+    empty must be read from Redis then, not taken from what it held at opening (it
+    stopped with ``IndexLostError``: the two-instance kill loop's flake under load)."""
     url: str = request.getfixturevalue(redis_fixture)
     topics = Topics.fresh()
     topics.create(bootstrap, partitions=2)
@@ -183,10 +183,16 @@ def test_a_shared_index_filled_after_an_instance_opened_it_is_not_lost(
         for p in (0, 1):
             produce(bootstrap, topics.input, _records(parts[2 + p]), p)
         late.wait_for("stream_dedup_messages_consumed_total", 30)  # its partition's half
-        wait_until(lambda: _group_at(bootstrap, topics, [60, 60]), 60, "every batch committed")
+        # (the output, not the group's offsets: the test broker may leave those pending
+        # while two producers' transactions overlap on an output partition)
+        wait_until(lambda: sum(_committed(bootstrap, topics).values()) >= 120, 60, "all out")
     finally:
         first_code = first.stop()
     assert [first_code, late.stop()] == [0, 0]
+    assert _committed(bootstrap, topics) == Counter(d["id"] for d in docs)  # each once
+
+
+def _committed(bootstrap: str, topics: Topics) -> Counter[str]:
+    """The ids of the events a ``read_committed`` reader sees."""
     logs = [read_committed(bootstrap, t) for t in (topics.unique, topics.duplicates)]
-    decided = Counter(json.loads(v or b"null")["id"] for log_ in logs for _k, v in log_.committed)
-    assert decided == Counter(d["id"] for d in docs)  # every document, each once
+    return Counter(json.loads(v or b"null")["id"] for log_ in logs for _k, v in log_.committed)
