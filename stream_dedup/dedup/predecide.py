@@ -36,9 +36,9 @@ from stream_dedup.core.hashing import U64
 from stream_dedup.core.match import I64
 from stream_dedup.core.sketch import Sketch
 from stream_dedup.dedup.batch import BatchResult
-from stream_dedup.dedup.batch_writes import Written, verdicts_of
 from stream_dedup.dedup.reads import clocks
 from stream_dedup.dedup.redecide import MOST, linked, redecide_parts
+from stream_dedup.dedup.settled import Prebuilt, prebuild, settled_result
 from stream_dedup.errors import IndexCorruptError
 from stream_dedup.index.retention import NO_RETENTION, Retention
 from stream_dedup.models import Document
@@ -66,9 +66,9 @@ class Predecided:
     lookups: U64
     place: I64
     owner: I64
-    #: Its live documents' verdicts and verdict records, which do not depend on docnums
-    #: (``None``: a batch with repeated ids, built a document at a time in the lease).
-    built: Written | None
+    #: Its write, numbered as decided (:mod:`.settled`; ``None``: a batch with repeated
+    #: ids, built a document at a time in the lease).
+    built: Prebuilt | None
 
 
 @dataclass(slots=True)
@@ -114,11 +114,7 @@ def predecide(
     dedup.predecided.batches += 1
     fingerprints, owner = _lookups(dedup, parts)
     lookups, place = np.unique(fingerprints, return_inverse=True)
-    built = (
-        None
-        if parts.known.repeats
-        else verdicts_of(parts.docs, parts.sk, parts.held.records, parts.found)
-    )
+    built = None if parts.known.repeats else prebuild(parts, fingerprints, dedup.plan.bands)
     return Predecided(
         parts, version, cutoff, epochs, retention, lookups, place.astype(np.int64), owner, built
     )
@@ -147,7 +143,7 @@ def settle(dedup: Deduplicator, pre: Predecided) -> BatchResult | None:
     counts.touched_docs += n_touched
     if same and moved_by:
         parts = moved(parts, moved_by)
-    built = pre.built
+    again = None
     if same and n_touched:
         parts_again = _in_part(dedup, pre, parts, touched)
         if parts_again is None:
@@ -156,15 +152,16 @@ def settle(dedup: Deduplicator, pre: Predecided) -> BatchResult | None:
             parts, again = parts_again
             counts.partly += 1
             counts.redecided_docs += int(np.count_nonzero(again))
-            built = None if built is None else replace(built, again=again)
     if not same:
         counts.redecided += 1
         counts.redecided_docs += len(parts.docs)
         return None
-    # The write is built here, not before the lease: under contention most batches are
-    # moved or decided in part. The verdicts built before are kept, but those decided
-    # again (they depend on no docnum).
-    result = dedup.result_of(parts, built)
+    # The write built before the lease, given its docnums, and the records of the
+    # documents decided again built anew (:mod:`.settled`).
+    if pre.built is None:
+        result = dedup.result_of(parts)
+    else:
+        result = settled_result(parts, pre.built, again, dedup.plan.bands)
     if not n_touched:
         counts.kept += moved_by == 0
         counts.moved += moved_by != 0
