@@ -66,6 +66,8 @@ class Predecided:
     lookups: U64
     place: I64
     owner: I64
+    #: Where the runs of ``lookups`` start (:func:`_runs`).
+    runs: I64
     #: Its write, numbered as decided (:mod:`.settled`; ``None``: a batch with repeated
     #: ids, built a document at a time in the lease).
     built: Prebuilt | None
@@ -115,9 +117,9 @@ def predecide(
     fingerprints, owner = _lookups(dedup, parts)
     lookups, place = np.unique(fingerprints, return_inverse=True)
     built = None if parts.known.repeats else prebuild(parts, fingerprints, dedup.plan.bands)
-    return Predecided(
-        parts, version, cutoff, epochs, retention, lookups, place.astype(np.int64), owner, built
-    )
+    place = place.astype(np.int64)
+    runs = _runs(lookups)
+    return Predecided(parts, version, cutoff, epochs, retention, lookups, place, owner, runs, built)
 
 
 def settle(dedup: Deduplicator, pre: Predecided) -> BatchResult | None:
@@ -138,7 +140,7 @@ def settle(dedup: Deduplicator, pre: Predecided) -> BatchResult | None:
     touched = np.zeros(len(parts.docs), dtype=bool)
     if same and written:
         keys = np.concatenate([fingerprints for _, fingerprints in written])
-        touched[pre.owner[_written(pre.lookups, keys)[pre.place]]] = True
+        touched[pre.owner[_written(pre.lookups, pre.runs, keys)[pre.place]]] = True
     n_touched = int(np.count_nonzero(touched))
     counts.touched_docs += n_touched
     if same and moved_by:
@@ -211,12 +213,34 @@ def moved(parts: Decided, by: int) -> Decided:
     return replace(parts, found=shifted, first=first + by)
 
 
-def _written(lookups: U64, keys: U64) -> npt.NDArray[np.bool_]:
-    """Per fingerprint of ``lookups`` (sorted, each once): whether ``keys`` hold it."""
-    at = np.minimum(np.searchsorted(lookups, keys), lookups.size - 1)
+#: The high bits of a fingerprint that pick its run among the batch's sorted look-up
+#: fingerprints (:func:`_runs`): 65,536 runs for a batch's ~44,000, most of them empty or
+#: of one.
+_RUN_BITS = 16
+
+
+def _runs(lookups: U64) -> I64:
+    """Where each run of ``lookups`` (sorted) with the same high :data:`_RUN_BITS` bits
+    starts, and the end: built before the lease, so that inside it a written fingerprint
+    is found by a look-up of its run, not a binary search of the whole batch's."""
+    high = (lookups >> np.uint64(64 - _RUN_BITS)).astype(np.intp)
+    starts = np.zeros((1 << _RUN_BITS) + 1, dtype=np.int64)
+    np.cumsum(np.bincount(high, minlength=1 << _RUN_BITS), out=starts[1:])
+    return starts
+
+
+def _written(lookups: U64, runs: I64, keys: U64) -> npt.NDArray[np.bool_]:
+    """Per fingerprint of ``lookups`` (sorted, each once; ``runs``: :func:`_runs`):
+    whether ``keys`` hold it. Each key is compared with the members of its run, one
+    member of every run at a time (runs hold a few at most)."""
+    high = (keys >> np.uint64(64 - _RUN_BITS)).astype(np.intp)
+    at, end = runs[high], runs[high + 1]
     hit = np.zeros(lookups.size, dtype=bool)
-    if lookups.size:
+    while at.size:
+        more = at < end
+        at, end, keys = at[more], end[more], keys[more]
         hit[at[lookups[at] == keys]] = True
+        at = at + 1
     return hit
 
 

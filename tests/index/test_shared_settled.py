@@ -13,7 +13,7 @@ from stream_dedup.core.config import DedupConfig
 from stream_dedup.core.match import Matches
 from stream_dedup.core.sketch import sketch
 from stream_dedup.dedup import Deduplicator
-from stream_dedup.dedup.predecide import Predecided
+from stream_dedup.dedup.predecide import Predecided, _runs, _written
 from stream_dedup.index.batch_records import BatchRecords, doc_records, exact_values
 from stream_dedup.index.bucket_records import bucket_puts, moved_bucket_puts
 from stream_dedup.models import Document
@@ -164,3 +164,24 @@ def test_batch_records_puts_are_the_staged_order() -> None:
     puts = records.puts()
     assert list(puts) == [b"va", b"vb", *keys, b"x" + bytes(16), b"ve"]
     assert puts[keys[1]] == values[1] and puts[b"x" + bytes(16)] == exact_values([3])[0]
+
+
+def test_written_fingerprints_are_found_by_their_runs() -> None:
+    """:func:`~stream_dedup.dedup.predecide._written` marks exactly the batch's look-up
+    fingerprints the log holds, those in the first and last runs and in crowded runs
+    included."""
+    rng = np.random.default_rng(7)
+    edges = np.array(
+        [0, 1, 2**64 - 1, 2**64 - 2, 5 << 48, (5 << 48) + 1, (5 << 48) + 9], dtype=np.uint64
+    )
+    lookups = np.unique(np.concatenate([rng.integers(0, 2**63, 3000).astype(np.uint64) * 2, edges]))
+    keys = np.concatenate(
+        [
+            rng.choice(lookups, 300),
+            edges,
+            rng.integers(0, 2**63, 500).astype(np.uint64),
+        ]
+    )
+    got = _written(lookups, _runs(lookups), keys)
+    assert np.array_equal(got, np.isin(lookups, keys))
+    assert got[[0, 1, -1, -2]].all() and not _written(lookups, _runs(lookups), keys[:0]).any()
