@@ -60,14 +60,7 @@ from stream_dedup.index.redis_log import (
 )
 from stream_dedup.index.redis_members import widen_buckets
 from stream_dedup.index.redis_prepare import Write, prepare_records, prepare_write
-from stream_dedup.index.redis_redo import (
-    COMMIT,
-    FOLLOW,
-    VERSION_FIELD,
-    Overlay,
-    RedoQueue,
-    plain,
-)
+from stream_dedup.index.redis_redo import COMMIT, FOLLOW, VERSION_FIELD, Overlay, RedoQueue, plain
 from stream_dedup.index.redis_wire import Wire
 
 __all__ = ["DEFAULT_NAMESPACE", "RedisBackend", "redacted"]
