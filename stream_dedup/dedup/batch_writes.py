@@ -5,7 +5,8 @@ The common batch, every id new, needs none of the per-document steps of
 containment's fields are added afterwards, to the verdicts they name): its verdicts
 follow from the matching pass's arrays, and its records are built list by list
 (:mod:`stream_dedup.index.batch_records`). On a shared index this runs inside the lease,
-where the step per document was most of the deciding. The one dependency between
+where the step per document was most of the deciding (before it, for a batch decided
+there: :mod:`.settled`). The one dependency between
 documents, a duplicate of a document indexed earlier in the same batch taking that
 document's cluster, is resolved in batch order over the duplicates alone.
 """

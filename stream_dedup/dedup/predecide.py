@@ -5,15 +5,15 @@ verdicts and records, most of the time the lease is held (``docs/shared-index.md
 Sizing). Deciding reads only the index, so the same batch can be decided before the
 lease against the index as of one version ``V`` of its change log
 (:meth:`~stream_dedup.index.store.DedupIndex.as_of`: the counters, epochs and key filters
-of ``V``, the writes waiting at ``V`` read through): its reads and its matching pass; its
-verdicts and write are built inside the lease, once. Inside the lease, the log past ``V``
-says which look-up keys the other instances wrote since. Another instance's write can
+of ``V``, the writes waiting at ``V`` read through): its reads, its matching pass, and
+its verdicts and write, numbered as decided (:mod:`.settled`). Inside the lease, the log
+past ``V`` says which look-up keys the other instances wrote since. Another instance's write can
 change a document's verdict only through those keys (its id: a replay; its exact text: a
 repeat; a band bucket: a new candidate), so a batch none of whose keys was written is
 decided exactly as it would be inside the lease, but for its docnums: they are counted
 from the ``indexed`` counter, which the others moved. Those are moved by the same amount
 (every number the batch gave is at or after the one it started from, every number it
-read is before it), and the write is built again from the moved numbers.
+read is before it), and so are the write's (one array step per kind of number).
 
 Where that cannot be shown, the batch is decided again, whole, inside the lease, as
 before: a key of the batch was written past ``V`` (its *touched* documents are counted),

@@ -7,7 +7,9 @@ fields) go into the redo record as joined bytes straight from the matching pass'
 arrays (:class:`~.redis_layout.PackedBuckets`), and are expanded into fields of the
 record hashes only when the write is applied, after the lease (:mod:`.redis_redo`).
 The document records go into the redo record too, as they are, so that the commit
-point is one script and one round trip: nothing is written before it.
+point is one script and one round trip: nothing is written before it. A batch decided
+before the lease hands its records in kind by kind, built there (:func:`prepare_records`):
+the lease only joins them.
 """
 
 from __future__ import annotations
