@@ -98,10 +98,10 @@ def settled_result(
     docs, sk, known, found = parts.docs, parts.sk, parts.known, parts.found
     written, values = pre.written, pre.doc_values
     indexed = pre.indexed
-    redo = None
+    rebuilt = None  # the written buckets of documents decided again, by position
     if again is not None and again.any():
         written, values = _again(parts, pre, again)
-        redo = np.flatnonzero(again[pre.chosen // bands])
+        rebuilt = np.flatnonzero(again[pre.chosen // bands])
     new = np.flatnonzero(found.new_text & (found.docnum >= 0))
     live = np.asarray(sk.live, dtype=np.int64)
     empty = np.flatnonzero(np.array([p is None for p in known.live_pos], dtype=bool))
@@ -118,8 +118,8 @@ def settled_result(
         np.concatenate([fingerprints[live], fingerprints[len(docs) + new], fingerprints[empty]]),
     )
     again_buckets = None
-    if redo is not None:
-        again_buckets = (redo, pre.chosen[redo], parts.held.slot, found, bands)
+    if rebuilt is not None:
+        again_buckets = (rebuilt, pre.chosen[rebuilt], parts.held.slot, found, bands)
     ordered = moved_bucket_puts(pre.ordered, pre.first, parts.first - pre.first, again_buckets)
     counters = {  # in StagedWrite's order (COUNTERS), which the write keeps
         "documents": len(docs),
@@ -127,7 +127,7 @@ def settled_result(
         "duplicates": int(np.count_nonzero(found.match >= 0)),
         "empty": len(docs) - len(sk.live),
     }
-    clock = int(parts.doc_clock[-1]) if len(docs) else 0
+    clock = int(parts.doc_clock[-1])  # a batch decided before the lease has documents
     return BatchResult(
         _verdicts(docs, known.live_pos, written.verdicts),
         {},
