@@ -9,6 +9,7 @@ import numpy as np
 from stream_dedup.core.hashing import U64
 from stream_dedup.core.match import I64, Matches
 from stream_dedup.index.backend import NO_ORDERED_PUTS, OrderedPuts
+from stream_dedup.index.batch_records import BatchRecords
 from stream_dedup.models import Verdict
 
 
@@ -76,6 +77,9 @@ class BatchResult:
     epoch: int | None = None
     points: tuple[I64, I64] | None = None
     clock: int | None = None
+    #: Records kept kind by kind, written before ``puts`` (a batch settled in a shared
+    #: index's lease, :mod:`.settled`); ``None``: all of them are in ``puts``.
+    records: BatchRecords | None = None
 
     @classmethod
     def empty(cls) -> BatchResult:

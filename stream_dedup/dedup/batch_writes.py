@@ -5,7 +5,8 @@ The common batch, every id new, needs none of the per-document steps of
 containment's fields are added afterwards, to the verdicts they name): its verdicts
 follow from the matching pass's arrays, and its records are built list by list
 (:mod:`stream_dedup.index.batch_records`). On a shared index this runs inside the lease,
-where the step per document was most of the deciding. The one dependency between
+where the step per document was most of the deciding (before it, for a batch decided
+there: :mod:`.settled`). The one dependency between
 documents, a duplicate of a document indexed earlier in the same batch taking that
 document's cluster, is resolved in batch order over the duplicates alone.
 """
@@ -32,7 +33,7 @@ from stream_dedup.index.staged import StagedWrite
 from stream_dedup.index.store import DocRecord
 from stream_dedup.models import Document, Verdict, VerdictKind
 
-__all__ = ["Written", "decided_once", "verdicts_of", "verdicts_once"]
+__all__ = ["Written", "decided_once", "matches", "payloads_of", "spliced", "verdicts_once"]
 
 _UNIQUE, _DUPLICATE = VerdictKind.UNIQUE, VerdictKind.DUPLICATE
 
@@ -41,14 +42,12 @@ _UNIQUE, _DUPLICATE = VerdictKind.UNIQUE, VerdictKind.DUPLICATE
 class Written:
     """The live documents' verdicts and verdict records (keys, records) of a batch
     decided once: nothing in them depends on docnums, so a batch decided before a shared
-    index's lease builds them there, and the lease rebuilds those of ``again`` only
-    (:mod:`.predecide`)."""
+    index's lease builds them there, and the lease rebuilds those of the documents it
+    decides again only (:mod:`.settled`)."""
 
     verdicts: list[Verdict]
     keys: list[bytes]
     records: list[bytes]
-    #: Per live document: built again with the batch's final matches.
-    again: npt.NDArray[np.bool_] | None = None
 
 
 def verdicts_once(
@@ -57,22 +56,13 @@ def verdicts_once(
     matched: tuple[list[str | None], list[float | None], list[str]],
 ) -> Written:
     """The verdicts and verdict records of live documents ``live_ids`` (their exact
-    keys, and ``matched``: what :func:`_matches` gives for them)."""
+    keys, and ``matched``: what :func:`matches` gives for them)."""
     of, sim, cluster = matched
     verdicts = [
         Verdict(i, _UNIQUE if o is None else _DUPLICATE, o, s, c)
         for i, o, s, c in zip(live_ids, of, sim, cluster, strict=True)
     ]
     return Written(verdicts, *verdict_records(live_ids, of, sim, cluster, exact_keys))
-
-
-def verdicts_of(
-    docs: Sequence[Document], sk: Sketch, records: dict[int, DocRecord], found: Matches
-) -> Written:
-    """The live documents' verdicts and verdict records, as :func:`decided_once` builds
-    them (``records``: the candidates' records)."""
-    live_ids = [docs[i].id for i in sk.live]
-    return verdicts_once(live_ids, sk.exact_keys, _matches(live_ids, records, found))
 
 
 def decided_once(
@@ -82,27 +72,21 @@ def decided_once(
     records: dict[int, DocRecord],
     found: Matches,
     queries: tuple[U32, I64, I64],
-    written: Written | None = None,
 ) -> tuple[list[Verdict], StagedWrite]:
     """Each document's verdict and the batch's writes, as
     :func:`~.writes.verdicts_and_writes` gives them for a batch without repeated ids
-    (before containment's fields); ``records`` (the candidates' records) is only read.
-    ``written``: the live documents' verdicts built before, all but ``written.again``
-    still theirs."""
+    (before containment's fields); ``records`` (the candidates' records) is only read."""
     ids = [d.id for d in docs]
     live_ids = [ids[i] for i in sk.live]
-    of, sim, cluster = _matches(live_ids, records, found)
-    if written is None:
-        written = verdicts_once(live_ids, sk.exact_keys, (of, sim, cluster))
-    elif written.again is not None and written.again.any():
-        written = _spliced(written, written.again, live_ids, sk.exact_keys, (of, sim, cluster))
+    of, sim, cluster = matches(live_ids, records, found)
+    written = verdicts_once(live_ids, sk.exact_keys, (of, sim, cluster))
     live_verdicts = written.verdicts
     staged = StagedWrite()
     staged.records(written.keys, written.records)
     indexed = np.flatnonzero(found.docnum >= 0)
     at, nums = indexed.tolist(), found.docnum[indexed].tolist()
     doc_ids, doc_clusters = [live_ids[p] for p in at], [cluster[p] for p in at]
-    payloads = _payloads(sk, queries, at)
+    payloads = payloads_of(sk, queries, at)
     staged.records(*doc_records(nums, doc_ids, doc_clusters, payloads, bool(sk.payloads)))
     new = np.flatnonzero(found.new_text & (found.docnum >= 0))
     texts = [sk.exact_keys[p] for p in new.tolist()]
@@ -126,7 +110,7 @@ def decided_once(
     return verdicts, staged
 
 
-def _spliced(
+def spliced(
     written: Written,
     again: npt.NDArray[np.bool_],
     live_ids: list[str],
@@ -147,7 +131,7 @@ def _spliced(
     return Written(verdicts, written.keys, records)
 
 
-def _matches(
+def matches(
     live_ids: list[str], records: dict[int, DocRecord], found: Matches
 ) -> tuple[list[str | None], list[float | None], list[str]]:
     """Per live document: the id it duplicates (``None``: unique), the similarity, and
@@ -174,7 +158,7 @@ def _matches(
     return of, sim, cluster
 
 
-def _payloads(sk: Sketch, queries: tuple[U32, I64, I64], at: list[int]) -> list[bytes]:
+def payloads_of(sk: Sketch, queries: tuple[U32, I64, I64], at: list[int]) -> list[bytes]:
     """What the records of the live documents ``at`` store: their compressed texts when
     the sketch holds them (exact verification), else their verification payloads."""
     if sk.payloads:

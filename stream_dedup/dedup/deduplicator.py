@@ -25,7 +25,6 @@ from stream_dedup.core.payload import payload_sets
 from stream_dedup.core.set_cache import SetCache
 from stream_dedup.core.sketch import Sketch, sketch
 from stream_dedup.dedup.batch import BatchResult, BatchStats
-from stream_dedup.dedup.batch_writes import Written
 from stream_dedup.dedup.dictionary import DictionaryTrainer
 from stream_dedup.dedup.excerpts import Relations, find_excerpts
 from stream_dedup.dedup.full_buckets import FullBuckets
@@ -146,6 +145,7 @@ class Deduplicator:
             epoch=result.epoch,
             points=result.points,
             clock=result.clock,
+            records=result.records,
         )
 
     def sketch(self, docs: Sequence[Document]) -> Sketch:
@@ -218,19 +218,16 @@ class Deduplicator:
             docs, sk, known, held, found, queries, stats, relations, epoch, doc_clock, first
         )
 
-    def result_of(self, parts: Decided, built: Written | None = None) -> BatchResult:
-        """The verdicts and the write of a batch read and matched (:meth:`decide_parts`).
-
-        Built from ``parts`` without changing them (a batch decided before the lease is
-        built again, its docnums moved, when other instances indexed documents meanwhile:
-        :mod:`.predecide`); ``built``: its verdicts built before the lease."""
+    def result_of(self, parts: Decided) -> BatchResult:
+        """The verdicts and the write of a batch read and matched (:meth:`decide_parts`),
+        built from ``parts`` without changing them."""
         docs, sk, known, held, found = parts.docs, parts.sk, parts.known, parts.held, parts.found
         relations = parts.relations
         # A batch of repeated ids adds its own records to the candidates' as it goes.
         records = dict(held.records) if known.repeats else held.records
         stats = copy.copy(parts.stats)
         verdicts, staged = verdicts_and_writes(
-            docs, sk, known, records, found, parts.queries, stats, relations, built=built
+            docs, sk, known, records, found, parts.queries, stats, relations
         )
         ordered, written = bucket_puts(
             sk.bucket_keys, sk.bucket_order, held.slot, found, self.plan.bands

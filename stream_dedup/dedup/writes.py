@@ -16,7 +16,7 @@ from stream_dedup.core.hashing import U32
 from stream_dedup.core.match import I64, Matches
 from stream_dedup.core.sketch import Sketch
 from stream_dedup.dedup.batch import BatchStats
-from stream_dedup.dedup.batch_writes import Written, decided_once
+from stream_dedup.dedup.batch_writes import decided_once
 from stream_dedup.dedup.excerpts import Relations
 from stream_dedup.dedup.reads import Known
 from stream_dedup.index.staged import StagedWrite
@@ -37,7 +37,6 @@ def verdicts_and_writes(
     queries: tuple[U32, I64, I64],
     stats: BatchStats,
     relations: Relations | None = None,
-    built: Written | None = None,
 ) -> tuple[list[Verdict], StagedWrite]:
     """Each document's verdict, and the records and counters its commit writes.
 
@@ -48,11 +47,10 @@ def verdicts_and_writes(
     start, length per live document), stored as they are unless the sketch holds the
     documents' compressed texts (exact verification), which are stored instead;
     ``stats`` counts the replays and revisions; ``relations`` are the live documents'
-    containment fields (:mod:`.excerpts`), ``None`` with containment off; ``built``:
-    the verdicts built before (:class:`~.batch_writes.Written`).
+    containment fields (:mod:`.excerpts`), ``None`` with containment off.
     """
     if not known.repeats:  # the common batch, built list by list
-        verdicts, staged = decided_once(docs, sk, known, records, found, queries, written=built)
+        verdicts, staged = decided_once(docs, sk, known, records, found, queries)
         if relations is not None:
             add_relations(verdicts, staged, sk, relations)
         return verdicts, staged

@@ -13,15 +13,21 @@ with containment's fields are staged again with them (:meth:`~.staged.StagedWrit
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from json.encoder import encode_basestring_ascii
 
 import numpy as np
 
+from stream_dedup.core.hashing import U64
+from stream_dedup.core.match import I64
 from stream_dedup.index import keys
 from stream_dedup.index.records import encode_doc
 
 __all__ = [
+    "BatchRecords",
+    "doc_keys",
     "doc_records",
+    "doc_values",
     "empty_verdict_records",
     "exact_values",
     "text_tags",
@@ -81,7 +87,14 @@ def doc_records(
 ) -> tuple[list[bytes], list[bytes]]:
     """The document keys and records of indexed documents, each ``encode_doc``'s bytes
     (``text``: the payloads are compressed texts)."""
-    doc_keys = [keys.DOC + k for k in np.asarray(docnums, dtype=">u8").view("V8").tolist()]
+    return doc_keys(docnums), doc_values(ids, cluster, payloads, text)
+
+
+def doc_values(
+    ids: Sequence[str], cluster: Sequence[str], payloads: Sequence[bytes], text: bool
+) -> list[bytes]:
+    """:func:`doc_records`' records alone: they name no docnum, so a batch decided before
+    a shared index's lease builds them there."""
     mark = _TEXT if text else 0
     out: list[bytes] = []
     for i, c, payload in zip(ids, cluster, payloads, strict=True):
@@ -91,10 +104,52 @@ def doc_records(
             encode_doc(i, c, payload, text)  # raises the error that names the length
         n, m = len(ib), len(cb) | mark
         out.append(b"".join((n.to_bytes(2, "little"), ib, m.to_bytes(2, "little"), cb, payload)))
-    return doc_keys, out
+    return out
+
+
+def doc_keys(docnums: Sequence[int] | I64) -> list[bytes]:
+    """The document keys of ``docnums``: ``d`` and the docnum as 8 bytes big-endian."""
+    rows = np.empty((len(docnums), 9), dtype=np.uint8)
+    rows[:, 0] = keys.DOC[0]
+    rows[:, 1:] = np.asarray(docnums, dtype=">u8").view(np.uint8).reshape(-1, 8)
+    out: list[bytes] = rows.view("V9").ravel().tolist()
+    return out
 
 
 def exact_values(docnums: Sequence[int]) -> list[bytes]:
     """The values of new exact texts' records: the first docnum with each text."""
     values: list[bytes] = np.asarray(docnums, dtype="<u8").view("V8").tolist()
     return values
+
+
+@dataclass(frozen=True, slots=True)
+class BatchRecords:
+    """A batch's records decided once, kind by kind, in the order its write stages them.
+
+    What :class:`~.staged.StagedWrite` holds after :func:`verdict_records`,
+    :func:`doc_records`, :func:`exact_values` and :func:`empty_verdict_records`, kept
+    apart: on a shared index the records of a batch decided before the lease are built
+    there, and the lease only gives them their docnums (``doc_nums``, ``exact_nums``)
+    and builds again those of the documents decided again. A backend that encodes a
+    write from its parts (Redis) takes them as they are; any other takes :meth:`puts`.
+    """
+
+    verdict_keys: list[bytes]
+    verdict_values: list[bytes]
+    doc_nums: I64
+    doc_values: list[bytes]
+    exact_keys: list[bytes]
+    exact_nums: I64
+    empty_keys: list[bytes]
+    empty_values: list[bytes]
+    #: The key filter's fingerprints of the verdict, exact-text and empty verdict keys,
+    #: in that order (:func:`~.filter.key_fingerprints`).
+    fingerprints: U64
+
+    def puts(self) -> dict[bytes, bytes]:
+        """The records as one mapping, in the order :class:`~.staged.StagedWrite` stages them."""
+        puts = dict(zip(self.verdict_keys, self.verdict_values, strict=True))
+        puts.update(zip(doc_keys(self.doc_nums), self.doc_values, strict=True))
+        puts.update(zip(self.exact_keys, exact_values(self.exact_nums.tolist()), strict=True))
+        puts.update(zip(self.empty_keys, self.empty_values, strict=True))
+        return puts

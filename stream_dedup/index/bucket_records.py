@@ -20,7 +20,15 @@ from stream_dedup.core.lookup_keys import PACKED_BUCKET_KEY
 from stream_dedup.core.match import I64, Matches
 from stream_dedup.index.backend import NO_ORDERED_PUTS, BucketArrays, OrderedPuts
 
-__all__ = ["Built", "Members", "bucket_puts", "held_members", "joined_members"]
+__all__ = [
+    "Built",
+    "Members",
+    "bucket_members",
+    "bucket_puts",
+    "held_members",
+    "joined_members",
+    "moved_bucket_puts",
+]
 
 #: Members per bucket key: where each key's members start in ``members``, how many there
 #: are, and the docnums of all of them, one key after another.
@@ -73,8 +81,20 @@ def bucket_puts(
     slots = slot[chosen]
     first = np.ones(chosen.size, dtype=bool)
     first[1:] = slots[1:] != slots[:-1]
-    chosen, slots = chosen[first], slots[first]
-    single = per_key[chosen].astype("<u8")
+    chosen = chosen[first]
+    counts, members = bucket_members(chosen, slot, found, bands)
+    joined = np.frombuffer(b"".join(bkeys), dtype=PACKED_BUCKET_KEY)[chosen]
+    return _ordered(joined, counts, members), chosen
+
+
+def bucket_members(
+    chosen: npt.NDArray[np.intp], slot: npt.NDArray[np.intp], found: Matches, bands: int
+) -> tuple[I64, U64]:
+    """Each bucket's members as :func:`bucket_puts` writes them (``chosen``: the written
+    keys' positions): a new bucket of one member is its document's docnum (one vectorised
+    pass), any other its final contents from the matching pass."""
+    slots = slot[chosen]
+    single = found.docnum[chosen // bands].astype("<u8")
     longer = np.flatnonzero(found.content_len[slots] > 0)
     counts = np.ones(chosen.size, dtype=np.int64)
     members = single
@@ -83,11 +103,47 @@ def bucket_puts(
         at, size = found.content_at[slots[longer]], found.content_len[slots[longer]]
         counts[longer] = size
         members = _joined(single, counts, longer, contents, at, size)
-    joined = np.frombuffer(b"".join(bkeys), dtype=PACKED_BUCKET_KEY)[chosen]
-    n = int(chosen.size)
+    return counts, members
+
+
+def moved_bucket_puts(
+    ordered: OrderedPuts,
+    first: int,
+    by: int,
+    again: tuple[I64, npt.NDArray[np.intp], npt.NDArray[np.intp], Matches, int] | None = None,
+) -> OrderedPuts:
+    """``ordered`` (:func:`bucket_puts` of a batch numbered from ``first``) with the
+    docnums the batch gave moved ``by`` on, and the buckets ``again`` names built anew.
+
+    ``again``: the positions among ``ordered``'s keys of the buckets of documents decided
+    again, their keys' positions in the batch, each batch key's first position with the
+    same key, the batch's final matching pass and its bands: their members as
+    :func:`bucket_members` gives them. The others keep theirs, moved (every number at or
+    past ``first`` is one the batch gave, every other one it read)."""
+    arrays = ordered.arrays
+    if arrays is None:
+        return ordered
+    counts, members = arrays.counts, arrays.members
+    if by:
+        members = np.where(members >= first, members + np.uint64(by), members)
+    if again is not None and again[0].size:
+        at, chosen, slot, found, bands = again[0], again[1], again[2], again[3], again[4]
+        sub_counts, sub_members = bucket_members(chosen, slot, found, bands)
+        source = np.cumsum(counts) - counts
+        source[at] = members.size + np.cumsum(sub_counts) - sub_counts
+        counts = counts.copy()
+        counts[at] = sub_counts
+        members = np.concatenate([members, sub_members])[_spans(source, counts)]
+    return _ordered(np.frombuffer(arrays.keys, dtype=PACKED_BUCKET_KEY), counts, members)
+
+
+def _ordered(joined: npt.NDArray[np.void], counts: I64, members: U64) -> OrderedPuts:
+    """Band buckets' puts (keys joined in key order, members per key) for any backend:
+    the Python lists built only if one asks for them (:class:`Built`)."""
+    n = int(joined.size)
     keys = Built(n, joined.tolist)
     values = Built(n, lambda: _values(counts, members))
-    return OrderedPuts(keys, values, BucketArrays(joined.tobytes(), counts, members)), chosen
+    return OrderedPuts(keys, values, BucketArrays(joined.tobytes(), counts, members))
 
 
 def _values(counts: I64, members: U64) -> list[bytes]:

@@ -59,15 +59,8 @@ from stream_dedup.index.redis_log import (
     Changes,
 )
 from stream_dedup.index.redis_members import widen_buckets
-from stream_dedup.index.redis_prepare import Write, prepare_write
-from stream_dedup.index.redis_redo import (
-    COMMIT,
-    FOLLOW,
-    VERSION_FIELD,
-    Overlay,
-    RedoQueue,
-    plain,
-)
+from stream_dedup.index.redis_prepare import Write, prepare_records, prepare_write
+from stream_dedup.index.redis_redo import COMMIT, FOLLOW, VERSION_FIELD, Overlay, RedoQueue, plain
 from stream_dedup.index.redis_wire import Wire
 
 __all__ = ["DEFAULT_NAMESPACE", "RedisBackend", "redacted"]
@@ -231,6 +224,8 @@ class RedisBackend:
         record its commit point stores, document records included; it is grouped by
         hash when applied, after the lease (:mod:`.redis_prepare`)."""
         return prepare_write(puts, ordered, epoch, changed)
+
+    prepare_records = staticmethod(prepare_records)  # the records kept kind by kind
 
     def apply(self, prepared: Write) -> None:
         """Store ``prepared``: the commit point, one script that checks the lease,

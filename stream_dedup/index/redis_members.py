@@ -90,13 +90,14 @@ def compact_members(counts: npt.NDArray[np.int64], members: U64) -> tuple[U32, b
         return None
     sizes = 1 + 4 * counts
     ends = np.cumsum(sizes)
-    out = np.empty(int(ends[-1]) if ends.size else 0, dtype=np.uint8)
-    starts = ends - sizes
-    out[starts] = TAG
-    # Member j of a bucket goes to its value's start + 1 + 4 j.
-    first = np.cumsum(counts) - counts
-    at = np.repeat(starts + 1 - 4 * first, counts) + 4 * np.arange(members.size)
-    out[(at[:, None] + np.arange(4)).ravel()] = members.astype("<u4").view(np.uint8)
+    total = int(ends[-1]) if ends.size else 0
+    # Each value is its tag, then its members' 4 bytes: the tags at the values' starts,
+    # the members' bytes, in order, everywhere else (a mask, not an index per byte).
+    tag = np.zeros(total, dtype=bool)
+    tag[ends - sizes] = True
+    out = np.empty(total, dtype=np.uint8)
+    out[tag] = TAG
+    out[~tag] = members.astype("<u4").view(np.uint8)
     return sizes.astype("<u4"), out.tobytes()
 
 

@@ -7,7 +7,9 @@ fields) go into the redo record as joined bytes straight from the matching pass'
 arrays (:class:`~.redis_layout.PackedBuckets`), and are expanded into fields of the
 record hashes only when the write is applied, after the lease (:mod:`.redis_redo`).
 The document records go into the redo record too, as they are, so that the commit
-point is one script and one round trip: nothing is written before it.
+point is one script and one round trip: nothing is written before it. A batch decided
+before the lease hands its records in kind by kind, built there (:func:`prepare_records`):
+the lease only joins them.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from typing import NamedTuple
 
 from stream_dedup.core.hashing import U64
 from stream_dedup.index.backend import OrderedPuts
+from stream_dedup.index.batch_records import BatchRecords, doc_keys
 from stream_dedup.index.redis_layout import (
     PackedBuckets,
     decode_redo,
@@ -26,9 +29,10 @@ from stream_dedup.index.redis_log import encode_entry
 from stream_dedup.index.redis_members import compact_buckets, compact_members
 from stream_dedup.index.redis_redo import Flat
 
-__all__ = ["Write", "prepare_write"]
+__all__ = ["Write", "prepare_records", "prepare_write"]
 
 _DOC = ord("d")
+_LIMIT = 1 << 32
 
 
 class Write(NamedTuple):
@@ -50,15 +54,20 @@ def prepare_write(
     ordered: OrderedPuts,
     epoch: int,
     changed: U64 | None,
+    compacted: tuple[list[bytes], list[bytes]] | None = None,
 ) -> Write:
     """The write of ``puts`` and ``ordered`` (band buckets in key order) to ``epoch``;
-    ``changed`` the fingerprints of its look-up keys, for the change log."""
-    # The document records (most of the bytes) pass as they are; verdicts, texts and any
-    # loose buckets are compacted.
-    docs = [k for k in puts if k[0] == _DOC]
-    others = [k for k in puts if k[0] != _DOC]
-    mixed = docs + others
-    mixed_values = [puts[k] for k in docs] + compact_buckets(others, [puts[k] for k in others])
+    ``changed`` the fingerprints of its look-up keys, for the change log; ``compacted``:
+    the records in place of ``puts``, document records first, already compacted."""
+    if compacted is not None:
+        mixed, mixed_values = compacted
+    else:
+        # The document records (most of the bytes) pass as they are; verdicts, texts and
+        # any loose buckets are compacted.
+        docs = [k for k in puts if k[0] == _DOC]
+        others = [k for k in puts if k[0] != _DOC]
+        mixed = docs + others
+        mixed_values = [puts[k] for k in docs] + compact_buckets(others, [puts[k] for k in others])
     entry = encode_entry(epoch, changed)
     arrays = ordered.arrays
     packed = None if arrays is None else compact_members(arrays.counts, arrays.members)
@@ -72,3 +81,35 @@ def prepare_write(
     rest = Flat(epoch, keys, values, len(mixed))
     redo = encode_redo(epoch, keys, values, len(mixed))
     return Write(epoch, rest, redo, entry)
+
+
+def prepare_records(
+    records: BatchRecords,
+    puts: Mapping[bytes, bytes],
+    ordered: OrderedPuts,
+    epoch: int,
+    changed: U64 | None,
+) -> Write:
+    """:func:`prepare_write` of ``records``' puts followed by ``puts`` (the index's own
+    records), the same bytes, from the records' parts: no mapping of the batch's records
+    is built, and the verdict and document records pass as they were built (before a
+    shared index's lease, :mod:`stream_dedup.dedup.settled`)."""
+    nums = records.exact_nums
+    if not ordered.arrays or (nums.size and int(nums.max()) >= _LIMIT):
+        return prepare_write({**records.puts(), **puts}, ordered, epoch, changed)
+    tail = list(puts)
+    mixed = [
+        *doc_keys(records.doc_nums),
+        *records.verdict_keys,
+        *records.exact_keys,
+        *records.empty_keys,
+        *tail,
+    ]
+    values = [
+        *records.doc_values,
+        *records.verdict_values,
+        *nums.astype("<u4").view("V4").tolist(),  # a text's docnum in 4 bytes, as compacted
+        *records.empty_values,
+        *compact_buckets(tail, [puts[k] for k in tail]),
+    ]
+    return prepare_write({}, ordered, epoch, changed, (mixed, values))

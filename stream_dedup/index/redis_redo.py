@@ -148,33 +148,65 @@ def _bucket_rows(
     return np.concatenate([gathered, rows]) if head.size else rows
 
 
+#: A band bucket key as one fixed-width byte string.
+_KEY_BYTES = np.dtype(f"S{_BUCKET_KEY_SIZE}")
+_SCOPED = np.frombuffer(bytes(sorted(SCOPED)), dtype=np.uint8)
+
+
+def _sorted_tail(
+    blob: bytes, key_at: np.ndarray[Any, Any], where: np.ndarray[Any, Any], first: int
+) -> np.ndarray[Any, Any] | None:
+    """The bucket keys at ``where`` as a view of ``blob`` when they are every key after
+    ``first``, side by side and ascending (a batch's record), else ``None``."""
+    n = key_at.size - first
+    if not where.size or where.size != n or int(where[0]) != first:
+        return None
+    keys = np.frombuffer(blob, dtype=_KEY_BYTES, count=n, offset=int(key_at[first]))
+    return keys if bool(np.all(keys[:-1] < keys[1:])) else None
+
+
 class _RedoView:
     """One redo record's values, found by key without a Python step per field it holds.
 
     A 2,000-document write holds ~35,000 fields, nine in ten of them band buckets, and
     the next holder looks up a few hundred, inside its lease: the bucket keys (11 bytes
-    each, side by side at the record's end) are read as one array view, not gathered,
-    and found with one sort and a binary search over numbers; the few thousand others
+    each, side by side at the record's end, in key order) are read as one array view and
+    found by a binary search over it (any other record's, by one sort and a binary search
+    over numbers); the own keys, and the few thousand others once a read asks for one,
     by a dict of slices taken in C.
     """
 
     def __init__(self, blob: bytes) -> None:
         self.blob = blob
         self.epoch, first, key_spans, value_spans = redo_spans(blob)
-        self._key_at, self._values = key_spans[:, 0], value_spans
+        self._key_at, self._key_end, self._values = key_spans[:, 0], key_spans[:, 1], value_spans
         self._raw = raw = np.frombuffer(blob, dtype=np.uint8)
-        bucket = (key_spans[:, 1] - self._key_at) == _BUCKET_KEY_SIZE
+        bucket = (self._key_end - self._key_at) == _BUCKET_KEY_SIZE
         bucket[bucket] = raw[self._key_at[bucket]] == _B
         where = np.flatnonzero(bucket)
-        codes = _bucket_codes(_bucket_rows(raw, self._key_at, where, first))
-        order = np.argsort(codes)  # a record's keys are distinct: any order of ties
-        self._codes, self._bucket_at = codes[order], where[order]
+        #: A batch's buckets are its record's last keys, in key order: searched as they
+        #: lie, as fixed-width byte strings (numpy compares them as ``memcmp`` does).
+        self._sorted = _sorted_tail(blob, self._key_at, where, first)
+        if self._sorted is not None:
+            self._codes, self._bucket_at = np.empty(0, dtype=np.uint64), where
+        else:
+            codes = _bucket_codes(_bucket_rows(raw, self._key_at, where, first))
+            order = np.argsort(codes)  # a record's keys are distinct: any order of ties
+            self._codes, self._bucket_at = codes[order], where[order]
         others = np.flatnonzero(~bucket)
-        starts, ends = key_spans[others, 0].tolist(), key_spans[others, 1].tolist()
-        keys = list(map(blob.__getitem__, map(slice, starts, ends)))
-        self._others = dict(zip(keys, others.tolist(), strict=True))
-        #: Own keys (no epoch): found whatever epoch a read names.
-        self._own = {k for k in keys if k[0] not in SCOPED}
+        own = others[~np.isin(raw[self._key_at[others]], _SCOPED)]
+        #: Own keys (no epoch): found whatever epoch a read names. The others (documents,
+        #: verdicts, texts) are put in a dict only when a read asks for one.
+        self._own = self._keyed(own)
+        self._others_at = others
+        self._others: dict[bytes, int] | None = None
+
+    def _keyed(self, at: np.ndarray[Any, Any]) -> dict[bytes, int]:
+        """The keys at positions ``at``, each with its position: slices taken in C."""
+        keys = map(
+            self.blob.__getitem__, map(slice, self._key_at[at].tolist(), self._key_end[at].tolist())
+        )
+        return dict(zip(keys, at.tolist(), strict=True))
 
     def _value(self, i: int) -> bytes:
         start, end = self._values[i].tolist()
@@ -185,17 +217,24 @@ class _RedoView:
         ``epoch``) into ``out``; answers the positions it filled."""
         filled: list[int] = []
         buckets: list[int] = []
-        same, others, own = self.epoch == epoch, self._others, self._own
+        same, own = self.epoch == epoch, self._own
         for pos, key in enumerate(keys):
             if len(key) == _BUCKET_KEY_SIZE and key[0] == _B:
                 if same:
                     buckets.append(pos)
                 continue
-            i = others.get(key)
-            if i is not None and (same or key in own):
+            if key[0] not in SCOPED:
+                i = own.get(key)
+            elif same:
+                if self._others is None:
+                    self._others = self._keyed(self._others_at)
+                i = self._others.get(key)
+            else:
+                continue
+            if i is not None:
                 out[pos] = self._value(i)
                 filled.append(pos)
-        if buckets and self._codes.size:
+        if buckets and self._bucket_at.size:
             self._fill_buckets(keys, buckets, out, filled)
         return filled
 
@@ -205,15 +244,21 @@ class _RedoView:
         """The band buckets among ``keys`` (at ``buckets``): found by number, checked on
         their bytes and sliced out in array steps (a read inside the lease finds most of
         its ~1,000 bucket keys in the previous holder's record)."""
-        rows = np.frombuffer(b"".join([keys[p] for p in buckets]), dtype=np.uint8)
-        rows = rows.reshape(-1, _BUCKET_KEY_SIZE)
-        codes = _bucket_codes(rows)
-        at = np.minimum(np.searchsorted(self._codes, codes), self._codes.size - 1)
-        hit = np.flatnonzero(self._codes[at] == codes)
-        found = self._bucket_at[at[hit]]
-        stored = self._raw[self._key_at[found][:, None] + np.arange(_BUCKET_KEY_SIZE)]
-        equal = (stored == rows[hit]).all(axis=1)  # a number shared by two keys: not it
-        hit, found = hit[equal], found[equal]
+        joined = b"".join([keys[p] for p in buckets])
+        if self._sorted is not None:
+            wanted = np.frombuffer(joined, dtype=_KEY_BYTES)
+            at = np.minimum(np.searchsorted(self._sorted, wanted), self._sorted.size - 1)
+            hit = np.flatnonzero(self._sorted[at] == wanted)
+            found = self._bucket_at[at[hit]]
+        else:
+            rows = np.frombuffer(joined, dtype=np.uint8).reshape(-1, _BUCKET_KEY_SIZE)
+            codes = _bucket_codes(rows)
+            at = np.minimum(np.searchsorted(self._codes, codes), self._codes.size - 1)
+            hit = np.flatnonzero(self._codes[at] == codes)
+            found = self._bucket_at[at[hit]]
+            stored = self._raw[self._key_at[found][:, None] + np.arange(_BUCKET_KEY_SIZE)]
+            equal = (stored == rows[hit]).all(axis=1)  # a number shared by two keys: not it
+            hit, found = hit[equal], found[equal]
         spans = self._values[found]
         values = map(self.blob.__getitem__, map(slice, spans[:, 0].tolist(), spans[:, 1].tolist()))
         for q, value in zip(hit.tolist(), values, strict=True):

@@ -36,6 +36,7 @@ from stream_dedup.core.hashing import U64
 from stream_dedup.errors import IndexMismatchError, IndexStoreError
 from stream_dedup.index import keys
 from stream_dedup.index.backend import NO_ORDERED_PUTS, Backend, OrderedPuts
+from stream_dedup.index.batch_records import BatchRecords
 from stream_dedup.index.bucket_records import Members
 from stream_dedup.index.epoch_filters import FILTER_FILE, EpochFilters
 from stream_dedup.index.followed import FollowedFilters
@@ -227,6 +228,7 @@ class DedupIndex(IndexReads, IndexProgress, SharedSections):
         epoch: int | None = None,
         points: tuple[I64, I64] | None = None,
         clock: int | None = None,
+        records: BatchRecords | None = None,
     ) -> PendingCommit:
         """The write :meth:`commit` would make, built but not applied (see :meth:`apply`).
 
@@ -236,9 +238,11 @@ class DedupIndex(IndexReads, IndexProgress, SharedSections):
         records go to ``epoch`` (by default :meth:`batch_epoch`), ``points`` are its clock
         change points (docnums, clocks) and ``clock`` the stream's clock after it. Nothing
         may be written to the index between ``prepare`` and ``apply``: the counters, the
-        epochs and the intent to clear are read now.
+        epochs and the intent to clear are read now. ``records``: more records before
+        ``puts``, kept kind by kind (a backend that encodes them so takes them apart).
         """
-        batch = dict(puts)
+        apart = records is not None and hasattr(self._backend, "prepare_records")
+        batch = dict(puts) if records is None or apart else {**records.puts(), **puts}
         new_counters, counted = counter_records(self._counters, counter_deltas)
         batch.update(counted)
         batch.update(offset_records(offsets or {}))
@@ -266,8 +270,14 @@ class DedupIndex(IndexReads, IndexProgress, SharedSections):
             batch[keys.META] = self._params.to_bytes()
         # Every lookup key written reaches the filter, however it was handed in.
         fingerprints = written_fingerprints(batch, ordered, ordered_fingerprints)
+        if apart:
+            assert records is not None
+            fingerprints = np.concatenate([records.fingerprints, fingerprints])
+            write = self._backend.prepare_records(records, batch, ordered, epoch, fingerprints)  # type: ignore[attr-defined]
+        else:
+            write = self._backend.prepare(batch, ordered, epoch, changed=fingerprints)
         return PendingCommit(
-            self._backend.prepare(batch, ordered, epoch, changed=fingerprints),
+            write,
             new_counters,
             self._writes,
             fingerprints,

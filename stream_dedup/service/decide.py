@@ -115,8 +115,12 @@ class Decider:
             return None
 
     def settle(self, decoded: Decoded, sketched: Sketch | None, pre: Predecided | None) -> Decision:
-        """Inside the lease: ``pre`` as deciding now would give it, else :meth:`decide`."""
+        """Inside the lease: ``pre`` as deciding now would give it, else :meth:`decide`;
+        the documents it decides again are counted."""
+        counts = self.dedup.predecided
+        again = counts.redecided_docs
         result = None if pre is None else self.dedup.settle(pre)
+        self.metrics.redecided.inc(counts.redecided_docs - again)
         return self.decide(decoded, sketched) if result is None else Decision(result, [])
 
     def records(self, decoded: Decoded, decision: Decision, *, told: bool = False) -> DecidedBatch:

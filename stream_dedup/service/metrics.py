@@ -34,6 +34,7 @@ stream_dedup_last_commit_timestamp_seconds      gauge      Unix time of the last
 stream_dedup_commit_duration_seconds            histogram  one checkpoint (flush, index, kafka)
 stream_dedup_index_lease_wait_seconds           histogram  waits for the shared index's lease
 stream_dedup_index_lease_held_seconds           histogram  one batch decided and stored in it
+stream_dedup_redecided_documents_total          counter    decided before the lease, again in it
 stream_dedup_index_up                           gauge      shared index: 0 in a Redis outage
 stream_dedup_index_retries_total                counter    index steps retried in an outage
 stream_dedup_kafka_commit_failures_total        counter    offset commits Kafka refused
@@ -202,6 +203,13 @@ class Metrics:
             "Deciding and storing one batch inside the shared index's lease: the part of "
             "the work that instances of one group do one at a time.",
             buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.redecided = Counter(
+            f"{p}_redecided_documents",
+            "Documents decided before the shared index's lease and again inside it, because "
+            "another instance wrote near them meanwhile: the lease's work that grows with "
+            "contention.",
             registry=r,
         )
 

@@ -197,8 +197,9 @@ def test_two_instances_racing_decide_as_one_instance_in_their_lease_order(
                 result = dedup.settle(pre) if pre is not None else None
                 if result is None:
                     result = dedup.decide(batches[b])
+                # In lease order: appended before the commit point, which lets the lease go.
+                taken.append((b, verdicts(result)))
                 dedup.index.apply(dedup.prepare(result))
-                taken.append((b, verdicts(result)))  # in lease order: appended inside it
             dedup.after_lease()
 
     threads = [threading.Thread(target=run, args=(d,)) for d in instances]

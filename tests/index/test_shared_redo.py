@@ -9,6 +9,7 @@ never puts its values over a newer write's.
 
 from __future__ import annotations
 
+import random
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -17,7 +18,7 @@ import pytest
 from stream_dedup.dedup import Deduplicator
 from stream_dedup.index import keys
 from stream_dedup.index.redis_backend import RedisBackend
-from stream_dedup.index.redis_layout import decode_redo
+from stream_dedup.index.redis_layout import decode_redo, encode_redo
 from stream_dedup.index.redis_redo import VERSION_FIELD, Overlay, versioned
 from stream_dedup.index.redis_wire import Command
 from stream_dedup.models import Document
@@ -178,3 +179,27 @@ def test_a_filter_built_while_a_write_waits_learns_its_keys_from_the_log(
     commit_then_die(first, originals(6))
     copies = [Document(f"c{i}", article(i) + " update") for i in range(6)]
     assert decide_and_store(second, copies) == {f"c{i}": f"o{i}" for i in range(6)}
+
+
+@pytest.mark.parametrize("layout", ["sorted", "unsorted", "loose"])
+def test_the_overlay_finds_buckets_however_a_record_lays_them_out(layout: str) -> None:
+    """A batch's record holds its band buckets last and in key order (searched as they
+    lie); any other record (buckets out of order, or one among the mixed keys) is
+    searched by number: the same values either way, absent keys not found."""
+    rng = random.Random(5)
+    keyset = {b"b" + bytes(rng.randrange(256) for _ in range(10)) for _ in range(300)}
+    keyset.add(b"b\x01" + bytes(9))  # trailing zero bytes compare as bytes do
+    pairs = [(k, b"%d" % i) for i, k in enumerate(sorted(keyset))]
+    mixed = [(keys.verdict_key("a"), b"va"), (keys.counter_key("documents"), b"7")]
+    if layout == "unsorted":
+        pairs.reverse()
+    if layout == "loose":
+        mixed.append(pairs.pop(7))
+    record = [*mixed, *pairs]
+    blob = encode_redo(3, [k for k, _ in record], [v for _, v in record], len(mixed))
+    absent = [b"b" + bytes(10), b"b\x01" + bytes(8) + b"\x01", keys.verdict_key("b")]
+    wanted = [k for k, _ in reversed(record)] + absent
+    got: list[bytes | None] = [None] * len(wanted)
+    filled = Overlay([blob]).fill(3, wanted, got)
+    assert got == [v for _, v in reversed(record)] + [None] * len(absent)
+    assert filled == set(range(len(record)))
