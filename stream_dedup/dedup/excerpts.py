@@ -89,7 +89,7 @@ def find_excerpts(
         full.left_unread += unread
     uniq, occ_key = np.unique(values, return_inverse=True)
     keys, fps = band_bucket_keys(SAMPLE_BAND, uniq)
-    mine, older = index.read_bucket_members(keys, fps, epoch)
+    mine, older = index.read_sampled_members(keys, fps, epoch)
     if full is not None:
         full.learn(uniq, mine)
     buckets = held_buckets(mine, older, cutoff)

@@ -10,7 +10,7 @@ false negatives because of it (:mod:`stream_dedup.index.filter`).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -39,6 +39,10 @@ class PendingCommit:
     dead: list[int]
     #: The retention the commit stores.
     retention: Retention
+    #: The sampled buckets it writes (keys ascending, values), learnt by the index's
+    #: :class:`~.sampled_cache.SampledCache` once applied; ``None``: it writes a sampled
+    #: bucket otherwise than as an ordered put, and the cache is emptied instead.
+    sampled: tuple[Sequence[bytes], Sequence[bytes]] | None = ((), ())
 
 
 def counter_records(

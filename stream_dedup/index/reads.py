@@ -15,6 +15,7 @@ import contextlib
 from collections.abc import Callable, Iterator, Sequence
 
 import numpy as np
+import numpy.typing as npt
 
 from stream_dedup.core.hashing import U64
 from stream_dedup.errors import IndexCorruptError
@@ -28,6 +29,7 @@ from stream_dedup.index.followed import FollowedFilters
 from stream_dedup.index.params import IndexParams
 from stream_dedup.index.records import decode_doc
 from stream_dedup.index.retention import Timeline
+from stream_dedup.index.sampled_cache import SampledCache
 from stream_dedup.index.staged import DocRecord, StoredVerdict
 from stream_dedup.index.state_lock import StateLock
 
@@ -46,6 +48,7 @@ class IndexReads(PayloadDictionaries):
     _filters: EpochFilters
     _followed: FollowedFilters
     _state_lock: StateLock
+    _sampled: SampledCache
     #: Read every key, through no key filter: a follower of another process's writes
     #: (:mod:`.follower`) has no filter that knows them.
     _unfiltered: bool = False
@@ -134,11 +137,39 @@ class IndexReads(PayloadDictionaries):
         hold, joined oldest first (``None``: none do). ``fingerprints``: as for
         :meth:`read_buckets_present`."""
         present = self.read_buckets_present(bucket_keys, fingerprints)
+        return self._members_by_epoch(len(bucket_keys), present, epoch)
+
+    @staticmethod
+    def _members_by_epoch(
+        n_keys: int, present: list[tuple[int, list[int], list[bytes]]], epoch: int
+    ) -> tuple[Members, Members | None]:
+        """``epoch``'s members per key, and the other epochs' joined (oldest first)."""
         mine = [(at, held) for e, at, held in present if e == epoch]
         older = [(at, held) for e, at, held in present if e != epoch]
         at, held = mine[0] if mine else ([], [])
-        n_keys = len(bucket_keys)
         return held_members(n_keys, at, held), joined_members(n_keys, older) if older else None
+
+    def read_sampled_members(
+        self, bucket_keys: Sequence[bytes], fingerprints: U64, epoch: int
+    ) -> tuple[Members, Members | None]:
+        """:meth:`read_bucket_members` for containment's sampled buckets, by the writer:
+        the buckets of ``epoch`` that this index last committed or read are answered from
+        memory (:mod:`.sampled_cache`), the others read, and what is read there learnt."""
+        cache = self._sampled
+        if not cache.answers(epoch):
+            present = self._read_epochs(bucket_keys, fingerprints)
+        else:
+            hit_at, hit_values = cache.get(bucket_keys)
+            skip = np.zeros(len(bucket_keys), dtype=bool)
+            skip[hit_at] = True
+            present = self._read_epochs(bucket_keys, fingerprints, (epoch, skip))
+            read = [(at, held) for e, at, held in present if e == epoch]
+            if read:
+                at, held = read[0]
+                cache.read(epoch, [bucket_keys[i] for i in at], held)
+                hit_at, hit_values = hit_at + at, hit_values + held
+            present = [p for p in present if p[0] != epoch] + [(epoch, hit_at, hit_values)]
+        return self._members_by_epoch(len(bucket_keys), present, epoch)
 
     def read_lookups(self, lookup_keys: Sequence[bytes]) -> list[bytes | None]:
         """Committed values of verdict and exact-text keys (``None``: absent), from the
@@ -185,12 +216,22 @@ class IndexReads(PayloadDictionaries):
         return self._read_epochs(bucket_keys, fingerprints)
 
     def _read_epochs(
-        self, wanted: Sequence[bytes], fingerprints: U64
+        self,
+        wanted: Sequence[bytes],
+        fingerprints: U64,
+        known: tuple[int, npt.NDArray[np.bool_]] | None = None,
     ) -> list[tuple[int, list[int], list[bytes]]]:
+        """Per live epoch that holds any of ``wanted``: the positions found and their
+        values. ``known``: an epoch and the keys not to read there (answered elsewhere)."""
         out: list[tuple[int, list[int], list[bytes]]] = []
         everything = list(range(len(wanted)))
         for epoch in self._timeline.numbers():
-            if self._unfiltered or (self._shared and not self._followed.current):
+            if known is not None and known[0] == epoch:
+                may = ~known[1]
+                if not self._unfiltered:  # the cache is never on where reads are unfiltered
+                    may &= self.load_filter().may_hold(epoch, fingerprints)
+                where = np.flatnonzero(may).tolist()
+            elif self._unfiltered or (self._shared and not self._followed.current):
                 where = everything
             else:
                 where = np.flatnonzero(self.load_filter().may_hold(epoch, fingerprints)).tolist()

@@ -26,7 +26,7 @@ its start and brings the key filters up to date from the backend's change log
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 
 import numpy as np
@@ -60,6 +60,7 @@ from stream_dedup.index.retention import (
     Timeline,
     encode_points,
 )
+from stream_dedup.index.sampled_cache import SampledCache, sampled_elsewhere, sampled_puts
 from stream_dedup.index.staged import COUNTERS, DocRecord, StoredVerdict
 from stream_dedup.index.state_lock import StateLock
 from stream_dedup.index.timeline_store import load_timeline, refresh_timeline, stored_epochs
@@ -133,6 +134,8 @@ class DedupIndex(IndexReads, IndexProgress, SharedSections):
         self._followed = FollowedFilters(backend, self._filters)  # a shared index's
         self._tidied = False  # epochs the table does not list are dropped at the first commit
         self._state_lock = StateLock()  # see IndexReads.consistent
+        #: Sampled buckets as this index last committed them (not on a shared index).
+        self._sampled = SampledCache(not self._shared and not self._unfiltered)
         #: Called after each commit is applied (the service tells its check process).
         self.on_commit: Callable[[], None] | None = None
 
@@ -276,6 +279,9 @@ class DedupIndex(IndexReads, IndexProgress, SharedSections):
             write = self._backend.prepare_records(records, batch, ordered, epoch, fingerprints)  # type: ignore[attr-defined]
         else:
             write = self._backend.prepare(batch, ordered, epoch, changed=fingerprints)
+        sampled: tuple[Sequence[bytes], Sequence[bytes]] | None = ((), ())
+        if self._sampled.enabled:  # records kept apart are not looked in: emptied instead
+            sampled = None if apart or sampled_elsewhere(batch) else sampled_puts(*ordered[:2])
         return PendingCommit(
             write,
             new_counters,
@@ -285,6 +291,7 @@ class DedupIndex(IndexReads, IndexProgress, SharedSections):
             timeline,
             dead,
             self.retention,
+            sampled,
         )
 
     def apply(self, pending: PendingCommit) -> None:
@@ -293,7 +300,15 @@ class DedupIndex(IndexReads, IndexProgress, SharedSections):
         let go dropped (a reader meanwhile sees the write whole or not at all)."""
         if pending.after_writes != self._writes:
             raise RuntimeError("the index was written after this commit was prepared")
-        self._backend.apply(pending.write)
+        try:
+            self._backend.apply(pending.write)
+        except BaseException:
+            self._sampled.clear()  # it may have landed or not: neither is known
+            raise
+        if pending.sampled is None:
+            self._sampled.clear()
+        else:
+            self._sampled.committed(pending.epoch, *pending.sampled)
         with self._state_lock.writing():
             self._swap(pending)
         if self.on_commit is not None:
@@ -314,6 +329,7 @@ class DedupIndex(IndexReads, IndexProgress, SharedSections):
             gone += [e for e in self._backend.epochs() if e not in live and e not in gone]
             self._tidied = True
         for epoch in gone:
+            self._sampled.dropped(epoch)
             self._backend.drop_epoch(epoch)
             self._filters.drop(epoch)
 
