@@ -30,6 +30,8 @@ holds ~100,000 buckets, several news streams of 10,000 documents' worth.
 
 from __future__ import annotations
 
+import itertools
+import operator
 from bisect import bisect_left, bisect_right
 from collections.abc import Mapping, Sequence
 
@@ -43,6 +45,7 @@ __all__ = ["MAX_BYTES", "SAMPLED_PREFIX", "SampledCache", "sampled_elsewhere", "
 MAX_BYTES = 64 << 20
 #: What a sampled bucket's key starts with: the bucket kind, then the reserved band.
 SAMPLED_PREFIX = BUCKET + SAMPLE_BAND.to_bytes(2, "big")
+_NONES = itertools.repeat(None)
 _SAMPLED_LAST = SAMPLED_PREFIX + b"\xff" * 8
 #: Bytes counted per entry besides its value: the key object and the dictionary's slot.
 _ENTRY_BYTES = 120
@@ -71,14 +74,14 @@ class SampledCache:
 
     def get(self, keys: Sequence[bytes]) -> tuple[list[int], list[bytes]]:
         """The positions in ``keys`` of the buckets held, and their values."""
-        new, old = self._new, self._old
-        got = [new.get(k) for k in keys]
-        if old:
-            got = [old.get(k) if v is None else v for k, v in zip(keys, got, strict=True)]
-        at = [i for i, v in enumerate(got) if v is not None]
+        got = list(map(self._new.get, keys))
+        if self._old:
+            older = self._old.get
+            got = [older(k) if v is None else v for k, v in zip(keys, got, strict=True)]
+        at = list(itertools.compress(range(len(got)), map(operator.is_not, got, _NONES)))
         self.asked += len(keys)
         self.answered += len(at)
-        return at, [got[i] for i in at]  # type: ignore[misc]
+        return at, list(filter(None, got))
 
     def read(self, epoch: int, keys: Sequence[bytes], values: Sequence[bytes]) -> None:
         """Learn the values the writer's read of ``epoch`` found under ``keys``."""
