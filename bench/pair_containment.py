@@ -67,6 +67,7 @@ def main() -> int:
     p.add_argument("--per-call", type=int, default=5)
     p.add_argument("--streams", default="excerpts,news")
     p.add_argument("--batch", type=int, default=1000)
+    p.add_argument("--json", type=Path, help="also write every run as a JSON line here")
     p.add_argument("--one", help=argparse.SUPPRESS)  # a child's tree
     args = p.parse_args()
     if args.one:
@@ -86,6 +87,9 @@ def main() -> int:
             ).stdout  # fmt: skip
             rows[tree] += [json.loads(line) for line in out.splitlines() if line.startswith("{")]
             print(f"call {call + 1} {tree}: load average {load:.1f} at the start", flush=True)
+    if args.json:
+        with args.json.open("w") as f:
+            f.writelines(json.dumps({"tree": str(t), **r}) + "\n" for t in trees for r in rows[t])
     for tree in trees:
         for stream in args.streams.split(","):
             mine = [r for r in rows[tree] if r["stream"] == stream]
