@@ -35,7 +35,10 @@ def docs() -> list[Document]:
     return [Document(r["id"], c) for r, c in zip(s.records, s.contents, strict=True)]
 
 
-def opened(backend: Backend, cache: SampledCache | None, retention: Retention | None = None):  # type: ignore[no-untyped-def]
+def opened(
+    backend: Backend, cache: SampledCache | None, retention: Retention | None = None
+) -> tuple[DedupIndex, Deduplicator]:
+    """An index on ``backend`` with ``cache`` for its sampled buckets (``None``: its own)."""
     index = DedupIndex(backend, IndexParams.of(CONFIG), retention)
     if cache is not None:
         index._sampled = cache
