@@ -19,9 +19,6 @@ from __future__ import annotations
 import argparse
 import sys
 import tempfile
-import time
-from collections import Counter
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -36,27 +33,14 @@ from stream_dedup.index.params import IndexParams
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import bench_containment
-
-spent: Counter[str] = Counter()
-counting = [False]
+import bench_phases
+from bench_phases import counting, spent
 
 
 def timed(owner: Any, name: str) -> None:
-    """Replace ``owner.name`` (if it has one) with a wrapper adding its thread CPU to
-    ``spent[name]`` while ``counting``."""
-    inner: Callable[..., Any] | None = getattr(owner, name, None)
-    if inner is None:
-        return
-
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
-        started = time.thread_time()
-        try:
-            return inner(*args, **kwargs)
-        finally:
-            if counting[0]:
-                spent[name] += time.thread_time() - started
-
-    setattr(owner, name, wrapper)
+    """``bench_phases.timed`` under the step's own name, where this checkout has it."""
+    if hasattr(owner, name):
+        bench_phases.timed(owner, name, name)
 
 
 def instrument() -> None:
