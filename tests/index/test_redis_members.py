@@ -81,6 +81,7 @@ def test_redis_stores_4_byte_members_and_reads_8_byte_ones(redis_url: str) -> No
         raw = client.hget(backend._keys.hash(0, keys[1][-1]), keys[1])
         assert raw == _members(2**40)
         assert backend.get_many([keys[1]]) == [_members(2**40)]
+        client.close()
     finally:
         backend.close()
 
