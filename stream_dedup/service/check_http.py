@@ -46,7 +46,7 @@ from stream_dedup.core.bands import BandPlan
 from stream_dedup.core.config import DedupConfig
 from stream_dedup.decode import DocumentFormat, document_from_object
 from stream_dedup.dedup.check import HeldReader, answer, check_texts
-from stream_dedup.errors import DecodeError, StreamDedupError
+from stream_dedup.errors import DecodeError, IndexUnreachableError, StreamDedupError
 from stream_dedup.index.store import DedupIndex
 from stream_dedup.logs import fields
 from stream_dedup.models import CheckMatch, Document
@@ -80,7 +80,8 @@ def _bad(error: str, detail: str) -> _Refusal:
 
 _UNAVAILABLE = _Refusal(
     503, "unavailable", "unavailable",
-    "the index is not open: the service is starting (retry shortly) or stopping",
+    "the index is not open or out of reach: the service is starting or stopping, or its "
+    "shared index is unreachable (retry shortly)",
 )  # fmt: skip
 
 
@@ -195,6 +196,8 @@ class CheckEndpoint:
             return _UNAVAILABLE
         try:
             return check_texts(self._index, self._config, self._plan, [d.content for d in docs], k)
+        except IndexUnreachableError as exc:  # an outage: said once by the follower's log
+            return _Refusal(503, "unavailable", "unavailable", f"{exc}; retry later")
         except (StreamDedupError, OSError, RuntimeError) as exc:
             if not self._is_open():  # closed while the check waited for the index
                 return _UNAVAILABLE

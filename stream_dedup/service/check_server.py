@@ -27,12 +27,19 @@ anyway (other instances of a shared Redis index commit too). The pipe's end of f
 service gone, killed included: the process then stops, and its readers with it, leaving
 nothing running. SIGINT and SIGTERM are ignored, as the sketch worker ignores them: the
 service stops it.
+
+On Redis an outage is ridden out as the service rides it out (``index.redis``): while
+the index cannot be reached, opening it is tried again each second and a follow that
+fails leaves the process up but not serving (``/readyz`` 503, checks 503 with the reason);
+the next follow that reaches it serves again. Dying instead would spend the service's
+``http.check_restarts`` within seconds and leave checks unanswered once Redis is back.
 """
 
 from __future__ import annotations
 
 import contextlib
 import errno
+import logging
 import os
 import select
 import signal
@@ -49,16 +56,18 @@ from prometheus_client import CollectorRegistry, PlatformCollector, ProcessColle
 from stream_dedup.core import jit
 from stream_dedup.core.sketch import sketch
 from stream_dedup.dedup.check import HeldReader, check_texts
-from stream_dedup.errors import IndexStoreError
+from stream_dedup.errors import IndexStoreError, IndexUnreachableError
 from stream_dedup.index.follower import FollowerIndex
-from stream_dedup.index.opener import RedisSettings, open_follower
+from stream_dedup.index.opener import Location, RedisSettings, open_follower
 from stream_dedup.index.store import DedupIndex
-from stream_dedup.logs import setup_logging
+from stream_dedup.logs import fields, setup_logging
 from stream_dedup.service.check_http import CheckEndpoint
 from stream_dedup.service.check_metrics import CheckMetrics
 from stream_dedup.service.check_readers import Readers
 from stream_dedup.service.config import ServiceConfig
 from stream_dedup.service.http import HttpEndpoints
+
+log = logging.getLogger("stream_dedup.service.checks")
 
 #: Without a notice for this long, the index is followed anyway.
 _FOLLOW_EVERY_S = 1.0
@@ -99,6 +108,7 @@ class _OwnFollower:
         self.index = index
         self._metrics = metrics
         self.failed: str | None = None
+        self.reachable = True  # false from a follow that could not reach the index
 
     def reads(self) -> DedupIndex | HeldReader:
         return self.index
@@ -107,12 +117,26 @@ class _OwnFollower:
         return self.index.counter("documents")
 
     def serving(self) -> int:
-        return 1
+        return 1 if self.reachable else 0
 
     def follow(self) -> None:
+        """Re-read the index's state; an index out of reach is not a failure of this
+        process (see the module docstring): it stops serving until a follow reaches it."""
         started = time.perf_counter()
-        self.index.follow()
+        try:
+            self.index.follow()
+        except IndexUnreachableError as exc:
+            if self.reachable:
+                log.warning(
+                    "the index is unreachable; checks are refused until it is back",
+                    extra=fields(error=str(exc)),
+                )
+            self.reachable = False
+            return
         self._metrics.follow.observe(time.perf_counter() - started)
+        if not self.reachable:
+            log.info("the index is reachable again; checks are answered")
+            self.reachable = True
 
     def close(self) -> None:
         self.index.close()
@@ -145,14 +169,14 @@ class _FromReaders:
 
 
 def _source(
-    config: ServiceConfig, metrics: CheckMetrics, tell: Callable[[int], None]
+    config: ServiceConfig, metrics: CheckMetrics, tell: Callable[[int], None], notices: Notices
 ) -> _OwnFollower | _FromReaders:
     """What answers the checks' reads: two readers of a RocksDB index (started, one
     serving), or a follower in this process (a Redis index, or ``http.check_readers``
     off)."""
     where = config.index.location()
     if isinstance(where, RedisSettings) or where is None or not config.http.check_readers:
-        return _OwnFollower(open_follower(where), metrics)
+        return _OwnFollower(_open_follower(where, notices), metrics)
     path = Path(where)
     settings = (config.log.level, config.log.format, config.http.check_restarts)
     readers = Readers(path, config.dedup, settings, metrics, tell)
@@ -161,6 +185,26 @@ def _source(
         readers.close()
         raise IndexStoreError(readers.failed or f"{path}: no check reader started")
     return _FromReaders(readers)
+
+
+def _open_follower(where: Location, notices: Notices) -> FollowerIndex:
+    """The follower of ``where``, opened once the index can be reached (tried each second
+    while the service lives: its own start waits for Redis the same way)."""
+    said = False
+    while True:
+        try:
+            return open_follower(where)
+        except IndexUnreachableError as exc:
+            if notices.gone:
+                raise
+            if not said:
+                log.warning(
+                    "the index is unreachable; the check process waits for it",
+                    extra=fields(error=str(exc)),
+                )
+                said = True
+            select.select([notices.fd], [], [], _FOLLOW_EVERY_S)
+            notices.moved()
 
 
 def _warm_up(reads: DedupIndex | HeldReader, config: ServiceConfig) -> None:
@@ -191,7 +235,7 @@ def serve(conn: Connection, notices: Notices, sock: socket.socket) -> None:
                 with contextlib.suppress(OSError):
                     conn.send(("readers", serving))
 
-    source = _source(config, metrics, tell)
+    source = _source(config, metrics, tell, notices)
     open_now = True
     http = HttpEndpoints(
         config.http.host,
