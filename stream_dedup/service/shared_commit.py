@@ -17,7 +17,7 @@ from stream_dedup.core.sketch import Sketch
 from stream_dedup.dedup import BatchResult
 from stream_dedup.logs import fields
 from stream_dedup.service.batches import Ranges, TpKey
-from stream_dedup.service.commit_strategy import CommitStrategy, T, next_offsets
+from stream_dedup.service.commit_strategy import CommitStrategy, Offsets, T, next_offsets
 from stream_dedup.service.config import ServiceConfig
 from stream_dedup.service.decide import DecidedBatch, Decider, Decision
 from stream_dedup.service.index_outage import IndexOutage
@@ -83,11 +83,20 @@ class SharedIndex(CommitStrategy):
         started = time.perf_counter()
         offsets = next_offsets(ranges)
         self._produce(out.records, out.refused)  # 2. produce
-        self._confirm(offsets)  # 3. confirm every delivery
+        self._deliver(offsets)  # 3. every delivery confirmed
         self._outage.call("storing offsets", lambda: self._index.write_offsets(offsets))  # 4.
-        self._commit_kafka(offsets)  # 5. offsets to Kafka, for lag tools
+        self._offsets_to_group(offsets)  # 5.
         self._committed(started)
         return out.result
+
+    def _deliver(self, offsets: Offsets) -> None:
+        """Step 3: return once the broker confirmed every record of the batch."""
+        self._confirm(offsets)
+
+    def _offsets_to_group(self, offsets: Offsets) -> None:
+        """Step 5: the offsets to the consumer group too, for lag tools (the index's are
+        where the group resumes)."""
+        self._commit_kafka(offsets)
 
     def _store(self, decoded: Decoded, sketched: Sketch | None, ranges: Ranges) -> DecidedBatch:
         """Step 1, retried whole through an outage of the index; then ``on_stored``, and
@@ -193,14 +202,10 @@ class SharedExactlyOnce(SharedIndex):
             )
         return ahead
 
-    def commit(
-        self, decoded: Decoded, sketched: Sketch | None, ranges: Ranges, *, replaying: bool
-    ) -> BatchResult:
-        out = self._store(decoded, sketched, ranges)  # 1. decide and store, under the lease
-        started = time.perf_counter()
-        offsets = next_offsets(ranges)
-        self._produce(out.records, out.refused)  # 2. produce, in a transaction
-        self._confirm(offsets, self._consumer.consumer_group_metadata())  # 3. commit it
-        self._outage.call("storing offsets", lambda: self._index.write_offsets(offsets))  # 4.
-        self._committed(started)
-        return out.result
+    def _deliver(self, offsets: Offsets) -> None:
+        """Step 3: the batch's records (produced in a transaction) and its input offsets
+        committed together, with the group's metadata for fencing."""
+        self._confirm(offsets, self._consumer.consumer_group_metadata())
+
+    def _offsets_to_group(self, offsets: Offsets) -> None:
+        """Nothing: the transaction carried the offsets to the group."""
