@@ -51,6 +51,99 @@ def _ranks(occ_key: I64, occ_doc: I64, n_keys: int, rank: I64) -> tuple[I64, I64
 
 
 @kernel
+def _flag_appends(
+    occ_pos: I64,
+    occ_key: I64,
+    occ_doc: I64,
+    occ_voting: B,
+    held_len: I64,
+    mine_len: I64,
+    rank: I64,
+    cap: int,
+    appended: B,
+) -> int:
+    """Fill ``appended`` (an indexed occurrence whose bucket still has room in this
+    process's view); return the most members one document's voting buckets hold, which
+    sizes the vote's table."""
+    most = 0
+    i = 0
+    while i < occ_pos.size:
+        j, m = i, 0
+        while j < occ_pos.size and occ_pos[j] == occ_pos[i]:
+            k = occ_key[j]
+            appended[j] = occ_doc[j] >= 0 and mine_len[k] + rank[j] < cap
+            if occ_voting[j] and held_len[k] + rank[j] < cap:
+                m += held_len[k] + rank[j]
+            j += 1
+        most = max(most, m)
+        i = j
+    return most
+
+
+@kernel
+def _tally(
+    lo: int,
+    hi: int,
+    occ_key: I64,
+    rank: I64,
+    held_at: I64,
+    held_len: I64,
+    held: I64,
+    b_start: I64,
+    b_doc: I64,
+    cap: int,
+    slot_doc: I64,
+    slot_n: I64,
+    used: I64,
+) -> tuple[int, int]:
+    """One document's votes (its occurrences ``lo:hi``): each member of each of its
+    buckets not full, held then the batch's earlier ones, counted in the open-addressing
+    table ``slot_doc``/``slot_n``; ``used`` lists the slots taken. Returns how many slots
+    and how many buckets voted."""
+    size = slot_doc.size
+    n_used, voters = 0, 0
+    for o in range(lo, hi):
+        k = occ_key[o]
+        if held_len[k] + rank[o] >= cap:
+            continue
+        voters += 1
+        n_held, at_held, at_batch = held_len[k], held_at[k], b_start[k] - held_len[k]
+        for t in range(n_held + rank[o]):  # the held members, then the batch's
+            d = held[at_held + t] if t < n_held else b_doc[at_batch + t]
+            h = (d * 0x9E3779B1) & (size - 1)
+            while slot_doc[h] != -1 and slot_doc[h] != d:
+                h = (h + 1) & (size - 1)
+            if slot_doc[h] == -1:
+                slot_doc[h] = d
+                used[n_used] = h
+                n_used += 1
+            slot_n[h] += 1
+    return n_used, voters
+
+
+@kernel
+def _ranked(slot_doc: I64, slot_n: I64, used: I64, n_used: int, min_votes: int) -> I64:
+    """The documents with at least ``min_votes`` votes, most votes first then the
+    earliest, as one sorted key each (``(2**22 - votes) << 40 | docnum``); clears the
+    table's used slots for the next document."""
+    n_c = 0
+    for u in range(n_used):
+        if slot_n[used[u]] >= min_votes:
+            n_c += 1
+    order = np.empty(n_c, dtype=np.int64)
+    n_c = 0
+    for u in range(n_used):
+        h = used[u]
+        if slot_n[h] >= min_votes:
+            order[n_c] = ((1 << 22) - slot_n[h]) << 40 | slot_doc[h]
+            n_c += 1
+        slot_doc[h] = -1
+        slot_n[h] = 0
+    order.sort()
+    return order
+
+
+@kernel
 def count_votes(
     occ_pos: I64,
     occ_key: I64,
@@ -78,18 +171,8 @@ def count_votes(
     then most votes then earliest docnum, into ``out_*``; returns how many there are."""
     rank = np.empty(occ_pos.size, dtype=np.int64)
     b_start, b_doc = _ranks(occ_key, occ_doc, held_len.size, rank)
-    most = 0  # the most members one document's voting buckets hold
-    i = 0
-    while i < occ_pos.size:
-        j, m = i, 0
-        while j < occ_pos.size and occ_pos[j] == occ_pos[i]:
-            k = occ_key[j]
-            appended[j] = occ_doc[j] >= 0 and mine_len[k] + rank[j] < cap
-            if occ_voting[j] and held_len[k] + rank[j] < cap:
-                m += held_len[k] + rank[j]
-            j += 1
-        most = max(most, m)
-        i = j
+    most = _flag_appends(occ_pos, occ_key, occ_doc, occ_voting, held_len, mine_len, rank, cap,
+                         appended)  # fmt: skip
     size = 16
     while size < 2 * most:
         size *= 2
@@ -105,41 +188,13 @@ def count_votes(
         if not occ_voting[i]:
             i = j
             continue
-        n_used, voters = 0, 0
-        for o in range(i, j):
-            k = occ_key[o]
-            if held_len[k] + rank[o] >= cap:
-                continue
-            voters += 1
-            n_held, at_held, at_batch = held_len[k], held_at[k], b_start[k] - held_len[k]
-            for t in range(n_held + rank[o]):  # the held members, then the batch's
-                d = held[at_held + t] if t < n_held else b_doc[at_batch + t]
-                h = (d * 0x9E3779B1) & (size - 1)
-                while slot_doc[h] != -1 and slot_doc[h] != d:
-                    h = (h + 1) & (size - 1)
-                if slot_doc[h] == -1:
-                    slot_doc[h] = d
-                    used[n_used] = h
-                    n_used += 1
-                slot_n[h] += 1
+        n_used, voters = _tally(i, j, occ_key, rank, held_at, held_len, held, b_start, b_doc,
+                                cap, slot_doc, slot_n, used)  # fmt: skip
         mean = level * voters
         spread = sigmas * math.sqrt(voters * level * (1.0 - level))
         floor = max(min_votes, math.floor(mean - spread))
-        n_c = 0
-        for u in range(n_used):
-            if slot_n[used[u]] >= min_votes:
-                n_c += 1
-        order = np.empty(n_c, dtype=np.int64)
-        n_c = 0
-        for u in range(n_used):
-            h = used[u]
-            if slot_n[h] >= min_votes:  # most votes first, then the earliest: one sort
-                order[n_c] = ((1 << 22) - slot_n[h]) << 40 | slot_doc[h]
-                n_c += 1
-            slot_doc[h] = -1
-            slot_n[h] = 0
-        order.sort()
-        for at in range(min(n_c, limit)):
+        order = _ranked(slot_doc, slot_n, used, n_used, min_votes)
+        for at in range(min(order.size, limit)):
             votes = (1 << 22) - (order[at] >> 40)
             if (at < always and votes >= always_votes) or votes >= floor:
                 out_pos[n_out] = occ_pos[i]
