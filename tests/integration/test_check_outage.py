@@ -20,7 +20,6 @@ from typing import Any
 import pytest
 
 from stream_dedup.service.config import RedisConfig
-from stream_dedup.tools import redis_local
 from tests.conftest import fresh_namespace
 
 from .support import ServiceThread, Topics, http_get, kijiji_documents, make_config, produce_json
@@ -29,14 +28,6 @@ from .test_check_http import check_port, post, start, wait_followed
 pytestmark = pytest.mark.broker
 
 DOCS = kijiji_documents(120)
-
-
-@pytest.fixture
-def node(tmp_path: Path) -> Any:
-    if redis_local.redis_server_binary() is None:
-        pytest.skip("redis-server is not installed (apt-get install redis-server)")
-    with redis_local.persistent_node(tmp_path / "redis") as started:
-        yield started
 
 
 def wait_until(check: Any, timeout_s: float, what: str) -> None:

@@ -47,14 +47,6 @@ pytestmark = pytest.mark.broker
 HALF = 150
 
 
-@pytest.fixture
-def node(tmp_path: Path) -> Any:
-    if redis_local.redis_server_binary() is None:
-        pytest.skip("redis-server is not installed (apt-get install redis-server)")
-    with redis_local.persistent_node(tmp_path / "redis") as started:
-        yield started
-
-
 def shared_config(
     bootstrap: str, topics: Topics, tmp_path: Path, url: str, limit_s: float
 ) -> tuple[ServiceConfig, str]:
