@@ -118,12 +118,26 @@ level = "WARNING"
             self.proc.wait(timeout=60)
 
 
-def produce_all(bootstrap: str, topic: str, docs: list[dict[str, Any]]) -> None:
+def produce_all(
+    bootstrap: str,
+    topic: str,
+    docs: list[dict[str, Any]],
+    keyed: bool = False,
+    rate: float = 0.0,
+) -> None:
+    """Produce ``docs`` in order; ``keyed``: each keyed by its id (as ``stream-dedup
+    produce`` does, so records interleave finely over partitions), else unkeyed (the
+    client's sticky partitioner: runs of records per partition); ``rate``: paced at that
+    many documents per second (a live stream), else as fast as the client goes."""
     producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 20, "acks": "all"})
-    for d in docs:
+    start = time.monotonic()
+    for n, d in enumerate(docs):
+        if rate > 0 and (ahead := start + n / rate - time.monotonic()) > 0:
+            time.sleep(ahead)
+        key = str(d["id"]).encode() if keyed else None
         while True:
             try:
-                producer.produce(topic, json.dumps(d).encode())
+                producer.produce(topic, json.dumps(d).encode(), key=key)
                 break
             except BufferError:
                 producer.poll(0.05)

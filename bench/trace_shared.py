@@ -20,6 +20,7 @@ seconds, that start-up, on the same CPUs, is part of what is measured.
     .venv/bin/python bench/trace_shared.py -n 12000 --rounds 2
     .venv/bin/python bench/trace_shared.py -n 12000 --setups "2 instances, order on"
     .venv/bin/python bench/trace_shared.py -n 12000 --rounds 3 --warm 400
+    .venv/bin/python bench/trace_shared.py -n 12000 --warm 400 --keyed --setups "order on"
 """
 
 from __future__ import annotations
@@ -84,10 +85,11 @@ def trace_run(
     create_topics(bootstrap, [f"{topic}.unique", f"{topic}.duplicates", f"{topic}.dlq"])
     warm = warm_documents(args.warm)
     if not warm:
-        produce_all(bootstrap, topic, docs)
+        produce_all(bootstrap, topic, docs, args.keyed)
     index = (
         f'[index]\nbackend = "redis"\n[index.redis]\nurl = "{url}"\n'
         f'namespace = "{topic}"\ngroup_order = {str(order).lower()}\n'
+        f"order_tick_ms = {args.tick_ms}\n"
     )
     ports = [free_port() for _ in range(instances)]
     procs = []
@@ -104,9 +106,23 @@ def trace_run(
     try:
         if warm:
             warm_up(bootstrap, topic, ports, warm, instances)
-            produce_all(bootstrap, topic, docs)
         first: float | None = None
         start: dict[str, Any] = {}
+        produced = 0.0
+        if warm:
+            if args.rate:
+                # live: timed from the first record produced; the lag is how long after
+                # the last one was produced the group had decided it
+                first = time.time()
+                start = {
+                    "own": [tree_cpu_s([pid]) for pid in pids],
+                    "broker": tree_cpu_s([broker_pid]) if broker_pid else 0.0,
+                    "redis": redis_cpu_s(url),
+                    "host": host_cpu_s(),
+                    "load": os.getloadavg()[0],
+                }
+            produce_all(bootstrap, topic, docs, args.keyed, args.rate)
+            produced = time.time()
         deadline = time.monotonic() + 600
         while time.monotonic() < deadline:
             seen = [scrape(p) for p in ports]
@@ -131,6 +147,7 @@ def trace_run(
                 return {
                     "docs_per_s": n / (end - first),
                     "seconds": end - first,
+                    "lag_s": end - produced if args.rate else None,
                     "instances": [
                         {k: m.get(v, 0.0) for k, v in _SUMS.items()} | {"cpu s": c}
                         for m, c in zip(seen, own, strict=True)
@@ -192,7 +209,8 @@ def show(name: str, r: int, run: dict[str, Any]) -> None:
         f"{name} round {r}: {run['docs_per_s']:,.0f} docs/s in {run['seconds']:.2f} s; CPU "
         f"us/doc instances {cpu['instances']:.0f}, Redis {cpu['redis']:.0f}, broker "
         f"{cpu['broker']:.0f}; CPUs busy {100 * run['host_busy']:.0f}%; load "
-        f"{run['load'][0]:.1f}-{run['load'][1]:.1f}",
+        f"{run['load'][0]:.1f}-{run['load'][1]:.1f}"
+        + (f"; lag at the end {run['lag_s']:.2f} s" if run["lag_s"] is not None else ""),
         flush=True,
     )
     for i, inst in enumerate(run["instances"]):
@@ -215,6 +233,20 @@ def main() -> int:
     p.add_argument("--cluster", action="store_true", help="a 3-master cluster, not one node")
     p.add_argument("--setups", default="", help="only setups whose name has this text")
     p.add_argument("--warm", type=int, default=0, help="warm-up documents (module docstring)")
+    p.add_argument(
+        "--tick-ms", type=int, default=100, help="index.redis.order_tick_ms (default 100)"
+    )
+    p.add_argument(
+        "--rate",
+        type=float,
+        default=0.0,
+        help="with --warm: produce at this many docs/s (live) and report the lag at the end",
+    )
+    p.add_argument(
+        "--keyed",
+        action="store_true",
+        help="produce each document keyed by its id (records interleave over partitions)",
+    )
     args = p.parse_args()
     args.delivery = "at-least-once"
     setups = [s for s in SETUPS if args.setups in s[0]]

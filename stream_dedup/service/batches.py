@@ -21,7 +21,7 @@ import logging
 import threading
 import time
 from collections import deque
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 from confluent_kafka import Consumer, KafkaError, Message, TopicPartition
 
@@ -99,7 +99,7 @@ class Batcher:
         batch: BatchConfig,
         intent: Ranges | None,
         stop: threading.Event,
-        time_of: RecordTime | None = None,
+        time_of: Callable[[Message], int] | None = None,
         consumer: Consumer | None = None,
         group: GroupOrder | None = None,
     ) -> None:

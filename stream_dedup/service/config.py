@@ -92,7 +92,11 @@ class RedisConfig:
     batch takes. ``outage_limit_s`` is how long an instance, running or starting, waits
     for an unreachable Redis, retrying, before it stops (0: stop at once). ``group_order``
     decides in one time order across the group's instances (``docs/group-order.md``);
-    off, each instance orders only its own partitions."""
+    off, each instance orders only its own partitions. ``order_tick_ms`` is the
+    resolution at which that order compares the times of records on different
+    instances' partitions: records in one tick go by partition. A finer tick orders
+    closer pairs by time and makes instances take more, smaller turns (one per tick and
+    owner at least); the same on every instance."""
 
     url: str = "redis://localhost:6379/0"
     password: str = ""
@@ -101,6 +105,7 @@ class RedisConfig:
     lock_ttl_ms: int = 10_000
     outage_limit_s: float = 120.0
     group_order: bool = True
+    order_tick_ms: int = 100
 
     def __post_init__(self) -> None:
         if not re.fullmatch(r"(redis|rediss|unix)://.+", self.url):
@@ -111,6 +116,8 @@ class RedisConfig:
             raise ConfigError("lock_ttl_ms", "must be at least 100")
         if not 0 <= self.outage_limit_s <= 3600:
             raise ConfigError("outage_limit_s", "must be between 0 and 3600 seconds")
+        if not 1 <= self.order_tick_ms <= 60_000:
+            raise ConfigError("order_tick_ms", "must be between 1 and 60000 milliseconds")
 
 
 @dataclass(frozen=True, slots=True)

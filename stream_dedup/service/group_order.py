@@ -7,8 +7,11 @@ So each instance publishes, per partition it owns, what comes next there (the ti
 its next undecided record, "empty since", or "at its end"), and releases a record only
 when its (time, topic, partition) is below every other partition's head: the group's
 *low watermark*, the way one instance's merge holds a partition's records back while
-another has an earlier head. The whole argument, with each crash and rebalance, is in
-``docs/group-order.md``.
+another has an earlier head. The group's order counts time in ticks of
+``index.redis.order_tick_ms`` (:class:`~.ordering.TickedTime`: records of one tick go by
+partition), so that instances take turns about once per tick and owner, not at every
+record where the partitions' times interleave. The whole argument, with each crash and
+rebalance, is in ``docs/group-order.md``.
 
 :func:`low_watermark` is the rule, a function of the published heads alone;
 :class:`GroupOrder` is the instance's side of the exchange: it publishes and reads the
@@ -50,7 +53,8 @@ def _directly(_operation: str, step: Callable[[], T]) -> T:
 
 TpKey = tuple[str, int]
 #: A record's place in the group's order: (time, (topic, partition)), as ``time_order``
-#: and the partition merge compare them.
+#: and the partition merge compare them (the time cut to the order's tick,
+#: :class:`~.ordering.TickedTime`).
 OrderKey = tuple[int, TpKey]
 #: A ceiling below every record: nothing may be released.
 BLOCKED: OrderKey = (-(2**63), ("", -1))
@@ -121,8 +125,15 @@ class GroupOrder:
         topics: Iterable[str],
         max_idle_ms: int,
         ride_out: Callable[[str, Callable[[], Published]], Published] = _directly,
+        tick_ms: int = 1,
     ) -> None:
         self._heads = heads
+        #: The order's tick (``index.redis.order_tick_ms``). It rides on this instance's
+        #: token, which every field it writes carries, so that a member whose tick
+        #: differs is named in a warning: pairs closer than the larger tick could then
+        #: be decided in lease order (a rolling change of the setting passes through it).
+        self.tick_ms = tick_ms
+        heads.token = f"{heads.token}-t{tick_ms}"
         #: Runs the exchange through the commit strategy's outage handling, so Redis down
         #: while this instance waits for the watermark makes it unready, is retried and
         #: stops the service after ``index.redis.outage_limit_s``, as in a commit.
@@ -246,9 +257,29 @@ class GroupOrder:
         """Below what this instance may release now, from the last exchange."""
         if self._last is None:
             return Watermark(BLOCKED, 100)
+        self._check_ticks(self._last)
         return low_watermark(
-            self._last, self._partitions, mine, self._max_idle_ms, self._missing_since
+            self._last,
+            self._partitions,
+            mine,
+            self._max_idle_ms,
+            self._missing_since,
         )
+
+    def _check_ticks(self, published: Published) -> None:
+        """Warn (once a minute) while a live member orders with another tick."""
+        now, idle = published.now_ms, self._max_idle_ms
+        fresh = (_tick_of(h.owner) for h in published.heads.values() if now - h.seen <= idle)
+        ticks = {t for t in fresh if t is not None and t != self.tick_ms}
+        if not ticks:
+            return
+        dropped = self._failed.admit("tick")
+        if dropped is not None:
+            log.warning(
+                "another instance of the group has a different index.redis.order_tick_ms:"
+                " set the same on every instance",
+                extra=fields(tick_ms=self.tick_ms, others=sorted(ticks), suppressed=dropped),
+            )
 
     def pause(self, hold_ms: int | None) -> float:
         """Seconds to wait before asking again (doubling while held back, up to 16 ms, and
@@ -268,6 +299,12 @@ class GroupOrder:
     def released(self) -> None:
         """Something was released: the next wait starts short again."""
         self._pause_s = _FIRST_PAUSE_S
+
+
+def _tick_of(owner: str) -> int | None:
+    """The tick a member's token names (``<hex>-t<ms>``), or None for one without."""
+    _token, sep, tick = owner.rpartition("-t")
+    return int(tick) if sep and tick.isdigit() else None
 
 
 def own_heads(

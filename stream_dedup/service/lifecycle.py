@@ -19,6 +19,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Callable
 
 from confluent_kafka import (
     OFFSET_BEGINNING,
@@ -41,7 +42,7 @@ from stream_dedup.service.group_order import GroupOrder
 from stream_dedup.service.inputs import Decoded, InputDecoder, MessageBatch
 from stream_dedup.service.lost_index import check_empty_index, check_offsets_retained
 from stream_dedup.service.metrics import Metrics
-from stream_dedup.service.ordering import RecordTime, time_order
+from stream_dedup.service.ordering import RecordTime, TickedTime, time_order
 from stream_dedup.service.prefetch.ahead import SketchAhead
 from stream_dedup.service.time_warnings import TimeWarnings
 
@@ -85,8 +86,12 @@ class BatchLife:
         self._time_warnings = TimeWarnings(config.input.time_field, metrics)
         intent = strategy.stored_intent()  # waits out a shared index's outage
         self._group = _group_order(config, index, strategy)
+        #: The order's time: the group's tick on a shared index, else the record's time.
+        self._order_time: Callable[[Message], int] = (
+            self._time_of if self._group is None else TickedTime(self._time_of, self._group.tick_ms)
+        )
         self._batches = Batcher(
-            config.batch, intent, stop, self._time_of, consumer, group=self._group
+            config.batch, intent, stop, self._order_time, consumer, group=self._group
         )
         strategy.on_stored = self._batches.decided
         strategy_name = config.kafka.get("partition.assignment.strategy", "")
@@ -246,7 +251,7 @@ class BatchLife:
 
     def _read(self, batch: list[Message]) -> MessageBatch:
         """The batch in time order, with its sources (decoding starts from this)."""
-        return self._inputs.read(time_order(batch, self._time_of))
+        return self._inputs.read(time_order(batch, self._order_time))
 
     def _decode(self, batch: list[Message]) -> Decoded:
         """The batch in time order, decoded here (the first step of processing it)."""
@@ -294,5 +299,9 @@ def _group_order(
     if heads is None:
         return None
     return GroupOrder(
-        heads, config.input.topics, config.batch.max_idle_ms, ride_out=strategy.ride_out
+        heads,
+        config.input.topics,
+        config.batch.max_idle_ms,
+        ride_out=strategy.ride_out,
+        tick_ms=config.index.redis.order_tick_ms,
     )

@@ -92,6 +92,25 @@ class RecordTime:
         return parse_time(raw)
 
 
+class TickedTime:
+    """A record's time for the order, cut down to a multiple of ``tick_ms``.
+
+    The consumer group's order on a shared index (``index.redis.order_tick_ms``,
+    ``docs/group-order.md``) counts time in ticks, so that records of one tick go by
+    (topic, partition), then offset, in the merge, in a batch and across instances
+    alike: one order, whose hand-overs between instances come about once per tick and
+    owner instead of at every record where keyed partitions interleave. Only the order
+    uses it; a document's own time (retention, metrics) stays exact.
+    """
+
+    def __init__(self, time_of: Callable[[Message], int], tick_ms: int) -> None:
+        self.time_of = time_of
+        self.tick_ms = tick_ms
+
+    def __call__(self, msg: Message) -> int:
+        return self.time_of(msg) // self.tick_ms * self.tick_ms
+
+
 def time_order(msgs: Iterable[Message], time_of: Callable[[Message], int]) -> list[Message]:
     """The batch in the order it is decided: see the module docstring.
 

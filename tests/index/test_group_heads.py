@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import random
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -12,22 +13,23 @@ from confluent_kafka import Message
 from stream_dedup.index.redis_backend import RedisBackend
 from stream_dedup.index.redis_heads import AT_END, EMPTY, HEAD, GroupHeads
 from stream_dedup.service.group_order import GroupOrder, own_heads
-from stream_dedup.service.ordering import PartitionMerge, RecordTime
+from stream_dedup.service.ordering import PartitionMerge, RecordTime, TickedTime
 from tests.conftest import fresh_namespace
 
 TIME = RecordTime()
 
 
 @pytest.fixture
-def members(shared_redis_url: str) -> Iterator[Callable[[], GroupHeads]]:
-    """``make()``: one more instance's exchange (its own connection) for one group."""
+def members(shared_redis_url: str) -> Iterator[Callable[..., GroupHeads]]:
+    """``make()``: one more instance's exchange (its own connection) for one group
+    (``make(group)``: for another group on the same index)."""
     namespace = fresh_namespace()
     opened: list[RedisBackend] = []
 
-    def make() -> GroupHeads:
+    def make(group: str = "group-a") -> GroupHeads:
         backend = RedisBackend(shared_redis_url, namespace=namespace)
         opened.append(backend)
-        return backend.group_heads("group-a")
+        return backend.group_heads(group)
 
     yield make
     for backend in opened:
@@ -115,6 +117,67 @@ def test_two_members_taking_turns_decide_in_the_groups_time_order(
     assert len(decided) == 10
 
 
+def take_turns(
+    make: Callable[..., GroupHeads], stamps: dict[int, list[int]], owners: list[set[int]], tick: int
+) -> tuple[list[tuple[int, int, int]], int]:
+    """Members owning ``owners`` (partition sets) release ``stamps`` (times per
+    partition) in turns, with the order's tick as the service sets it; the (time,
+    partition, offset) of what was released, in release order, and how many releases
+    it took (each a hand-over, a lease and a store in the service)."""
+    order_time = TickedTime(TIME, tick)
+    sides = []
+    for own in owners:
+        merge = PartitionMerge(0.5, order_time)
+        for partition in sorted(own):
+            for offset, ts in enumerate(stamps[partition]):
+                merge.add(rec(partition, offset, ts))
+            merge.at_end(("news", partition))
+        order = GroupOrder(make(f"ticks-{tick}"), ["news"], 5000, tick_ms=tick)
+        order._partitions["news"] = len(stamps)
+        order._learn = False
+        sides.append(({("news", p) for p in own}, merge, order))
+    released: list[tuple[int, int, int]] = []
+    releases = rounds = 0
+    while any(len(merge) for _m, merge, _o in sides):
+        rounds += 1
+        moved = rounds == 1  # the first member exchanges before the others published
+        for mine, merge, order in sides:
+            order.exchange(own_heads({}, merge.heads(), mine, merge.caught_up))
+            out = merge.release(100_000, mine, order.watermark(mine).ceiling)
+            if out:
+                moved, releases = True, releases + 1
+            released += [(TIME(m), m.partition() or 0, m.offset() or 0) for m in out]
+            order.exchange(own_heads({}, merge.heads(), mine, merge.caught_up))
+        assert moved, f"stuck: {[len(m) for _o, m, _g in sides]} records left"
+    for _m, _merge, order in sides:
+        order.close()
+    return released, releases
+
+
+def test_the_orders_tick_makes_turns_coarse_and_keeps_one_order(
+    members: Callable[..., GroupHeads],
+) -> None:
+    """Records keyed over 4 partitions 1 ms apart, two members owning every other
+    partition: with a 1 ms tick they hand over at nearly every record; with 100 ms, at
+    most a few times per tick, and what they release is still one order, by (tick,
+    partition, offset). Within a tick a member's own partitions may be out of time
+    order, which must not stall the group (each publishes heads in the same ticks)."""
+    rng = random.Random(5)
+    stamps: dict[int, list[int]] = {p: [] for p in range(4)}
+    for t in range(1000, 2000):
+        stamps[rng.randrange(4)].append(t)
+    owners = [{0, 2}, {1, 3}]
+    fine, fine_turns = take_turns(members, stamps, owners, 1)
+    coarse, coarse_turns = take_turns(members, stamps, owners, 100)
+    assert len(fine) == len(coarse) == 1000
+    assert fine == sorted(fine)
+    assert [(t // 100, p, o) for t, p, o in coarse] == sorted(
+        (t // 100, p, o) for t, p, o in coarse
+    )
+    assert fine_turns > 300  # turn by turn, as finely as the partitions interleave
+    assert coarse_turns <= 4 * 10  # 10 ticks, at most one turn per partition in each
+
+
 def test_a_member_held_back_is_woken_when_the_others_heads_move(
     members: Callable[[], GroupHeads],
 ) -> None:
@@ -155,3 +218,32 @@ def test_a_member_held_back_is_woken_when_the_others_heads_move(
     finally:
         a.close()
         b.close()
+
+
+def test_a_member_with_another_tick_is_named_in_a_warning(
+    members: Callable[..., GroupHeads], caplog: pytest.LogCaptureFixture
+) -> None:
+    """Members whose ticks differ could decide pairs closer than the larger tick in lease
+    order: the service says so (a rolling change of the setting passes through it)."""
+    fine = GroupOrder(members(), ["news"], 5000, tick_ms=100)
+    coarse = GroupOrder(members(), ["news"], 5000, tick_ms=1000)
+    same = GroupOrder(members(), ["news"], 5000, tick_ms=100)
+    try:
+        for order in (fine, coarse, same):
+            order._partitions["news"] = 3
+            order._learn = False
+        fine.exchange({("news", 0): (HEAD, 1000)})
+        same.exchange({("news", 2): (HEAD, 1000)})
+        with caplog.at_level("WARNING", logger="stream_dedup.service"):
+            same.watermark({("news", 2)})
+        assert not [r for r in caplog.records if "order_tick_ms" in r.getMessage()]
+        coarse.exchange({("news", 1): (HEAD, 1000)})
+        fine.exchange({("news", 0): (HEAD, 1000)})
+        with caplog.at_level("WARNING", logger="stream_dedup.service"):
+            fine.watermark({("news", 0)})
+        warned = [r for r in caplog.records if "order_tick_ms" in r.getMessage()]
+        assert len(warned) == 1
+        assert warned[0].fields["others"] == [1000]  # type: ignore[attr-defined]
+    finally:
+        for order in (fine, coarse, same):
+            order.close()

@@ -11,7 +11,7 @@ from confluent_kafka import Consumer, KafkaError, Message
 from stream_dedup.decode import parse_time
 from stream_dedup.service.batches import Batcher, batch_ranges, split_intent
 from stream_dedup.service.config import BatchConfig
-from stream_dedup.service.ordering import PartitionMerge, RecordTime, time_order
+from stream_dedup.service.ordering import PartitionMerge, RecordTime, TickedTime, time_order
 
 TIME = RecordTime()
 
@@ -125,6 +125,21 @@ def test_ties_break_by_partition_and_a_partition_is_never_reordered() -> None:
     assert where(time_order(msgs, TIME)) == [(0, 0), (1, 0), (1, 1), (0, 1), (0, 2)]
     prefix = time_order(msgs, TIME)[:3]
     assert batch_ranges(prefix) == {("news", 0): (0, 1), ("news", 1): (0, 2)}
+
+
+def test_the_orders_tick_puts_one_ticks_records_in_partition_order() -> None:
+    """With a tick, records of one tick go by partition (then offset) in a batch and in
+    the merge alike; across ticks, by time; a partition is never reordered."""
+    msgs = [rec(1, 0, 1005), rec(0, 0, 1050), rec(1, 1, 1099), rec(0, 1, 1100), rec(1, 2, 1101)]
+    ticked = TickedTime(RecordTime(), 100)
+    assert [ticked(m) for m in msgs] == [1000, 1000, 1000, 1100, 1100]
+    expected = [(0, 0), (1, 0), (1, 1), (0, 1), (1, 2)]
+    assert where(time_order(msgs, ticked)) == expected
+    assert where(time_order(msgs, RecordTime())) == [(1, 0), (0, 0), (1, 1), (0, 1), (1, 2)]
+    merge = PartitionMerge(0.0, ticked)
+    for m in msgs:
+        merge.add(m)
+    assert where(merge.release(10, [])) == expected
 
 
 def test_time_field_epoch_ms_iso_and_fallback() -> None:

@@ -342,6 +342,7 @@ def test_the_redis_index_settings_layer_through_file_environment_and_flags(
         ({"index": {"redis": {"url": "http://cache"}}}, "index.redis.url", "redis://"),
         ({"index": {"redis": {"namespace": "a b"}}}, "index.redis.namespace", "A-Z"),
         ({"index": {"redis": {"lock_ttl_ms": 10}}}, "index.redis.lock_ttl_ms", "at least"),
+        ({"index": {"redis": {"order_tick_ms": 0}}}, "index.redis.order_tick_ms", "between 1"),
         ({"index": {"redis": {"ur": "redis://x"}}}, "index.redis.ur", "did you mean 'url'"),
         (
             {"index": {"backend": "redis"}, "service": {"delivery": "exactly-once"}},
