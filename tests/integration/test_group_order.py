@@ -70,6 +70,12 @@ class Run:
     rate: float = 40.0
     #: ``service.delivery``: in exactly-once runs the topics are read ``read_committed``.
     delivery: str = "at-least-once"
+    #: ``index.redis.order_tick_ms``. The records are 10 ms apart: a 10 ms tick holds one
+    #: record, so the group's order is the exact time order the reference is decided in.
+    tick_ms: int = 10
+    #: Least share of ids equal to the reference, and least strict F1.
+    agreement: float = 0.995
+    f1: float = 0.99
 
 
 class Group:
@@ -88,7 +94,12 @@ class Group:
             settings = process_config(bootstrap, topics, tmp_path / f"unused-{n}", port)
             settings["index"] = {
                 "backend": "redis",
-                "redis": {"url": run.redis, "namespace": namespace, "lock_ttl_ms": 5000},
+                "redis": {
+                    "url": run.redis,
+                    "namespace": namespace,
+                    "lock_ttl_ms": 5000,
+                    "order_tick_ms": run.tick_ms,
+                },
             }
             # Batches small enough that kills land inside a run's work, and a dead
             # member's heads held (max_idle_ms) until the group has moved its partitions
@@ -235,8 +246,8 @@ def run_group(bootstrap: str, tmp_path: Path, truth: GroundTruth, run: Run) -> N
         f"order {agree / len(reference):.4f}; {quality}; strict F1 {f1:.4f}"
     )
     assert kills >= run.kills or not run.live, kills
-    assert agree >= 0.995 * len(reference)
-    assert f1 >= 0.99, str(quality)
+    assert agree >= run.agreement * len(reference)
+    assert f1 >= run.f1, str(quality)
 
 
 def test_two_instances_on_one_node_killed_in_turn_decide_a_live_stream_in_time(
@@ -249,6 +260,17 @@ def test_three_instances_on_a_cluster_decide_a_backlog_in_time(
     bootstrap: str, redis_cluster_url: str, tmp_path: Path, truth: GroundTruth
 ) -> None:
     run_group(bootstrap, tmp_path, truth, Run(3, redis_cluster_url, live=False, kills=0))
+
+
+def test_three_instances_on_a_cluster_decide_a_backlog_at_the_default_tick(
+    bootstrap: str, redis_cluster_url: str, tmp_path: Path, truth: GroundTruth
+) -> None:
+    """At the default 100 ms tick ten records share a tick and go by partition: a copy
+    and an earlier copy of one story 10-90 ms apart on different partitions may be
+    decided in partition order. ``bench/order_tick.py`` bounds that on this stream
+    (every partition its own instance): 99.33 % of ids equal to the exact order."""
+    run = Run(3, redis_cluster_url, live=False, kills=0, tick_ms=100, agreement=0.99, f1=0.98)
+    run_group(bootstrap, tmp_path, truth, run)
 
 
 @pytest.mark.soak
