@@ -389,6 +389,12 @@ class RedisBackend:
         return self._writes
 
     def close(self) -> None:
+        """Close every connection now. A cluster client's ``close`` leaves the pools it
+        gave its node clients open until the garbage collector finds them (a process
+        that opens and closes indexes, a check process following a cluster, would keep
+        their sockets): disconnect them first."""
+        if isinstance(self._client, RedisCluster):
+            self._client.disconnect_connection_pools()
         self._client.close()
 
     def _failing(self, operation: str) -> contextlib.AbstractContextManager[None]:

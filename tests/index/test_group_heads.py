@@ -34,11 +34,6 @@ def members(shared_redis_url: str) -> Iterator[Callable[..., GroupHeads]]:
     yield make
     for backend in opened:
         backend.close()
-        # A cluster client's close leaves its nodes' pools to the garbage collector,
-        # which may then warn of open sockets in a later test: close them here.
-        disconnect = getattr(backend._client, "disconnect_connection_pools", None)
-        if disconnect is not None:
-            disconnect()
 
 
 def test_each_member_writes_its_partitions_and_reads_everyone(

@@ -3,6 +3,9 @@ beside buckets that format 4 wrote with 8-byte members, on a real redis-server."
 
 from __future__ import annotations
 
+import gc
+from pathlib import Path
+
 import numpy as np
 import redis
 
@@ -146,3 +149,36 @@ def test_a_redo_record_decodes_to_its_keys_and_values() -> None:
     odd = [b"v1", b"b" + bytes(10), b"vlonger"]
     abc = [b"a", b"b", b"c"]
     assert decode_redo(encode_redo(4, odd, abc, 1)) == (4, odd, abc, 1)
+
+
+def _sockets() -> set[str]:
+    """This process's open sockets (their inodes), from ``/proc``."""
+    out = set()
+    for fd in Path("/proc/self/fd").iterdir():
+        try:
+            target = str(fd.readlink())
+        except OSError:
+            continue  # closed meanwhile (the listing's own descriptor)
+        if target.startswith("socket:"):
+            out.add(target)
+    return out
+
+
+def test_closing_a_backend_closes_its_sockets_on_a_node_and_a_cluster(
+    shared_redis_url: str,
+) -> None:
+    """Without waiting for the garbage collector: a cluster client's close leaves the
+    pools of its node clients open, so the backend disconnects them itself."""
+    gc.collect()
+    before = _sockets()
+    backends = [RedisBackend(shared_redis_url, namespace=fresh_namespace()) for _ in range(2)]
+    for backend in backends:
+        backend.get_many([b"vsome-id", b"x" + bytes(16)])
+    assert _sockets() - before  # connected
+    gc.disable()  # the sockets must close now, not when a collection finds them
+    try:
+        for backend in backends:
+            backend.close()
+        assert _sockets() - before == set()
+    finally:
+        gc.enable()
