@@ -59,10 +59,10 @@ def main() -> int:
     n = len(records)
     reference = decide(records, list(range(n)))
     print(f"{n} documents over {args.partitions} partitions; ids equal to produce order:")
-    for spacing in (int(s) for s in args.spacing_ms.split(",")):
+    for spacing in (float(s) for s in args.spacing_ms.split(",")):
         cells = []
         for tick in (int(t) for t in args.ticks.split(",")):
-            order = sorted(range(n), key=lambda i: ((i * spacing) // tick, part[i], i))
+            order = sorted(range(n), key=lambda i: (int(i * spacing) // tick, part[i], i))
             got = decide(records, order)
             equal = sum(got[k] == v for k, v in reference.items()) / n
             cells.append(f"tick {tick} ms {100 * equal:.2f} %")

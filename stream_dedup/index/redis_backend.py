@@ -394,7 +394,7 @@ class RedisBackend:
         that opens and closes indexes, a check process following a cluster, would keep
         their sockets): disconnect them first."""
         if isinstance(self._client, RedisCluster):
-            self._client.disconnect_connection_pools()
+            self._client.disconnect_connection_pools()  # type: ignore[no-untyped-call]
         self._client.close()
 
     def _failing(self, operation: str) -> contextlib.AbstractContextManager[None]:
