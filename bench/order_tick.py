@@ -14,7 +14,7 @@ keyed over ``--partitions`` partitions by a CRC32 of the id (as librdkafka's def
 partitioner does). No broker, no Redis: the bound is a property of the order alone.
 
     PYTHONPATH=. .venv/bin/python bench/order_tick.py -n 12000
-    PYTHONPATH=. .venv/bin/python bench/order_tick.py --spacing-ms 1,10,100 --ticks 1,100,1000
+    PYTHONPATH=. .venv/bin/python bench/order_tick.py --spacing-ms 0.1,1.25,4 --ticks 1,10,100
 """
 
 from __future__ import annotations
