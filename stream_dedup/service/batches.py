@@ -311,7 +311,7 @@ class Batcher:
             group.learn_partitions(self._consumer)
         group.exchange(self.heads())
         mark = group.watermark(self._assigned)
-        batch = self.merge.release(limit, self.watched(), mark.ceiling)
+        batch = self.merge.release(limit, self.watched(), mark.ceiling, group.token)
         if batch:
             group.released()
             self._track(batch)

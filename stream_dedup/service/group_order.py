@@ -8,10 +8,11 @@ its next undecided record, "empty since", or "at its end"), and releases a recor
 when its (time, topic, partition) is below every other partition's head: the group's
 *low watermark*, the way one instance's merge holds a partition's records back while
 another has an earlier head. The group's order counts time in ticks of
-``index.redis.order_tick_ms`` (:class:`~.ordering.TickedTime`: records of one tick go by
-partition), so that instances take turns about once per tick and owner, not at every
-record where the partitions' times interleave. The whole argument, with each crash and
-rebalance, is in ``docs/group-order.md``.
+``index.redis.order_tick_ms`` (:class:`~.ordering.TickedTime`), and within a tick goes
+instance by instance (by the token each writes on its heads), then partition, so that
+instances take turns about once per tick each, not at every record where the
+partitions' times interleave nor at every partition of a tick. The whole argument, with
+each crash and rebalance, is in ``docs/group-order.md``.
 
 :func:`low_watermark` is the rule, a function of the published heads alone;
 :class:`GroupOrder` is the instance's side of the exchange: it publishes and reads the
@@ -52,12 +53,13 @@ def _directly(_operation: str, step: Callable[[], T]) -> T:
 
 
 TpKey = tuple[str, int]
-#: A record's place in the group's order: (time, (topic, partition)), as ``time_order``
-#: and the partition merge compare them (the time cut to the order's tick,
-#: :class:`~.ordering.TickedTime`).
-OrderKey = tuple[int, TpKey]
+#: A record's place in the group's order: (time, owner, (topic, partition)): its time cut
+#: to the order's tick (:class:`~.ordering.TickedTime`), the token of the instance that
+#: owns its partition, then the partition. Within one instance the owner is the same for
+#: every record, so its merge and ``time_order`` compare (time, (topic, partition)).
+OrderKey = tuple[int, str, TpKey]
 #: A ceiling below every record: nothing may be released.
-BLOCKED: OrderKey = (-(2**63), ("", -1))
+BLOCKED: OrderKey = (-(2**63), "", ("", -1))
 
 _FIRST_PAUSE_S = 0.001
 _LAST_PAUSE_S = 0.016
@@ -105,7 +107,7 @@ def low_watermark(
                 if now - head.seen > max_idle_ms or head.kind == AT_END:
                     continue  # an owner gone, or nothing more to come: idle
                 if head.kind == HEAD:
-                    key = (head.time, tp)
+                    key = (head.time, head.owner, tp)
                     ceiling = key if ceiling is None else min(ceiling, key)
                     continue
                 left = head.since + max_idle_ms - now  # EMPTY (or a kind not known)
@@ -134,6 +136,8 @@ class GroupOrder:
         #: be decided in lease order (a rolling change of the setting passes through it).
         self.tick_ms = tick_ms
         heads.token = f"{heads.token}-t{tick_ms}"
+        #: This instance's place within a tick (:data:`OrderKey`): its token.
+        self.token = heads.token
         #: Runs the exchange through the commit strategy's outage handling, so Redis down
         #: while this instance waits for the watermark makes it unready, is retried and
         #: stops the service after ``index.redis.outage_limit_s``, as in a commit.

@@ -216,12 +216,15 @@ class PartitionMerge:
         self,
         limit: int,
         watched: Iterable[TpKey],
-        ceiling: tuple[int, TpKey] | None = None,
+        ceiling: tuple[int, str, TpKey] | None = None,
+        owner: str = "",
     ) -> list[Message]:
         """Up to ``limit`` records, smallest (time, topic, partition) head first, while no
         watched partition holds the merge back (see the module docstring), and each below
         ``ceiling`` when one is given (the consumer group's low watermark on a shared
-        index, :mod:`.group_order`: other instances' partitions hold the merge back too)."""
+        index, :mod:`.group_order`: other instances' partitions hold the merge back too),
+        a record's place there being (time, ``owner``, (topic, partition)): ``owner`` is
+        this instance's token in the group's order."""
         watch = set(watched)
         now = self._clock()
         if not self._size or self.blocking(watch, now) is not None:
@@ -230,7 +233,7 @@ class PartitionMerge:
         heapq.heapify(heap)
         out: list[Message] = []
         while heap and len(out) < limit:
-            if ceiling is not None and heap[0] >= ceiling:
+            if ceiling is not None and (heap[0][0], owner, heap[0][1]) >= ceiling:
                 break
             _t, tp = heapq.heappop(heap)
             buf = self._buffers[tp]

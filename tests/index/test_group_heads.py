@@ -103,7 +103,7 @@ def test_two_members_taking_turns_decide_in_the_groups_time_order(
         for partition, merge, order in sides:
             mine = {("news", partition)}
             order.exchange(own_heads({}, merge.heads(), mine, merge.caught_up))
-            out = merge.release(2, mine, order.watermark(mine).ceiling)
+            out = merge.release(2, mine, order.watermark(mine).ceiling, order.token)
             decided += [TIME(m) for m in out]
             order.exchange(own_heads({}, merge.heads(), mine, merge.caught_up))
     for _p, _m, order in sides:
@@ -117,8 +117,8 @@ def take_turns(
 ) -> tuple[list[tuple[int, int, int]], int]:
     """Members owning ``owners`` (partition sets) release ``stamps`` (times per
     partition) in turns, with the order's tick as the service sets it; the (time,
-    partition, offset) of what was released, in release order, and how many releases
-    it took (each a hand-over, a lease and a store in the service)."""
+    owner's token, partition, offset) of what was released, in release order, and how
+    many releases it took (each a hand-over, a lease and a store in the service)."""
     order_time = TickedTime(TIME, tick)
     sides = []
     for own in owners:
@@ -131,17 +131,17 @@ def take_turns(
         order._partitions["news"] = len(stamps)
         order._learn = False
         sides.append(({("news", p) for p in own}, merge, order))
-    released: list[tuple[int, int, int]] = []
+    released: list[tuple[int, str, int, int]] = []
     releases = rounds = 0
     while any(len(merge) for _m, merge, _o in sides):
         rounds += 1
         moved = rounds == 1  # the first member exchanges before the others published
         for mine, merge, order in sides:
             order.exchange(own_heads({}, merge.heads(), mine, merge.caught_up))
-            out = merge.release(100_000, mine, order.watermark(mine).ceiling)
+            out = merge.release(100_000, mine, order.watermark(mine).ceiling, order.token)
             if out:
                 moved, releases = True, releases + 1
-            released += [(TIME(m), m.partition() or 0, m.offset() or 0) for m in out]
+            released += [(TIME(m), order.token, m.partition() or 0, m.offset() or 0) for m in out]
             order.exchange(own_heads({}, merge.heads(), mine, merge.caught_up))
         assert moved, f"stuck: {[len(m) for _o, m, _g in sides]} records left"
     for _m, _merge, order in sides:
@@ -153,8 +153,8 @@ def test_the_orders_tick_makes_turns_coarse_and_keeps_one_order(
     members: Callable[..., GroupHeads],
 ) -> None:
     """Records keyed over 4 partitions 1 ms apart, two members owning every other
-    partition: with a 1 ms tick they hand over at nearly every record; with 100 ms, at
-    most a few times per tick, and what they release is still one order, by (tick,
+    partition: with a 1 ms tick they hand over at nearly every record; with 100 ms, once
+    per tick and member, and what they release is still one order, by (tick, member,
     partition, offset). Within a tick a member's own partitions may be out of time
     order, which must not stall the group (each publishes heads in the same ticks)."""
     rng = random.Random(5)
@@ -165,12 +165,11 @@ def test_the_orders_tick_makes_turns_coarse_and_keeps_one_order(
     fine, fine_turns = take_turns(members, stamps, owners, 1)
     coarse, coarse_turns = take_turns(members, stamps, owners, 100)
     assert len(fine) == len(coarse) == 1000
-    assert fine == sorted(fine)
-    assert [(t // 100, p, o) for t, p, o in coarse] == sorted(
-        (t // 100, p, o) for t, p, o in coarse
-    )
+    assert [(t, p) for t, _m, p, _o in fine] == sorted((t, p) for t, _m, p, _o in fine)
+    by_tick = [(t // 100, m, p, o) for t, m, p, o in coarse]
+    assert by_tick == sorted(by_tick)
     assert fine_turns > 300  # turn by turn, as finely as the partitions interleave
-    assert coarse_turns <= 4 * 10  # 10 ticks, at most one turn per partition in each
+    assert coarse_turns <= 2 * 10 + 1  # 10 ticks, one turn per member in each
 
 
 def test_a_member_held_back_is_woken_when_the_others_heads_move(
@@ -187,7 +186,7 @@ def test_a_member_held_back_is_woken_when_the_others_heads_move(
         b.exchange({("news", 1): (HEAD, 50)})
         a.exchange({("news", 0): (HEAD, 10)})  # a knows b now: its moves wake b
         b.exchange({("news", 1): (HEAD, 50)})  # b knows a; same heads: wakes nobody
-        assert b.watermark([("news", 1)]).ceiling == (10, ("news", 0))  # b is held back
+        assert b.watermark([("news", 1)]).ceiling == (10, a.token, ("news", 0))  # b is held back
         started = time.monotonic()
         b.wait(0.3)  # nothing moved since b last looked
         assert time.monotonic() - started >= 0.25
@@ -204,7 +203,7 @@ def test_a_member_held_back_is_woken_when_the_others_heads_move(
         mover.join()
         assert 0.04 <= woken_after < 1.0  # woken by the move, far before the timeout
         b.exchange({("news", 1): (HEAD, 50)})
-        assert b.watermark([("news", 1)]).ceiling == (90, ("news", 0))
+        assert b.watermark([("news", 1)]).ceiling == (90, a.token, ("news", 0))
 
         a.exchange({("news", 0): (HEAD, 95)})  # moved while b was not waiting yet
         started = time.monotonic()

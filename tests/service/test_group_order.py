@@ -42,8 +42,8 @@ def fresh(kind: str, time: int = 0, since: int = NOW) -> Head:
 
 def test_the_smallest_other_head_is_the_ceiling_and_own_partitions_do_not_count() -> None:
     heads = {0: fresh(HEAD, 50), 1: fresh(HEAD, 70), 2: fresh(HEAD, 60), 3: fresh(AT_END)}
-    assert mark(heads, mine={0}) == Watermark((60, ("news", 2)))
-    assert mark(heads, mine={2}) == Watermark((50, ("news", 0)))
+    assert mark(heads, mine={0}) == Watermark((60, "", ("news", 2)))
+    assert mark(heads, mine={2}) == Watermark((50, "", ("news", 0)))
     assert mark(heads, mine={0, 1, 2, 3}) == Watermark(None)  # one instance: no limit
 
 
@@ -52,7 +52,7 @@ def test_ties_of_time_go_by_topic_and_partition_as_time_order_decides() -> None:
     the group's order as in one batch's ``time_order``."""
     heads = {0: fresh(HEAD, 100), 1: fresh(AT_END), 3: fresh(AT_END)}
     ceiling = mark(heads, mine={2}).ceiling
-    assert ceiling == (100, ("news", 0))
+    assert ceiling == (100, "", ("news", 0))
     merge = PartitionMerge(0.5, TIME)
     merge.add(rec(2, 7, 100))
     merge.at_end(("news", 2))
@@ -68,19 +68,34 @@ def test_ties_of_time_go_by_topic_and_partition_as_time_order_decides() -> None:
     assert [m.partition() for m in time_order(both, TIME)] == [0, 2]
 
 
+def test_within_a_tick_the_group_goes_instance_by_instance() -> None:
+    """Records of one tick on partitions of two instances: all of the instance whose token
+    sorts first come first, whatever their partitions, so the group hands over once per
+    tick and instance, not at every partition."""
+    heads = {0: Head(HEAD, 100, NOW, NOW - 10, "b"), 1: fresh(AT_END), 3: fresh(AT_END)}
+    ceiling = mark(heads, mine={2}).ceiling
+    assert ceiling == (100, "b", ("news", 0))
+    for token, released in (("a", [7]), ("c", [])):
+        merge = PartitionMerge(0.5, TIME)
+        merge.add(rec(2, 7, 100))
+        merge.at_end(("news", 2))
+        out = merge.release(10, {("news", 2)}, ceiling, token)
+        assert [m.offset() for m in out] == released
+
+
 def test_an_empty_partition_holds_everything_back_until_max_idle() -> None:
     heads = {0: fresh(HEAD, 50), 1: fresh(EMPTY, since=NOW - 200), 3: fresh(AT_END)}
     assert mark(heads, mine={2}) == Watermark(BLOCKED, IDLE - 200)
     heads[1] = fresh(EMPTY, since=NOW - IDLE - 1)  # empty too long: idle
-    assert mark(heads, mine={2}) == Watermark((50, ("news", 0)))
+    assert mark(heads, mine={2}) == Watermark((50, "", ("news", 0)))
 
 
 def test_a_head_not_refreshed_for_max_idle_is_an_owner_gone() -> None:
     dead = Head(HEAD, 10, 0, NOW - IDLE - 1)
     heads = {0: dead, 1: fresh(HEAD, 90), 3: fresh(AT_END)}
-    assert mark(heads, mine={2}) == Watermark((90, ("news", 1)))
+    assert mark(heads, mine={2}) == Watermark((90, "", ("news", 1)))
     heads[0] = Head(HEAD, 10, 0, NOW - IDLE + 1)  # still alive: it holds
-    assert mark(heads, mine={2}) == Watermark((10, ("news", 0)))
+    assert mark(heads, mine={2}) == Watermark((10, "", ("news", 0)))
 
 
 def test_a_partition_nobody_published_holds_back_from_when_it_was_first_missed() -> None:
@@ -91,7 +106,7 @@ def test_a_partition_nobody_published_holds_back_from_when_it_was_first_missed()
     missing[("news", 2)] = NOW - IDLE  # first missed max_idle ago
     assert mark(heads, mine={0}, missing=missing) == Watermark(None)
     heads[2] = fresh(HEAD, 80)
-    assert mark(heads, mine={0}, missing=missing) == Watermark((80, ("news", 2)))
+    assert mark(heads, mine={0}, missing=missing) == Watermark((80, "", ("news", 2)))
     assert missing == {}
 
 
@@ -104,7 +119,7 @@ def test_the_ceiling_releases_a_prefix_per_partition_in_offset_order() -> None:
     for p in (0, 1):
         merge.at_end(("news", p))
     watched = {("news", 0), ("news", 1)}
-    out = merge.release(100, watched, (32, ("news", 3)))
+    out = merge.release(100, watched, (32, "", ("news", 3)))
     assert [(m.partition(), m.offset()) for m in out] == [(0, 0), (1, 0), (0, 1), (0, 2)]
     assert merge.heads() == {("news", 0): 40, ("news", 1): 35}
     assert [m.offset() for m in merge.release(100, watched, BLOCKED)] == []
