@@ -3,7 +3,8 @@
 Instances of one group on a shared index compare the times of records on each other's
 partitions at ``index.redis.order_tick_ms`` (``docs/group-order.md``): two records on
 partitions owned by different instances whose times fall in the same tick are decided
-in partition order, not time order. This decides a wire stream (the generator's news,
+instance by instance (then by partition), not in time order. This decides a wire stream
+(the generator's news,
 copies following their original within seconds) in the order where *every* partition is
 its own instance (the most pairs across instances there can be), for several ticks, and
 counts the ids whose verdict (``verdict``, ``duplicate_of``) differs from deciding it in

@@ -94,9 +94,9 @@ class RedisConfig:
     decides in one time order across the group's instances (``docs/group-order.md``);
     off, each instance orders only its own partitions. ``order_tick_ms`` is the
     resolution at which that order compares the times of records on different
-    instances' partitions: records in one tick go by partition. A finer tick orders
-    closer pairs by time and makes instances take more, smaller turns (one per tick and
-    owner at least); the same on every instance."""
+    instances' partitions: records in one tick go instance by instance, then by
+    partition. A finer tick orders closer pairs by time and makes instances take more,
+    smaller turns (one per tick and instance); the same on every instance."""
 
     url: str = "redis://localhost:6379/0"
     password: str = ""
