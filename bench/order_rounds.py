@@ -8,7 +8,8 @@ has not:
 
 * **exact**: the order by (time, partition, offset); a turn ends wherever the next record
   belongs to another instance (``order_tick_ms = 1``);
-* **tick**: the same by (time cut to the tick, partition, offset) (the default, 100 ms);
+* **tick**: the same by (time cut to the tick, instance, partition, offset) (the
+  default, 100 ms);
 * **conflict** (not built; a projection): an instance waits only for the other instances'
   earlier records that share a look-up key (an LSH band key or the exact-text key) with
   one of its own, the only records its verdicts can depend on. Every instance releases,
@@ -116,7 +117,7 @@ def main() -> int:
     for p_, doc in enumerate(sk.live):
         keys[doc] = {*sk.bucket_keys[p_ * bands : (p_ + 1) * bands], sk.exact_keys[p_]}
     exact = sorted(range(n), key=lambda i: (times[i], part[i], i))
-    ticked = sorted(range(n), key=lambda i: (times[i] // args.tick_ms, part[i], i))
+    ticked = sorted(range(n), key=lambda i: (times[i] // args.tick_ms, owner[i], part[i], i))
     by_exact = turns([owner[i] for i in exact])
     by_tick = turns([owner[i] for i in ticked])
     # the conflict rule over the exact order (each instance's own records in it)
