@@ -233,8 +233,10 @@ class SetCache:
         """Enter ``generation``'s docnums in the dict (its first position of each)."""
         where = self._where
         for j, d in enumerate(generation.docnums.tolist()):
-            places = where.setdefault(d, [])
-            if not places or places[-1][0] is not generation:
+            places = where.get(d)
+            if places is None:
+                where[d] = [(generation, j)]
+            elif places[-1][0] is not generation:
                 places.append((generation, j))
 
     def _unplace(self, generation: _Generation) -> None:
@@ -244,6 +246,10 @@ class SetCache:
             places = where.get(d)
             if places is None:
                 continue  # a docnum held twice in it, already taken out
+            if len(places) == 1:  # the usual case: held in this generation alone
+                if places[0][0] is generation:
+                    del where[d]
+                continue
             rest = [p for p in places if p[0] is not generation]
             if rest:
                 where[d] = rest
