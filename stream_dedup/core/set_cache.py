@@ -16,9 +16,10 @@ as with least-recently-used order.
 Sets are found through one dict, docnum -> where it is held (generation, position),
 kept as generations come and go, not by searching every generation: at live rates a
 batch holds a few dozen documents, so the budget holds hundreds of generations, and a
-candidate held in none (most of them) cost one ``searchsorted`` and its masks per
-generation (~10 µs each), milliseconds per batch whatever its size. Keeping the dict
-costs a few dict steps per set kept or dropped, not a copy or a hash of its payload.
+candidate held in none (most of them) would cost one ``searchsorted`` and its masks per
+generation, a cost per batch that grows with the generations held, not with the batch.
+Keeping the dict costs a few dict steps per set kept or dropped, not a copy or a hash of
+its payload.
 
 Sets are found by docnum and hold the payload they were made from: a set serves a record
 only when the record's payload is equal (a ``memcmp``), and equal payloads are equal
