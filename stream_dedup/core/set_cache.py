@@ -13,6 +13,14 @@ budget counts generations, the oldest dropped first; a set found in the older ha
 generations held is copied into the newest, so a text that keeps being a candidate stays,
 as with least-recently-used order.
 
+Sets are found through one dict, docnum -> where it is held (generation, position),
+kept as generations come and go, not by searching every generation: at live rates a
+batch holds a few dozen documents, so the budget holds hundreds of generations, and a
+candidate held in none (most of them) would cost one ``searchsorted`` and its masks per
+generation, a cost per batch that grows with the generations held, not with the batch.
+Keeping the dict costs a few dict steps per set kept or dropped, not a copy or a hash of
+its payload.
+
 Sets are found by docnum and hold the payload they were made from: a set serves a record
 only when the record's payload is equal (a ``memcmp``), and equal payloads are equal
 texts. So a docnum given to another document (a shared index's batch decided again
@@ -46,6 +54,12 @@ class _Generation:
     length: I64
     payloads: list[bytes]
     nbytes: int
+    #: Its place in the order generations were kept (rises by one per generation).
+    seq: int = 0
+
+
+#: Where a docnum's set is held: (generation, position in it).
+_Place = tuple[_Generation, int]
 
 
 class SetCache:
@@ -56,6 +70,10 @@ class SetCache:
         self.max_bytes = max_bytes
         self.config = config
         self._generations: list[_Generation] = []  # oldest first
+        #: Per docnum, the generations holding it, oldest first, with its first position
+        #: in each (the one a ``searchsorted`` would find).
+        self._where: dict[int, list[_Place]] = {}
+        self._seq = 0
         self._bytes = 0
         #: Sets asked for, and those rebuilt (not in the cache), since the start; and the
         #: candidates' sets not asked for, their text too short to verify
@@ -109,6 +127,9 @@ class SetCache:
         """
         kept = [g for g in self._generations if not g.docnums.size or g.docnums[-1] < first]
         if len(kept) < len(self._generations):
+            for g in self._generations:
+                if g.docnums.size and g.docnums[-1] >= first:
+                    self._unplace(g)
             self._generations = kept
             self._bytes = sum(g.nbytes for g in kept)
         self._trusted = first
@@ -130,24 +151,24 @@ class SetCache:
         flats: list[U32] = []
         if not wanted.size or self._trusted <= 0:
             return source, flats, at, length
-        open_ = wanted < self._trusted
-        generations = self._generations
-        old = len(generations) // 2
+        held: dict[int, tuple[_Generation, list[int], list[int]]] = {}  # by seq
+        where, trusted = self._where, self._trusted
+        for i, d in enumerate(wanted.tolist()):
+            places = where.get(d) if d < trusted else None
+            if places:
+                g, at_g = places[-1]  # the newest generation holding it
+                hits = held.setdefault(g.seq, (g, [], []))
+                hits[1].append(i)
+                hits[2].append(at_g)
+        old = self._older_than()
         renew: list[tuple[_Generation, I64]] = []  # found in the older half: kept anew
-        for age in range(len(generations) - 1, -1, -1):  # newest first
-            if not open_.any():
-                break
-            g = generations[age]
-            pos = np.searchsorted(g.docnums, wanted).clip(max=g.docnums.size - 1)
-            hit = np.flatnonzero(open_ & (g.docnums[pos] == wanted))
-            if not hit.size:
-                continue
-            j = pos[hit]
+        for seq in sorted(held, reverse=True):  # newest first
+            g, hit_list, j_list = held[seq]
+            hit, j = np.asarray(hit_list, dtype=np.int64), np.asarray(j_list, dtype=np.int64)
             source[hit] = len(flats)
             flats.append(g.flat)
             at[hit], length[hit] = g.at[j], g.length[j]
-            open_[hit] = False
-            if age < old:
+            if seq < old:
                 renew.append((g, j))
         self.asked += int(np.count_nonzero(source >= 0))
         if renew and self.max_bytes > 0:
@@ -184,32 +205,57 @@ class SetCache:
         payload equals ``payloads[i]``, and those found in the older half of the
         generations."""
         found: list[U32 | None] = [None] * wanted.size
-        renew: list[int] = []  # found in the older half: copied into the newest generation
-        open_ = np.ones(wanted.size, dtype=bool)
+        where = self._where
+        old = self._older_than()
+        renewed: list[tuple[int, int]] = []  # (-seq, i): found in the older half
+        for i, d in enumerate(wanted.tolist()):
+            places = where.get(d)
+            if places is None:
+                continue
+            payload = payloads[i]
+            for g, j in reversed(places):  # newest first
+                if g.payloads[j] == payload:
+                    start = int(g.at[j])
+                    found[i] = g.flat[start : start + int(g.length[j])]
+                    if g.seq < old:
+                        renewed.append((-g.seq, i))
+                    break
+        # Renewed in the order a search of the generations newest first would find them.
+        renewed.sort()
+        return found, [i for _, i in renewed]
+
+    def _older_than(self) -> int:
+        """The seq from which generations are in the newer half (those below it are
+        copied into the newest when found)."""
         generations = self._generations
-        old = len(generations) // 2
-        for age in range(len(generations) - 1, -1, -1):  # newest first
-            g = generations[age]
-            if not open_.any():
-                break
-            pos = np.searchsorted(g.docnums, wanted).clip(max=g.docnums.size - 1)
-            hit = np.flatnonzero(open_ & (g.docnums[pos] == wanted))
-            j_hit = pos[hit]
-            flat, stored, matched = g.flat, g.payloads, []
-            for i, j, at, n in zip(
-                hit.tolist(),
-                j_hit.tolist(),
-                g.at[j_hit].tolist(),
-                g.length[j_hit].tolist(),
-                strict=True,
-            ):
-                if stored[j] == payloads[i]:
-                    found[i] = flat[at : at + n]
-                    matched.append(i)
-            open_[matched] = False
-            if age < old:
-                renew += matched
-        return found, renew
+        return generations[len(generations) // 2].seq if generations else 0
+
+    def _place(self, generation: _Generation) -> None:
+        """Enter ``generation``'s docnums in the dict (its first position of each)."""
+        where = self._where
+        for j, d in enumerate(generation.docnums.tolist()):
+            places = where.get(d)
+            if places is None:
+                where[d] = [(generation, j)]
+            elif places[-1][0] is not generation:
+                places.append((generation, j))
+
+    def _unplace(self, generation: _Generation) -> None:
+        """Take ``generation``'s docnums out of the dict (it is dropped)."""
+        where = self._where
+        for d in generation.docnums.tolist():
+            places = where.get(d)
+            if places is None:
+                continue  # a docnum held twice in it, already taken out
+            if len(places) == 1:  # the usual case: held in this generation alone
+                if places[0][0] is generation:
+                    del where[d]
+                continue
+            rest = [p for p in places if p[0] is not generation]
+            if rest:
+                where[d] = rest
+            else:
+                del where[d]
 
     def _keep_found(
         self,
@@ -254,8 +300,13 @@ class SetCache:
         """Keep ``generation`` as the newest; drop the oldest while over the budget."""
         generation.nbytes = generation.flat.nbytes + 24 * generation.docnums.size
         generation.nbytes += sum(map(len, generation.payloads))
+        generation.seq = self._seq
+        self._seq += 1
         generations = self._generations
         generations.append(generation)
+        self._place(generation)
         self._bytes += generation.nbytes
         while self._bytes > self.max_bytes and generations:
-            self._bytes -= generations.pop(0).nbytes
+            dropped = generations.pop(0)
+            self._bytes -= dropped.nbytes
+            self._unplace(dropped)

@@ -255,3 +255,24 @@ def test_committed_sets_are_served_only_below_the_trusted_count() -> None:
     assert served(cache, [4, 5, 6, 7]) == [None] * 4
     for got_set, want in zip(served(cache, [0, 1, 2, 3]), sk.sets[:4], strict=True):
         assert got_set is not None and np.array_equal(got_set, want)
+
+
+def test_a_docnum_held_in_two_generations_serves_each_text_its_own_set() -> None:
+    """A docnum kept twice (given out again on a shared index) is found by payload in
+    either generation, and once the newer generation is dropped, the older one still
+    serves its text."""
+    config = DedupConfig()
+    sk = sketch(news(8), config, config.band_plan())
+    cache = SetCache(1 << 20, config)
+    nums = np.arange(4, dtype=np.int64)
+    cache.keep_spans(nums, sk.payloads[:4], sk.set_flat, sk.set_at[:4], sk.set_len[:4])
+    cache.keep_spans(nums, sk.payloads[4:], sk.set_flat, sk.set_at[4:], sk.set_len[4:])
+    for first in (True, False):
+        got = cache.sets([0, 1, 2, 3], sk.payloads[:4] if first else sk.payloads[4:])
+        want = sk.sets[:4] if first else sk.sets[4:]
+        assert all(np.array_equal(a, b) for a, b in zip(got, want, strict=True))
+    assert cache.rebuilt == 0
+    cache.trust_below(0)  # a single writer's batch never committed: both generations go
+    assert len(cache) == 0
+    cache.sets([0], sk.payloads[:1])
+    assert cache.rebuilt == 1
