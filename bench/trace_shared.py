@@ -114,13 +114,7 @@ def trace_run(
                 # live: timed from the first record produced; the lag is how long after
                 # the last one was produced the group had decided it
                 first = time.time()
-                start = {
-                    "own": [tree_cpu_s([pid]) for pid in pids],
-                    "broker": tree_cpu_s([broker_pid]) if broker_pid else 0.0,
-                    "redis": redis_cpu_s(url),
-                    "host": host_cpu_s(),
-                    "load": os.getloadavg()[0],
-                }
+                start = counters(pids, broker_pid, url)
             produce_all(bootstrap, topic, docs, args.keyed, args.rate)
             produced = time.time()
         deadline = time.monotonic() + 600
@@ -130,13 +124,7 @@ def trace_run(
                 m.get("stream_dedup_messages_consumed_total", 0) for m in seen
             ) > len(warm):
                 first = time.time()
-                start = {
-                    "own": [tree_cpu_s([pid]) for pid in pids],
-                    "broker": tree_cpu_s([broker_pid]) if broker_pid else 0.0,
-                    "redis": redis_cpu_s(url),
-                    "host": host_cpu_s(),
-                    "load": os.getloadavg()[0],
-                }
+                start = counters(pids, broker_pid, url)
             if first is not None and max(
                 m.get("stream_dedup_index_documents", 0) for m in seen
             ) >= len(docs) + len(warm):
@@ -171,6 +159,18 @@ def trace_run(
             proc.terminate()
         for proc in procs:
             proc.wait(timeout=60)
+
+
+def counters(pids: list[int], broker_pid: int | None, url: str) -> dict[str, Any]:
+    """The CPU counters a run is measured from: the instances', the broker's, Redis's,
+    the host's, and the load average."""
+    return {
+        "own": [tree_cpu_s([pid]) for pid in pids],
+        "broker": tree_cpu_s([broker_pid]) if broker_pid else 0.0,
+        "redis": redis_cpu_s(url),
+        "host": host_cpu_s(),
+        "load": os.getloadavg()[0],
+    }
 
 
 def warm_documents(n: int) -> list[dict[str, Any]]:

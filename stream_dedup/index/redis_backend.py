@@ -389,10 +389,8 @@ class RedisBackend:
         return self._writes
 
     def close(self) -> None:
-        """Close every connection now. A cluster client's ``close`` leaves the pools it
-        gave its node clients open until the garbage collector finds them (a process
-        that opens and closes indexes, a check process following a cluster, would keep
-        their sockets): disconnect them first."""
+        """Close every connection now: a cluster client's ``close`` leaves its node
+        clients' pools open until the garbage collector finds them."""
         if isinstance(self._client, RedisCluster):
             self._client.disconnect_connection_pools()  # type: ignore[no-untyped-call]
         self._client.close()
