@@ -35,7 +35,8 @@ def documents(n: int, seed: int) -> list[dict[str, Any]]:
 
 
 def scrape(port: int) -> dict[str, float]:
-    """Unlabelled samples from /metrics ({} while the port does not answer)."""
+    """Samples from /metrics ({} while the port does not answer), by name, labelled ones
+    by name and labels as written (``name{label="value"}``)."""
     try:
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2) as resp:
             text = resp.read().decode()
@@ -43,8 +44,8 @@ def scrape(port: int) -> dict[str, float]:
         return {}
     out = {}
     for line in text.splitlines():
-        if line and not line.startswith("#") and "{" not in line:
-            name, value = line.split()[:2]
+        if line and not line.startswith("#"):
+            name, value = line.rsplit(" ", 1) if "{" in line else line.split()[:2]
             out[name] = float(value)
     return out
 

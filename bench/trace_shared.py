@@ -26,6 +26,7 @@ seconds, that start-up, on the same CPUs, is part of what is measured.
 from __future__ import annotations
 
 import argparse
+import itertools
 import os
 import subprocess
 import sys
@@ -65,6 +66,9 @@ _SUMS = {
     "batch s": "stream_dedup_batch_duration_seconds_sum",
     "batches": "stream_dedup_batch_size_messages_count",
     "docs": "stream_dedup_batch_size_messages_sum",
+    "ahead used": 'stream_dedup_group_decided_ahead_batches_total{outcome="used"}',
+    "ahead dropped": 'stream_dedup_group_decided_ahead_batches_total{outcome="dropped"}',
+    "redecided": "stream_dedup_redecided_documents_total",
 }
 
 
@@ -78,6 +82,7 @@ def trace_run(
     order: bool,
     docs: list[dict[str, Any]],
     kafka: dict[str, str],
+    ahead: bool = True,
 ) -> dict[str, Any]:
     """One run: docs/s, each instance's figures, and every process's CPU per document."""
     topic = f"trace-{uuid.uuid4().hex[:8]}"
@@ -89,7 +94,7 @@ def trace_run(
     index = (
         f'[index]\nbackend = "redis"\n[index.redis]\nurl = "{url}"\n'
         f'namespace = "{topic}"\ngroup_order = {str(order).lower()}\n'
-        f"order_tick_ms = {args.tick_ms}\n"
+        f"order_tick_ms = {args.tick_ms}\ndecide_ahead = {str(ahead).lower()}\n"
     )
     ports = [free_port() for _ in range(instances)]
     procs = []
@@ -215,7 +220,11 @@ def show(name: str, r: int, run: dict[str, Any]) -> None:
     )
     for i, inst in enumerate(run["instances"]):
         size = inst["docs"] / max(inst["batches"], 1)
-        parts = ", ".join(f"{k} {inst[k]:.2f}" for k in _SUMS if k not in ("batches", "docs"))
+        parts = ", ".join(
+            f"{k} {inst[k]:.2f}" if k.endswith(" s") else f"{k} {inst[k]:.0f}"
+            for k in _SUMS
+            if k not in ("batches", "docs")
+        )
         print(
             f"    instance {i}: {inst['batches']:.0f} batches of {size:.0f}; {parts}; "
             f"cpu s {inst['cpu s']:.2f}",
@@ -247,7 +256,14 @@ def main() -> int:
         action="store_true",
         help="produce each document keyed by its id (records interleave over partitions)",
     )
+    p.add_argument(
+        "--decide-ahead",
+        choices=("on", "off", "both"),
+        default="on",
+        help="index.redis.decide_ahead; both: off then on, each setup, each round",
+    )
     args = p.parse_args()
+    aheads = {"on": [True], "off": [False], "both": [False, True]}[args.decide_ahead]
     args.delivery = "at-least-once"
     setups = [s for s in SETUPS if args.setups in s[0]]
     with ExitStack() as stack, tempfile.TemporaryDirectory(prefix="trace-shared-") as tmp:
@@ -259,7 +275,7 @@ def main() -> int:
         url = stack.enter_context(kind(work / "redis"))
         for r in range(args.rounds):
             docs = documents(args.documents, r)
-            for name, instances, order in setups:
+            for (name, instances, order), ahead in itertools.product(setups, aheads):
                 run = trace_run(
                     broker.bootstrap,
                     broker.pid,
@@ -270,8 +286,10 @@ def main() -> int:
                     order,
                     docs,
                     dict(TANSU_CONSUMER_SETTINGS),
+                    ahead,
                 )
-                show(name, r + 1, run)
+                label = name if len(aheads) == 1 else f"{name}, ahead {'on' if ahead else 'off'}"
+                show(label, r + 1, run)
     return 0
 
 

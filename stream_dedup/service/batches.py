@@ -102,10 +102,13 @@ class Batcher:
         time_of: Callable[[Message], int] | None = None,
         consumer: Consumer | None = None,
         group: GroupOrder | None = None,
+        on_held: Callable[[list[Message]], None] | None = None,
     ) -> None:
         """``consumer`` is what batches are taken from (and partitions paused on);
         ``intent`` the ranges of a batch announced but not stored before the last stop;
-        ``group`` the consumer group's time order on a shared index (else None)."""
+        ``group`` the consumer group's time order on a shared index (else None);
+        ``on_held`` is given the batch the group's order will release next while it holds
+        this instance back (:meth:`collect`), to decide it meanwhile."""
         self._batch = batch
         self._stop = stop
         self._intent = intent
@@ -126,6 +129,10 @@ class Batcher:
         #: the batch's first record there), oldest first. Their first is the partition's
         #: head for the group (:mod:`.group_order`).
         self._inflight: dict[TpKey, deque[tuple[int, int]]] = {}
+        self._on_held = on_held
+        #: The batch handed to ``on_held``, until a batch is released: the release is
+        #: cut to its size, so that where the guess was right it is that very batch.
+        self._guess: list[Message] = []
 
     # -- what it holds -------------------------------------------------------------------
 
@@ -190,6 +197,7 @@ class Batcher:
         self._assigned -= partitions
         self._paused -= partitions
         self.merge.drop(partitions)
+        self._guess = []
         for tp in partitions:
             self._inflight.pop(tp, None)
 
@@ -226,6 +234,7 @@ class Batcher:
         self.resume_all()
 
     def _refill(self, msgs: list[Message]) -> None:
+        self._guess = []
         self.merge.clear()
         for msg in msgs:
             self.merge.add(msg)
@@ -293,7 +302,8 @@ class Batcher:
             if held is not None and self._group is not None:
                 if room:
                     self.take(consumer.consume(limit, 0))
-                self._group.wait(self._group.pause(held.hold_ms))
+                if not self._guessed(limit):
+                    self._group.wait(self._group.pause(held.hold_ms))
             elif room:
                 self.take(consumer.consume(limit, timeout))
             else:
@@ -311,14 +321,35 @@ class Batcher:
             group.learn_partitions(self._consumer)
         group.exchange(self.heads())
         mark = group.watermark(self._assigned)
-        batch = self.merge.release(limit, self.watched(), mark.ceiling, group.token)
+        cap = min(limit, len(self._guess)) if self._guess else limit
+        batch = self.merge.release(cap, self.watched(), mark.ceiling, group.token)
         if batch:
+            self._guess = []
             group.released()
             self._track(batch)
             return batch, None
         if not self.merge or self.merge.blocking(self.watched()) is not None:
             return [], None  # held back by a partition of this instance
         return [], mark
+
+    def _guessed(self, limit: int) -> bool:
+        """While the group's order holds this instance back: hand ``on_held`` the batch
+        it will be given once the others have passed its first tick (its records of that
+        tick, :meth:`PartitionMerge.peek`), once per release; True if it was handed over
+        now (the work took a while: the watermark is looked at again before waiting).
+
+        The group's order goes tick by tick and, within a tick, member by member, so the
+        records of the first tick are what the next release holds (or its start, cut to
+        them, when the others pass more than one tick at once); where others' heads or
+        new records change that, the release differs and is decided as usual."""
+        group = self._group
+        if self._on_held is None or self._guess or group is None:
+            return False
+        self._guess = self.merge.first_tick(limit, self.watched(), group.tick_ms, group.token)
+        if not self._guess:
+            return False
+        self._on_held(self._guess)
+        return True
 
     def _collect_intent(self, consumer: Consumer, intent: Ranges) -> list[Message]:
         """The announced batch once every intent partition reached its end, else ``[]``.

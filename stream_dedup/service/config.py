@@ -96,7 +96,10 @@ class RedisConfig:
     resolution at which that order compares the times of records on different
     instances' partitions: records in one tick go instance by instance, then by
     partition. A finer tick orders closer pairs by time and makes instances take more,
-    smaller turns (one per tick and instance); the same on every instance."""
+    smaller turns (one per tick and instance); the same on every instance.
+    ``decide_ahead``: while the order holds an instance back, it decides the batch it
+    will be given next, settling it in the lease when it comes (the verdicts are the
+    same; off, it waits idle)."""
 
     url: str = "redis://localhost:6379/0"
     password: str = ""
@@ -106,6 +109,7 @@ class RedisConfig:
     outage_limit_s: float = 120.0
     group_order: bool = True
     order_tick_ms: int = 100
+    decide_ahead: bool = True
 
     def __post_init__(self) -> None:
         if not re.fullmatch(r"(redis|rediss|unix)://.+", self.url):

@@ -82,6 +82,8 @@ class Decider:
         self._text = config.input.format == "text"
         #: (unique, duplicate) topics: derived from the input topic, read once.
         self._topics = (config.unique_topic, config.duplicate_topic)
+        #: A batch decided before the group's order released it (:meth:`decide_ahead`).
+        self._ahead: tuple[Decoded, Predecided] | None = None
 
     def build(
         self, decoded: Decoded, sketched: Sketch | None = None, *, told: bool = False
@@ -102,11 +104,23 @@ class Decider:
         document, are built after it (:meth:`records`)."""
         return Decision(*self._decide(decoded.docs, sketched))
 
+    def decide_ahead(self, decoded: Decoded) -> Sketch | None:
+        """:meth:`predecide` ``decoded`` now, before the group's order releases it; the
+        result is kept for the :meth:`predecide` of this very batch (the next one, or
+        nothing). Its sketch, or None where it is decided in the lease only."""
+        pre = self.predecide(decoded)
+        self._ahead = None if pre is None else (decoded, pre)
+        return None if pre is None else pre.parts.sk
+
     def predecide(self, decoded: Decoded, sketched: Sketch | None = None) -> Predecided | None:
-        """A shared index's batch decided before the lease (``None``: inside it only).
+        """A shared index's batch decided before the lease (``None``: inside it only):
+        the one :meth:`decide_ahead` kept if it is this batch, else decided now.
 
         A document whose deciding raises is found inside the lease, where the batch is
         then decided again (:meth:`decide`): here nothing is counted or blamed."""
+        ahead, self._ahead = self._ahead, None
+        if ahead is not None and ahead[0] is decoded:
+            return ahead[1]
         try:
             return self.dedup.predecide(decoded.docs, sketched)
         except ENVIRONMENT_ERRORS:

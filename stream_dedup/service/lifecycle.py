@@ -90,9 +90,19 @@ class BatchLife:
         self._order_time: Callable[[Message], int] = (
             self._time_of if self._group is None else TickedTime(self._time_of, self._group.tick_ms)
         )
+        decide_held = self._group is not None and config.index.redis.decide_ahead
         self._batches = Batcher(
-            config.batch, intent, stop, self._order_time, consumer, group=self._group
+            config.batch,
+            intent,
+            stop,
+            self._order_time,
+            consumer,
+            group=self._group,
+            on_held=self._decide_held if decide_held else None,
         )
+        #: The batch the group's order held back, decided meanwhile: its messages, the
+        #: batch decoded and its sketch (:meth:`_decide_held`).
+        self._held: tuple[list[Message], Decoded, Sketch] | None = None
         strategy.on_stored = self._batches.decided
         strategy_name = config.kafka.get("partition.assignment.strategy", "")
         self._cooperative = (
@@ -130,10 +140,17 @@ class BatchLife:
         self._metrics.reorder_waiting.set(len(batches.merge))
         if self._group is not None:
             self._metrics.group_order_wait.inc(self._group.take_waited())
+        held, self._held = self._held, None
         if from_intent:  # the announced batch is decided alone, not ahead
             if batch:
                 self._process(self._decode(batch), None)
+        elif held is not None and _same(held[0], batch):
+            self._metrics.decided_ahead.labels("used").inc()
+            self._ahead.drain(self._process)
+            self._process(held[1], held[2])
         else:
+            if held is not None:
+                self._metrics.decided_ahead.labels("dropped").inc()
             self._ahead.advance(self._read(batch) if batch else None, self._process)
         return bool(batch)
 
@@ -244,6 +261,7 @@ class BatchLife:
 
     def _forget(self, partitions: set[TpKey]) -> None:
         """Partitions leave: their pending records go (consumed again by their next owner)."""
+        self._held = None
         self._batches.forget(partitions)
         self._metrics.assigned.set(self.assigned)
 
@@ -252,6 +270,16 @@ class BatchLife:
     def _read(self, batch: list[Message]) -> MessageBatch:
         """The batch in time order, with its sources (decoding starts from this)."""
         return self._inputs.read(time_order(batch, self._order_time))
+
+    def _decide_held(self, batch: list[Message]) -> None:
+        """While the group's order holds this instance back (the member before it is
+        deciding its turn), decide the batch it will be given next, so that only the
+        lease's settling is left when it comes (``docs/group-order.md``, "Deciding
+        ahead"). Nothing of it leaves the process: a release that is not this batch
+        drops it."""
+        decoded = self._decode(batch)
+        sketched = self._strategy.decide_ahead(decoded)
+        self._held = None if sketched is None else (batch, decoded, sketched)
 
     def _decode(self, batch: list[Message]) -> Decoded:
         """The batch in time order, decoded here (the first step of processing it)."""
@@ -286,6 +314,12 @@ class BatchLife:
             times,
             time.time(),
         )
+
+
+def _same(guess: list[Message], batch: list[Message]) -> bool:
+    """Whether the released batch is the one decided ahead: the same records, taken in
+    the same order."""
+    return len(guess) == len(batch) and all(a is b for a, b in zip(guess, batch, strict=True))
 
 
 def _group_order(

@@ -53,6 +53,7 @@ stream_dedup_consumer_lag_messages{topic,part.}  gauge      lag from librdkafka 
 stream_dedup_decision_lag_seconds{edge}         gauge      now - time of last batch's oldest/newest
 stream_dedup_reorder_waiting_messages           gauge      consumed, held by the time-ordered merge
 stream_dedup_group_order_wait_seconds_total     counter    waits for the group's low watermark
+stream_dedup_group_decided_ahead_batches_total  counter    decided while held back: used/dropped
 stream_dedup_transactions_total{outcome}        counter    exactly-once: committed / aborted
 stream_dedup_check_requests_total{outcome}      counter    POST /check, /check/batch answered
 stream_dedup_check_duration_seconds             histogram  one check request, read to answer
@@ -296,6 +297,15 @@ class Metrics:
             "(other instances' partitions with earlier records; docs/group-order.md).",
             registry=r,
         )
+        self.decided_ahead = Counter(
+            f"{p}_group_decided_ahead_batches",
+            "Batches decided while the group's order held them back: used (the release was "
+            "that batch) or dropped (it was not; decided again when released).",
+            ["outcome"],
+            registry=r,
+        )
+        for outcome in ("used", "dropped"):
+            self.decided_ahead.labels(outcome)
 
     def _register_transactions(self, r: CollectorRegistry) -> None:
         """Exactly-once delivery: Kafka transactions ended, by outcome."""

@@ -247,3 +247,47 @@ class PartitionMerge:
                     break
         self._size -= len(out)
         return out
+
+    def peek(
+        self,
+        limit: int,
+        watched: Iterable[TpKey],
+        ceiling: tuple[int, str, TpKey],
+        owner: str = "",
+    ) -> list[Message]:
+        """What :meth:`release` would give with these arguments, everything left buffered.
+
+        See :meth:`first_tick`."""
+        watch = set(watched)
+        if not self._size or self.blocking(watch) is not None:
+            return []
+        runs = {tp: iter(buf) for tp, buf in self._buffers.items() if buf}
+        heads = {tp: next(run) for tp, run in runs.items()}
+        heap = [(head[0], tp) for tp, head in heads.items()]
+        heapq.heapify(heap)
+        out: list[Message] = []
+        while heap and len(out) < limit:
+            if (heap[0][0], owner, heap[0][1]) >= ceiling:
+                break
+            _t, tp = heapq.heappop(heap)
+            out.append(heads[tp][1])
+            head = next(runs[tp], None)
+            if head is not None:
+                heads[tp] = head
+                heapq.heappush(heap, (head[0], tp))
+            elif tp in watch and tp not in self.caught_up and self.max_idle_s > 0:
+                break
+        return out
+
+    def first_tick(
+        self, limit: int, watched: Iterable[TpKey], tick_ms: int, owner: str
+    ) -> list[Message]:
+        """:meth:`peek` up to the end of the first tick buffered: what the group's order
+        releases to this instance once the others have passed that tick (or the start
+        of it, when they pass more at once). Asked while the watermark holds this
+        instance back, to decide it meanwhile (``docs/group-order.md``)."""
+        heads = self.heads()
+        if not heads:
+            return []
+        first = min(heads.values())
+        return self.peek(limit, watched, (first - first % tick_ms + tick_ms, "", ("", -1)), owner)

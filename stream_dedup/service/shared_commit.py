@@ -15,6 +15,7 @@ from confluent_kafka import Consumer, KafkaException, TopicPartition
 
 from stream_dedup.core.sketch import Sketch
 from stream_dedup.dedup import BatchResult
+from stream_dedup.errors import IndexUnreachableError
 from stream_dedup.logs import fields
 from stream_dedup.service.batches import Ranges, TpKey
 from stream_dedup.service.commit_strategy import CommitStrategy, Offsets, T, next_offsets
@@ -75,6 +76,17 @@ class SharedIndex(CommitStrategy):
         instances store documents meanwhile
         (:meth:`~stream_dedup.index.progress.IndexProgress.stored_documents`)."""
         return self._outage.call("counting documents", self._index.stored_documents)
+
+    def decide_ahead(self, decoded: Decoded) -> Sketch | None:
+        """The batch the group's order holds back, decided against the index as it is
+        now, while the member before this one decides its turn: when the batch is
+        released, :meth:`_decide_and_store` settles it (``predecide``: only the documents
+        near what that member wrote are decided again). In an outage, nothing: the
+        batch is decided when it comes, riding the outage out there."""
+        try:
+            return self._decider.decide_ahead(decoded)
+        except IndexUnreachableError:
+            return None
 
     def commit(
         self, decoded: Decoded, sketched: Sketch | None, ranges: Ranges, *, replaying: bool

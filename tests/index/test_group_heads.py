@@ -114,11 +114,13 @@ def test_two_members_taking_turns_decide_in_the_groups_time_order(
 
 def take_turns(
     make: Callable[..., GroupHeads], stamps: dict[int, list[int]], owners: list[set[int]], tick: int
-) -> tuple[list[tuple[int, int, int]], int]:
+) -> tuple[list[tuple[int, int, int]], int, list[bool]]:
     """Members owning ``owners`` (partition sets) release ``stamps`` (times per
     partition) in turns, with the order's tick as the service sets it; the (time,
-    owner's token, partition, offset) of what was released, in release order, and how
-    many releases it took (each a hand-over, a lease and a store in the service)."""
+    owner's token, partition, offset) of what was released, in release order, how many
+    releases it took (each a hand-over, a lease and a store in the service), and, per
+    release that a member had guessed while held back (its first tick, as the service's
+    Batcher guesses it to decide it meanwhile), whether the release was that guess."""
     order_time = TickedTime(TIME, tick)
     sides = []
     for own in owners:
@@ -133,12 +135,26 @@ def take_turns(
         sides.append(({("news", p) for p in own}, merge, order))
     released: list[tuple[int, str, int, int]] = []
     releases = rounds = 0
+    guesses: dict[str, list[Message]] = {}
+    right: list[bool] = []
     while any(len(merge) for _m, merge, _o in sides):
         rounds += 1
         moved = rounds == 1  # the first member exchanges before the others published
+        for mine, merge, order in sides:  # a member held back guesses its next turn
+            order.exchange(own_heads({}, merge.heads(), mine, merge.caught_up))
+            ceiling = order.watermark(mine).ceiling
+            held = ceiling is not None and not merge.peek(1, mine, ceiling, order.token)
+            if held and not guesses.get(order.token):
+                guesses[order.token] = merge.first_tick(100_000, mine, tick, order.token)
         for mine, merge, order in sides:
             order.exchange(own_heads({}, merge.heads(), mine, merge.caught_up))
-            out = merge.release(100_000, mine, order.watermark(mine).ceiling, order.token)
+            guess = guesses.pop(order.token, [])
+            cap = len(guess) or 100_000
+            out = merge.release(cap, mine, order.watermark(mine).ceiling, order.token)
+            if guess and out:
+                right.append(out == guess)
+            elif guess:
+                guesses[order.token] = guess
             if out:
                 moved, releases = True, releases + 1
             released += [(TIME(m), order.token, m.partition() or 0, m.offset() or 0) for m in out]
@@ -146,7 +162,7 @@ def take_turns(
         assert moved, f"stuck: {[len(m) for _o, m, _g in sides]} records left"
     for _m, _merge, order in sides:
         order.close()
-    return released, releases
+    return released, releases, right
 
 
 def test_the_orders_tick_makes_turns_coarse_and_keeps_one_order(
@@ -162,14 +178,17 @@ def test_the_orders_tick_makes_turns_coarse_and_keeps_one_order(
     for t in range(1000, 2000):
         stamps[rng.randrange(4)].append(t)
     owners = [{0, 2}, {1, 3}]
-    fine, fine_turns = take_turns(members, stamps, owners, 1)
-    coarse, coarse_turns = take_turns(members, stamps, owners, 100)
+    fine, fine_turns, _ = take_turns(members, stamps, owners, 1)
+    coarse, coarse_turns, guessed = take_turns(members, stamps, owners, 100)
     assert len(fine) == len(coarse) == 1000
     assert [(t, p) for t, _m, p, _o in fine] == sorted((t, p) for t, _m, p, _o in fine)
     by_tick = [(t // 100, m, p, o) for t, m, p, o in coarse]
     assert by_tick == sorted(by_tick)
     assert fine_turns > 300  # turn by turn, as finely as the partitions interleave
     assert coarse_turns <= 2 * 10 + 1  # 10 ticks, one turn per member in each
+    # held back (here, the member whose turn comes second in each round), a member
+    # knows its next turn: its records of the first tick it holds
+    assert len(guessed) >= coarse_turns // 2 - 1 and all(guessed)
 
 
 def test_a_member_held_back_is_woken_when_the_others_heads_move(

@@ -216,6 +216,44 @@ def test_two_instances_racing_decide_as_one_instance_in_their_lease_order(
     assert sum(c.partly for c in counts) > 0  # copies across batches: parts decided again
 
 
+def copies_stream(seed: int, n: int, share: float) -> list[Document]:
+    """Stories, and copies (exact or edited) of a recent one after ``share`` of them."""
+    rng = random.Random(seed)
+    docs: list[Document] = []
+    for i in range(n):
+        docs.append(Document(f"s{i}", article(1000 + i)))
+        if rng.random() < share:
+            source = rng.randrange(max(0, i - 12), i + 1)
+            text = article(1000 + source)
+            docs.append(Document(f"c{i}", text if rng.random() < 0.3 else edit(text, 3, i)))
+    return docs
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_batches_decided_a_turn_ahead_settle_to_the_order_of_the_turns(
+    shared: Callable[[], Deduplicator], tmp_path: Path, seed: int
+) -> None:
+    """The group's order with ``decide_ahead``: two instances take strict turns, and
+    each decides its next batch while the other stores its turn, so every batch is
+    settled after exactly one write it did not see (most of its documents' docnums
+    moved, the copies of the other's stories touched): the verdicts are those of one
+    instance deciding the batches in turn order."""
+    docs = copies_stream(seed, 200, 0.4)
+    batches = [docs[i : i + 10] for i in range(0, len(docs), 10)]
+    instances = [shared(), shared()]
+    pres = [instances[0].predecide(batches[0]), instances[1].predecide(batches[1])]
+    got = []
+    for b, batch in enumerate(batches):
+        dedup = instances[b % 2]
+        got.append(verdicts(settled(dedup, batch, pres[b % 2])))
+        if b + 2 < len(batches):  # its next turn, decided while the other stores
+            pres[b % 2] = dedup.predecide(batches[b + 2])
+    assert got == reference(tmp_path / "rocks", batches)
+    counts = [d.predecided for d in instances]
+    assert sum(c.moved + c.partly for c in counts) >= len(batches) - 2
+    assert sum(c.partly for c in counts) > 0
+
+
 class Interleaved(RedisBackend):
     """Runs ``meanwhile`` once, inside the next :meth:`as_of`: as it starts (``at =
     "version"``, before the counters are read) or at its first read after the counters

@@ -190,3 +190,44 @@ def test_records_queued_behind_a_full_buffer_are_reached() -> None:
     batch = batcher.collect()
     assert where(batch) == [(p, o // 2) for o in range(10) for p in (o % 2,)]
     assert [TIME(m) for m in batch] == list(range(1000, 1010))
+
+
+def test_peek_is_the_release_leaving_everything_buffered() -> None:
+    """At every limit and ceiling, with a partition that empties (held by the idle
+    bound) and without, ``peek`` names the records ``release`` takes, and takes none."""
+    msgs = three_partitions()
+    watched = {("news", p) for p in range(3)}
+    for caught_up in (True, False):
+        for limit in (1, 7, 100):
+            for ceiling_time in (1000, 1012, 1029, 2000):
+                merge = PartitionMerge(0.5, TIME, clock=Clock())
+                for m in msgs:
+                    merge.add(m)
+                if caught_up:
+                    for p in range(3):
+                        merge.at_end(("news", p))
+                ceiling = (ceiling_time, "b", ("news", 1))
+                seen = merge.peek(limit, watched, ceiling, "a")
+                assert len(merge) == len(msgs)
+                assert merge.peek(limit, watched, ceiling, "a") == seen
+                assert merge.release(limit, watched, ceiling, "a") == seen
+                assert len(merge) == len(msgs) - len(seen)
+
+
+def test_the_first_tick_is_what_the_group_releases_next() -> None:
+    """The records of the first tick buffered (to its end, or ``limit``), in the order
+    the merge releases them."""
+    order_time = TickedTime(TIME, 10)
+    merge = PartitionMerge(0.5, order_time, clock=Clock())
+    for m in three_partitions():
+        merge.add(m)
+    for p in range(3):
+        merge.at_end(("news", p))
+    watched = {("news", p) for p in range(3)}
+    first = merge.first_tick(100, watched, 10, "a")
+    assert sorted(TIME(m) for m in first) == list(range(1000, 1010))
+    assert merge.first_tick(4, watched, 10, "a") == first[:4]
+    assert merge.release(100, watched, (1010, "", ("", -1)), "a") == first
+    assert sorted(TIME(m) for m in merge.first_tick(100, watched, 10, "a")) == list(
+        range(1010, 1020)
+    )
