@@ -130,9 +130,12 @@ class Batcher:
         #: head for the group (:mod:`.group_order`).
         self._inflight: dict[TpKey, deque[tuple[int, int]]] = {}
         self._on_held = on_held
-        #: The batch handed to ``on_held``, until a batch is released: the release is
-        #: cut to its size, so that where the guess was right it is that very batch.
-        self._guess: list[Message] = []
+        #: The sizes of the next releases as this instance expects them (the batch
+        #: handed to ``on_held``, the turn after it: :meth:`expect`): a release is cut to
+        #: the first, so that where the guess was right it is that very batch.
+        self._cuts: deque[int] = deque()
+        #: Whether ``on_held`` was given the batch the next release is expected to be.
+        self._guessed_next = False
 
     # -- what it holds -------------------------------------------------------------------
 
@@ -197,7 +200,7 @@ class Batcher:
         self._assigned -= partitions
         self._paused -= partitions
         self.merge.drop(partitions)
-        self._guess = []
+        self.forget_expected()
         for tp in partitions:
             self._inflight.pop(tp, None)
 
@@ -234,7 +237,7 @@ class Batcher:
         self.resume_all()
 
     def _refill(self, msgs: list[Message]) -> None:
-        self._guess = []
+        self.forget_expected()
         self.merge.clear()
         for msg in msgs:
             self.merge.add(msg)
@@ -321,16 +324,40 @@ class Batcher:
             group.learn_partitions(self._consumer)
         group.exchange(self.heads())
         mark = group.watermark(self._assigned)
-        cap = min(limit, len(self._guess)) if self._guess else limit
+        cap = min(limit, self._cuts[0]) if self._cuts else limit
         batch = self.merge.release(cap, self.watched(), mark.ceiling, group.token)
         if batch:
-            self._guess = []
+            if self._cuts:
+                self._cuts.popleft()
+            self._guessed_next = False
             group.released()
             self._track(batch)
             return batch, None
         if not self.merge or self.merge.blocking(self.watched()) is not None:
             return [], None  # held back by a partition of this instance
         return [], mark
+
+    def next_turn(self, skip: int = 0, *, whole: bool = False) -> list[Message]:
+        """This instance's next turn in the group's order as buffered now: its records of
+        the first tick (after the first ``skip``: the turn after a batch expected but
+        not released yet; ``whole``: only once no record fetched later can join it).
+        Empty without the group's order."""
+        group = self._group
+        if group is None:
+            return []
+        limit, watched = self._batch.max_messages, self.watched()
+        merge = self.merge
+        return merge.first_tick(limit, watched, group.tick_ms, group.token, skip, whole=whole)
+
+    def expect(self, size: int) -> None:
+        """The release after those expected already is expected to be ``size`` records
+        (sketched for it meanwhile): cut it there."""
+        self._cuts.append(size)
+
+    def forget_expected(self) -> None:
+        """Expect nothing: releases go uncut."""
+        self._cuts.clear()
+        self._guessed_next = False
 
     def _guessed(self, limit: int) -> bool:
         """While the group's order holds this instance back: hand ``on_held`` the batch
@@ -342,13 +369,15 @@ class Batcher:
         records of the first tick are what the next release holds (or its start, cut to
         them, when the others pass more than one tick at once); where others' heads or
         new records change that, the release differs and is decided as usual."""
-        group = self._group
-        if self._on_held is None or self._guess or group is None:
+        if self._on_held is None or self._guessed_next:
             return False
-        self._guess = self.merge.first_tick(limit, self.watched(), group.tick_ms, group.token)
-        if not self._guess:
+        guess = self.next_turn()[: self._cuts[0] if self._cuts else limit]
+        if not guess:
             return False
-        self._on_held(self._guess)
+        if not self._cuts:
+            self._cuts.append(len(guess))
+        self._guessed_next = True
+        self._on_held(guess)
         return True
 
     def _collect_intent(self, consumer: Consumer, intent: Ranges) -> list[Message]:

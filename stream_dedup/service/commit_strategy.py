@@ -102,10 +102,11 @@ class CommitStrategy(ABC):
         its replay stores it without producing it again). Asked once, at start."""
         return False
 
-    def decide_ahead(self, decoded: Decoded) -> Sketch | None:
-        """Decide ``decoded`` now, before it is released to this instance, for
-        :meth:`commit` to settle when it comes; its sketch, or None where nothing was
-        decided. Only a shared index's group order holds a batch back (:class:`SharedIndex`)."""
+    def decide_ahead(self, decoded: Decoded, sketched: Sketch | None) -> Sketch | None:
+        """Decide ``decoded`` (``sketched``: its sketch, if made) now, before it is
+        released to this instance, for :meth:`commit` to settle when it comes; its
+        sketch, or None where nothing was decided. Only a shared index's group order
+        holds a batch back (:class:`SharedIndex`)."""
         return None
 
     @abstractmethod

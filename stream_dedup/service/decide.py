@@ -104,11 +104,15 @@ class Decider:
         document, are built after it (:meth:`records`)."""
         return Decision(*self._decide(decoded.docs, sketched))
 
-    def decide_ahead(self, decoded: Decoded) -> Sketch | None:
+    def decide_ahead(self, decoded: Decoded, sketched: Sketch | None = None) -> Sketch | None:
         """:meth:`predecide` ``decoded`` now, before the group's order releases it; the
         result is kept for the :meth:`predecide` of this very batch (the next one, or
-        nothing). Its sketch, or None where it is decided in the lease only."""
-        pre = self.predecide(decoded)
+        nothing). Its sketch, or None where it is decided in the lease only.
+
+        One batch at a time: inside the lease the index tells the writes since its last
+        read as of a version (``written_since``), which a second batch decided ahead
+        would move past the first's."""
+        pre = self.predecide(decoded, sketched)
         self._ahead = None if pre is None else (decoded, pre)
         return None if pre is None else pre.parts.sk
 

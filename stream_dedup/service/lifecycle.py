@@ -141,18 +141,36 @@ class BatchLife:
         if self._group is not None:
             self._metrics.group_order_wait.inc(self._group.take_waited())
         held, self._held = self._held, None
+        if held is not None and batch and not _same(held[0], batch):
+            self._metrics.decided_ahead.labels("dropped").inc()
+            held = None
         if from_intent:  # the announced batch is decided alone, not ahead
             if batch:
                 self._process(self._decode(batch), None)
-        elif held is not None and _same(held[0], batch):
+        elif held is not None:
             self._metrics.decided_ahead.labels("used").inc()
-            self._ahead.drain(self._process)
-            self._process(held[1], held[2])
+            self._process(held[1], held[2])  # nothing is held ahead: it waited for this
+        elif batch and (early := self._early(batch)) is not None:
+            self._process(*early)
         else:
-            if held is not None:
-                self._metrics.decided_ahead.labels("dropped").inc()
+            if batch:
+                self._batches.forget_expected()
             self._ahead.advance(self._read(batch) if batch else None, self._process)
         return bool(batch)
+
+    def _early(self, batch: list[Message]) -> tuple[Decoded, Sketch | None] | None:
+        """``batch`` decoded and sketched by the worker while the last one was decided,
+        if it is the turn it was asked for; then the worker starts on the turn after."""
+        early = self._ahead.take_early(batch)
+        if early is not None:
+            self._sketch_next(self._batches.next_turn(whole=True))
+        return early
+
+    def _sketch_next(self, turn: list[Message]) -> None:
+        """Have the worker sketch ``turn``, this instance's next turn in the group's
+        order, while this one is decided; its release is expected to be that."""
+        if turn and self._ahead.sketch_early(turn, self._read(turn)):
+            self._batches.expect(len(turn))
 
     def finish(self) -> None:
         """Commit the batch held ahead (a stop: the consumer's revoke commits the rest)."""
@@ -277,8 +295,10 @@ class BatchLife:
         lease's settling is left when it comes (``docs/group-order.md``, "Deciding
         ahead"). Nothing of it leaves the process: a release that is not this batch
         drops it."""
-        decoded = self._decode(batch)
-        sketched = self._strategy.decide_ahead(decoded)
+        early = self._ahead.take_early(batch)
+        decoded, sketched = early if early is not None else (self._decode(batch), None)
+        self._sketch_next(self._batches.next_turn(skip=len(batch), whole=True))
+        sketched = self._strategy.decide_ahead(decoded, sketched)
         self._held = None if sketched is None else (batch, decoded, sketched)
 
     def _decode(self, batch: list[Message]) -> Decoded:

@@ -280,14 +280,30 @@ class PartitionMerge:
         return out
 
     def first_tick(
-        self, limit: int, watched: Iterable[TpKey], tick_ms: int, owner: str
+        self,
+        limit: int,
+        watched: Iterable[TpKey],
+        tick_ms: int,
+        owner: str,
+        skip: int = 0,
+        *,
+        whole: bool = False,
     ) -> list[Message]:
         """:meth:`peek` up to the end of the first tick buffered: what the group's order
         releases to this instance once the others have passed that tick (or the start
-        of it, when they pass more at once). Asked while the watermark holds this
-        instance back, to decide it meanwhile (``docs/group-order.md``)."""
-        heads = self.heads()
-        if not heads:
+        of it, when they pass more at once): its next turn (``docs/group-order.md``).
+        ``skip``: as if the first ``skip`` records released were gone (the turn after).
+        ``whole``: only a tick every watched partition has buffered a record past (else
+        nothing): no record fetched later can join it (times not decreasing)."""
+        watch = set(watched)
+        ahead = self.peek(skip + limit, watch, (2**63, "", ("", -1)), owner)[skip:]
+        if not ahead:
             return []
-        first = min(heads.values())
-        return self.peek(limit, watched, (first - first % tick_ms + tick_ms, "", ("", -1)), owner)
+        first = self.time_of(ahead[0])
+        end = first - first % tick_ms + tick_ms
+        if whole and not all((buf := self._buffers.get(tp)) and buf[-1][0] >= end for tp in watch):
+            return []
+        for n, msg in enumerate(ahead):
+            if self.time_of(msg) >= end:
+                return ahead[:n]
+        return ahead

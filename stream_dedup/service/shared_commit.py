@@ -77,14 +77,14 @@ class SharedIndex(CommitStrategy):
         (:meth:`~stream_dedup.index.progress.IndexProgress.stored_documents`)."""
         return self._outage.call("counting documents", self._index.stored_documents)
 
-    def decide_ahead(self, decoded: Decoded) -> Sketch | None:
+    def decide_ahead(self, decoded: Decoded, sketched: Sketch | None) -> Sketch | None:
         """The batch the group's order holds back, decided against the index as it is
         now, while the member before this one decides its turn: when the batch is
         released, :meth:`_decide_and_store` settles it (``predecide``: only the documents
         near what that member wrote are decided again). In an outage, nothing: the
         batch is decided when it comes, riding the outage out there."""
         try:
-            return self._decider.decide_ahead(decoded)
+            return self._decider.decide_ahead(decoded, sketched)
         except IndexUnreachableError:
             return None
 

@@ -231,3 +231,19 @@ def test_the_first_tick_is_what_the_group_releases_next() -> None:
     assert sorted(TIME(m) for m in merge.first_tick(100, watched, 10, "a")) == list(
         range(1010, 1020)
     )
+
+
+def test_a_whole_tick_is_one_no_record_fetched_later_can_join() -> None:
+    """``whole``: the first tick is given only once every watched partition has a
+    record past it buffered; and ``skip`` gives the tick after the records skipped."""
+    merge = PartitionMerge(0.5, TickedTime(TIME, 10), clock=Clock())
+    watched = {("news", 0), ("news", 1)}
+    for p, ts in ((0, 1000), (0, 1004), (1, 1003), (0, 1012), (0, 1025)):
+        merge.add(rec(p, len([m for m in merge.messages() if m.partition() == p]), ts))
+    assert merge.first_tick(100, watched, 10, "a", whole=True) == []  # partition 1 may add
+    first = merge.first_tick(100, watched, 10, "a")
+    assert sorted(TIME(m) for m in first) == [1000, 1003, 1004]
+    merge.add(rec(1, 1, 1011))
+    assert merge.first_tick(100, watched, 10, "a", whole=True) == first
+    after = merge.first_tick(100, watched, 10, "a", skip=3)
+    assert [TIME(m) for m in after] == [1012, 1011]  # within a tick: by partition

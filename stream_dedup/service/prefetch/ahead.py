@@ -72,6 +72,9 @@ class SketchAhead:
             except OSError as exc:  # no process could be started: sketch in process
                 on_failure(SketchWorkerError(f"cannot start the sketch worker: {exc}"))
         self._ahead: MessageBatch | None = None
+        #: Records handed to the worker for a later batch (:meth:`sketch_early`), with
+        #: the messages they were asked for by.
+        self._early: tuple[list[Message], MessageBatch] | None = None
 
     @property
     def holding(self) -> bool:
@@ -86,6 +89,8 @@ class SketchAhead:
         it is (see the constructor). Batches are always processed in the order handed in,
         and a part here before the part held.
         """
+        if records is not None:
+            self._drop_early()
         ahead, self._ahead = self._ahead, None
         done = self._result(ahead) if ahead is not None else None
         here = records
@@ -108,19 +113,59 @@ class SketchAhead:
             return 0
         return size if size <= self._inline_max else size // 3
 
+    def sketch_early(self, key: list[Message], records: MessageBatch) -> bool:
+        """Have the worker decode and sketch ``records`` (``key``'s messages in time
+        order), expected to be a later batch, if it has nothing else to do; True if it
+        took them. :meth:`take_early` takes the result.
+
+        The group's order on a shared index asks it: its batches come one turn at a
+        time, each released only once the one before is stored, so no batch is ever
+        held here while another is decided; but an instance knows its next turn (its
+        records of the next tick), and the worker sketches that while it decides this
+        one (``docs/group-order.md``)."""
+        if self._worker is None or self._ahead is not None or self._early is not None:
+            return False
+        if not records.sources or not self._submit(records):
+            return False
+        self._early = (key, records)
+        return True
+
+    def take_early(self, key: list[Message]) -> tuple[Decoded, Sketch | None] | None:
+        """The worker's result for ``key``'s messages when they are what
+        :meth:`sketch_early` was given, else None (the worker's work is dropped)."""
+        early, self._early = self._early, None
+        if early is None:
+            return None
+        asked, records = early
+        if len(asked) != len(key) or any(a is not b for a, b in zip(asked, key, strict=True)):
+            self._discard()
+            return None
+        return self._result(records)
+
+    def _drop_early(self) -> None:
+        """Forget the records handed early: the worker is wanted for a batch now."""
+        if self._early is not None:
+            self._early = None
+            self._discard()
+
+    def _discard(self) -> None:
+        if self._worker is not None:
+            self._worker.discard()
+
     def drain(self, process: Process) -> None:
         """Process the batch held, if any (before partitions are revoked, or a stop)."""
+        self._drop_early()
         ahead, self._ahead = self._ahead, None
         if ahead is not None:
             process(*self._result(ahead))
 
     def take_back(self) -> list[Message]:
         """Give up the batch held without deciding it: its messages, to be collected again."""
+        self._drop_early()
         ahead, self._ahead = self._ahead, None
         if ahead is None:
             return []
-        if self._worker is not None:
-            self._worker.discard()
+        self._discard()
         return ahead.batch
 
     def close(self) -> None:
