@@ -1,7 +1,7 @@
 """Taking batches from the consumer: what has arrived, or the batch announced before a crash.
 
-A batch is a set of input ranges, ``(topic, partition) -> (first offset, last offset + 1)``
-(:func:`batch_ranges`); a crash replays the ranges stored as the batch's *intent*.
+A batch is a set of input ranges (:mod:`.ranges`); a crash replays the ranges stored as
+the batch's *intent*.
 
 A batch takes the messages already fetched without waiting for more: it closes when none is
 left, at ``batch.max_messages``, or ``batch.max_wait_ms`` after its first message, and goes
@@ -21,7 +21,7 @@ import logging
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 
 from confluent_kafka import Consumer, KafkaError, Message, TopicPartition
 
@@ -30,61 +30,16 @@ from stream_dedup.service.config import BatchConfig
 from stream_dedup.service.group_order import GroupOrder, Watermark, own_heads
 from stream_dedup.service.kafka import raise_if_fatal
 from stream_dedup.service.ordering import PartitionMerge, RecordTime
+from stream_dedup.service.ranges import (
+    Ranges,
+    TpKey,
+    batch_ranges,
+    intent_reached,
+    position,
+    split_intent,
+)
 
 log = logging.getLogger("stream_dedup.service")
-
-TpKey = tuple[str, int]
-#: (topic, partition) -> (first offset, last offset + 1).
-Ranges = Mapping[TpKey, tuple[int, int]]
-
-
-def position(msg: Message) -> tuple[str, int, int]:
-    """(topic, partition, offset) of a consumed, error-free message."""
-    topic, partition, offset = msg.topic(), msg.partition(), msg.offset()
-    assert topic is not None and partition is not None and offset is not None
-    return topic, partition, offset
-
-
-def canonical_order(msgs: list[Message]) -> list[Message]:
-    """The batch sorted by (topic, partition, offset): the tie-break of time order.
-
-    Batches are decided in :func:`stream_dedup.service.ordering.time_order`; this order
-    (a function of the batch alone, like that one) is what ties of time fall back to.
-    """
-    return sorted(msgs, key=position)
-
-
-def batch_ranges(msgs: list[Message]) -> dict[TpKey, tuple[int, int]]:
-    """(topic, partition) -> (first offset, last offset + 1) of a non-empty batch."""
-    ranges: dict[TpKey, tuple[int, int]] = {}
-    for msg in msgs:
-        topic, partition, offset = position(msg)
-        start, end = ranges.get((topic, partition), (offset, offset + 1))
-        ranges[(topic, partition)] = (min(start, offset), max(end, offset + 1))
-    return ranges
-
-
-def intent_reached(msgs: list[Message], intent: Ranges) -> bool:
-    """Whether ``msgs`` reach the end of every range of ``intent`` (the batch is complete)."""
-    last: dict[TpKey, int] = {}
-    for msg in msgs:
-        topic, partition, offset = position(msg)
-        if (topic, partition) in intent:
-            last[(topic, partition)] = max(last.get((topic, partition), -1), offset)
-    return all(last.get(tp, -1) >= end - 1 for tp, (_start, end) in intent.items())
-
-
-def split_intent(msgs: list[Message], intent: Ranges) -> tuple[list[Message], list[Message]]:
-    """The messages inside ``intent``'s ranges, and the rest (held, in arrival order)."""
-    inside: list[Message] = []
-    held: list[Message] = []
-    for msg in msgs:
-        topic, partition, offset = position(msg)
-        span = intent.get((topic, partition))
-        in_range = span is not None and span[0] <= offset < span[1]
-        (inside if in_range else held).append(msg)
-    return inside, held
-
 
 #: At most this many batches' worth of messages wait in the partition merge: beyond it,
 #: a partition with nothing buffered is waited for only until ``batch.max_idle_ms``.

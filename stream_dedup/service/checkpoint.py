@@ -34,7 +34,6 @@ from confluent_kafka import Consumer
 from stream_dedup.core.sketch import Sketch
 from stream_dedup.dedup import BatchResult
 from stream_dedup.logs import fields
-from stream_dedup.service.batches import Ranges
 from stream_dedup.service.broker_watch import BrokerWatch
 from stream_dedup.service.commit_strategy import (
     CommitStrategy,
@@ -47,6 +46,7 @@ from stream_dedup.service.decide import Decider
 from stream_dedup.service.inputs import Decoded
 from stream_dedup.service.kafka import EventProducer
 from stream_dedup.service.metrics import Metrics
+from stream_dedup.service.ranges import Ranges
 from stream_dedup.service.shared_commit import SharedExactlyOnce, SharedIndex
 from stream_dedup.service.transactions import TransactionalProducer, intent_delivered
 

@@ -21,13 +21,13 @@ from stream_dedup.core.sketch import Sketch
 from stream_dedup.dedup import BatchResult
 from stream_dedup.index import DedupIndex
 from stream_dedup.logs import fields
-from stream_dedup.service.batches import Ranges, TpKey
 from stream_dedup.service.config import ServiceConfig
 from stream_dedup.service.decide import Decider
 from stream_dedup.service.events import OutRecord
 from stream_dedup.service.inputs import Decoded
 from stream_dedup.service.kafka import EventProducer
 from stream_dedup.service.metrics import Metrics
+from stream_dedup.service.ranges import Ranges, TpKey
 from stream_dedup.service.refusals import Refused
 
 __all__ = ["CommitStrategy", "Offsets", "kafka_commit_reporter", "next_offsets"]

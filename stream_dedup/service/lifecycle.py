@@ -35,7 +35,7 @@ from stream_dedup.core.sketch import Sketch
 from stream_dedup.dedup import BatchResult
 from stream_dedup.index import DedupIndex
 from stream_dedup.logs import fields
-from stream_dedup.service.batches import Batcher, TpKey
+from stream_dedup.service.batches import Batcher
 from stream_dedup.service.checkpoint import CommitStrategy
 from stream_dedup.service.config import ServiceConfig
 from stream_dedup.service.group_order import GroupOrder
@@ -44,6 +44,7 @@ from stream_dedup.service.lost_index import check_empty_index, check_offsets_ret
 from stream_dedup.service.metrics import Metrics
 from stream_dedup.service.ordering import RecordTime, TickedTime, time_order
 from stream_dedup.service.prefetch.ahead import SketchAhead
+from stream_dedup.service.ranges import TpKey
 from stream_dedup.service.time_warnings import TimeWarnings
 
 log = logging.getLogger("stream_dedup.service")

@@ -17,7 +17,6 @@ from stream_dedup.core.sketch import Sketch
 from stream_dedup.dedup import BatchResult
 from stream_dedup.errors import IndexUnreachableError
 from stream_dedup.logs import fields
-from stream_dedup.service.batches import Ranges, TpKey
 from stream_dedup.service.commit_strategy import CommitStrategy, Offsets, T, next_offsets
 from stream_dedup.service.config import ServiceConfig
 from stream_dedup.service.decide import DecidedBatch, Decider, Decision
@@ -26,6 +25,7 @@ from stream_dedup.service.inputs import Decoded
 from stream_dedup.service.kafka import EventProducer
 from stream_dedup.service.lost_index import BROKER_TIMEOUT_S
 from stream_dedup.service.metrics import Metrics
+from stream_dedup.service.ranges import Ranges, TpKey
 
 __all__ = ["SharedExactlyOnce", "SharedIndex"]
 

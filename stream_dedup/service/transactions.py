@@ -29,10 +29,10 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 
 from stream_dedup.errors import TransactionError
 from stream_dedup.logs import fields
-from stream_dedup.service.batches import Ranges
 from stream_dedup.service.broker_watch import BrokerWatch
 from stream_dedup.service.events import OutRecord
 from stream_dedup.service.kafka import DeliveryAbandonedError, EventProducer
+from stream_dedup.service.ranges import Ranges
 from stream_dedup.service.refusals import Refused
 
 log = logging.getLogger("stream_dedup.service.transactions")

@@ -277,11 +277,14 @@ def test_three_instances_on_a_cluster_decide_a_backlog_in_time(
 def test_three_instances_on_a_cluster_decide_a_backlog_at_the_default_tick(
     bootstrap: str, redis_cluster_url: str, tmp_path: Path, truth: GroundTruth
 ) -> None:
-    """At the default 100 ms tick ten records share a tick and go by partition: a copy
-    and an earlier copy of one story 10-90 ms apart on different partitions may be
-    decided in partition order. ``bench/order_tick.py`` bounds that on this stream
-    (every partition its own instance): 99.33 % of ids equal to the exact order."""
-    run = Run(3, redis_cluster_url, live=False, kills=0, tick_ms=100, agreement=0.99, f1=0.98)
+    """At the default 100 ms tick ten records share a tick and go instance by instance:
+    a copy and an earlier copy of one story 10-90 ms apart on different partitions may
+    be decided in the instances' order, which their random tokens set. On this stream
+    (every partition its own instance) the six orders give 99.00-99.42 % of ids equal to
+    the exact order (``bench/order_tick.py``'s way; 99.33 % in partition order), and an
+    instance that owned several partitions before the group settled orders them by
+    partition: held to 98.5 %."""
+    run = Run(3, redis_cluster_url, live=False, kills=0, tick_ms=100, agreement=0.985, f1=0.98)
     run_group(bootstrap, tmp_path, truth, run)
 
 

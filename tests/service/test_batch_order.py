@@ -6,7 +6,7 @@ import random
 
 from confluent_kafka import Message
 
-from stream_dedup.service.batches import (
+from stream_dedup.service.ranges import (
     batch_ranges,
     canonical_order,
     intent_reached,

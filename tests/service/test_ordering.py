@@ -9,9 +9,10 @@ import threading
 from confluent_kafka import Consumer, KafkaError, Message
 
 from stream_dedup.decode import parse_time
-from stream_dedup.service.batches import Batcher, batch_ranges, split_intent
+from stream_dedup.service.batches import Batcher
 from stream_dedup.service.config import BatchConfig
 from stream_dedup.service.ordering import PartitionMerge, RecordTime, TickedTime, time_order
+from stream_dedup.service.ranges import batch_ranges, split_intent
 
 TIME = RecordTime()
 
