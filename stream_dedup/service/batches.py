@@ -317,8 +317,8 @@ class Batcher:
     def _guessed(self, limit: int) -> bool:
         """While the group's order holds this instance back: hand ``on_held`` the batch
         it will be given once the others have passed its first tick (its records of that
-        tick, :meth:`PartitionMerge.peek`), once per release; True if it was handed over
-        now (the work took a while: the watermark is looked at again before waiting).
+        tick, :meth:`next_turn`, cut to an expected release), once per release; True if it
+        was handed over now (the work took a while: the watermark is looked at again).
 
         The group's order goes tick by tick and, within a tick, member by member, so the
         records of the first tick are what the next release holds (or its start, cut to

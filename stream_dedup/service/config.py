@@ -97,9 +97,8 @@ class RedisConfig:
     instances' partitions: records in one tick go instance by instance, then by
     partition. A finer tick orders closer pairs by time and makes instances take more,
     smaller turns (one per tick and instance); the same on every instance.
-    ``decide_ahead``: while the order holds an instance back, it decides the batch it
-    will be given next, settling it in the lease when it comes (the verdicts are the
-    same; off, it waits idle)."""
+    ``decide_ahead``: an instance held back by the order decides its next batch
+    meanwhile, settling it in the lease when it comes (same verdicts; off: it idles)."""
 
     url: str = "redis://localhost:6379/0"
     password: str = ""
