@@ -34,6 +34,7 @@ from stream_dedup.service.ranges import (
     Ranges,
     TpKey,
     batch_ranges,
+    done_for_intent,
     intent_reached,
     position,
     split_intent,
@@ -362,23 +363,11 @@ class Batcher:
             return []
         if not intent_reached(self.pending, intent):
             self.take(consumer.consume(self._batch.max_messages, 0.2))
-            self.pause(self._done_for_intent(intent))
+            unpaused = [tp for tp in self._assigned if tp not in self._paused]
+            self.pause(done_for_intent(self.pending, unpaused, intent))
             if not intent_reached(self.pending, intent):
                 return []
         return self.take_announced()
-
-    def _done_for_intent(self, intent: Ranges) -> list[TpKey]:
-        """Assigned, unpaused partitions that cannot add to the announced batch."""
-        last: dict[TpKey, int] = {}
-        for msg in self.pending:
-            topic, partition, offset = position(msg)
-            last[(topic, partition)] = max(last.get((topic, partition), -1), offset)
-        return [
-            tp
-            for tp in self._assigned
-            if tp not in self._paused
-            and (tp not in intent or last.get(tp, -1) >= intent[tp][1] - 1)
-        ]
 
     def pause(self, partitions: list[TpKey]) -> None:
         if partitions and self._consumer is not None:

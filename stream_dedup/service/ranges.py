@@ -17,6 +17,7 @@ __all__ = [
     "TpKey",
     "batch_ranges",
     "canonical_order",
+    "done_for_intent",
     "intent_reached",
     "position",
     "split_intent",
@@ -73,3 +74,13 @@ def split_intent(msgs: list[Message], intent: Ranges) -> tuple[list[Message], li
         in_range = span is not None and span[0] <= offset < span[1]
         (inside if in_range else held).append(msg)
     return inside, held
+
+
+def done_for_intent(pending: list[Message], partitions: list[TpKey], intent: Ranges) -> list[TpKey]:
+    """Those of ``partitions`` that cannot add to the announced batch: outside it, or
+    with its last message among ``pending`` already."""
+    last: dict[TpKey, int] = {}
+    for msg in pending:
+        topic, partition, offset = position(msg)
+        last[(topic, partition)] = max(last.get((topic, partition), -1), offset)
+    return [tp for tp in partitions if tp not in intent or last.get(tp, -1) >= intent[tp][1] - 1]
