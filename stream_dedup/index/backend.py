@@ -24,7 +24,7 @@ read before its turn may be stale inside it; the others have one writer and thei
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, ClassVar, NamedTuple, Protocol, runtime_checkable
 
@@ -108,8 +108,12 @@ class Backend(Protocol):
         """
         ...
 
-    def apply(self, prepared: PreparedWrite) -> None:
-        """Apply a prepared write atomically, as :meth:`write` would; once only."""
+    def apply(self, prepared: PreparedWrite, committed: Callable[[], None] | None = None) -> None:
+        """Apply a prepared write atomically, as :meth:`write` would; once only.
+
+        ``committed`` is called once the write is at its commit point (every reader sees
+        it whole from then on), before whatever work the backend still does for it: a
+        shared index hands the group's turn over there (``docs/group-order.md``)."""
         ...
 
     def scan_prefix(self, prefix: bytes, epoch: int = 0) -> Iterator[tuple[bytes, bytes]]:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import ClassVar
 
@@ -55,9 +55,13 @@ class MemoryBackend:
         prepared.update(zip(ordered.keys, ordered.values, strict=True))
         return epoch, prepared
 
-    def apply(self, prepared: tuple[int, dict[bytes, bytes]]) -> None:
+    def apply(
+        self, prepared: tuple[int, dict[bytes, bytes]], committed: Callable[[], None] | None = None
+    ) -> None:
         epoch, puts = prepared
         self._put(puts, epoch)
+        if committed is not None:
+            committed()
 
     def sidecar(self, name: str) -> Path | None:
         return None

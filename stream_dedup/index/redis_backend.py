@@ -30,7 +30,7 @@ from __future__ import annotations
 import contextlib
 import time
 import uuid
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import ClassVar
 
@@ -227,15 +227,18 @@ class RedisBackend:
 
     prepare_records = staticmethod(prepare_records)  # the records kept kind by kind
 
-    def apply(self, prepared: Write) -> None:
+    def apply(self, prepared: Write, committed: Callable[[], None] | None = None) -> None:
         """Store ``prepared``: the commit point, one script that checks the lease,
-        stores the whole write as its redo record and releases the lease; then, outside
-        the lease, the earlier writes still waiting and this one, each hash in version
-        order (:mod:`.redis_redo`). Nothing is written before the commit point, so an
-        instance that lost its lease writes nothing at all."""
+        stores the whole write as its redo record and releases the lease; then
+        ``committed``; then, outside the lease, the earlier writes still waiting and this
+        one, each hash in version order (:mod:`.redis_redo`). Nothing is written before
+        the commit point, so an instance that lost its lease writes nothing at all."""
         with self._failing("writing"):
             version, waiting = self.commit_point(prepared)
             self._queue.keep(version, prepared.redo, prepared.rest)
+        if committed is not None:
+            committed()
+        with self._failing("writing"):
             self._queue.apply(waiting, self._epoch_set)
         self._cursor.own(version)  # only once the write is whole: see ChangeCursor
         self._writes += 1
@@ -275,7 +278,7 @@ class RedisBackend:
                 epoch, groups = decode_grouped_redo(blob)
                 self._put(epoch, groups)
                 self._client.delete(legacy)
-            self._queue.apply(self._queue.waiting(), self._epoch_set)
+            self._queue.apply(self._queue.waiting(), self._epoch_set, grace_s=0.0)
 
     def drop_epoch(self, epoch: int) -> None:
         """Delete the records of ``epoch``: its 256 hashes, unlinked (Redis frees them in

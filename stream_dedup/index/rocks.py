@@ -29,7 +29,7 @@ import os
 import tempfile
 from bisect import bisect_left
 from collections import deque
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from itertools import repeat
 from pathlib import Path
 from typing import ClassVar, NamedTuple
@@ -285,7 +285,7 @@ class RocksBackend:
             deque(map(put, ordered_keys, ordered.values, repeat(small)), maxlen=0)
         return PreparedBatch(batch, epoch)
 
-    def apply(self, prepared: PreparedBatch) -> None:
+    def apply(self, prepared: PreparedBatch, committed: Callable[[], None] | None = None) -> None:
         batch, epoch = prepared
         try:
             self._db.write(batch, self._write_opts)
@@ -296,6 +296,8 @@ class RocksBackend:
             if not from_rocksdb(exc):
                 raise
             raise self._failed("writing a batch", exc) from exc
+        if committed is not None:
+            committed()
 
     def scan_prefix(self, prefix: bytes, epoch: int = 0) -> Iterator[tuple[bytes, bytes]]:
         small, docs, _, _ = self._epochs.held(epoch)

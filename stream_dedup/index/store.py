@@ -294,14 +294,16 @@ class DedupIndex(IndexReads, IndexProgress, SharedSections):
             sampled,
         )
 
-    def apply(self, pending: PendingCommit) -> None:
+    def apply(self, pending: PendingCommit, committed: Callable[[], None] | None = None) -> None:
         """Apply a prepared commit: the atomic write, then, while readers in
         ``consistent()`` wait, the new counters and epochs in memory and the epochs it
-        let go dropped (a reader meanwhile sees the write whole or not at all)."""
+        let go dropped (a reader meanwhile sees the write whole or not at all).
+        ``committed`` is called at the write's commit point
+        (:meth:`~stream_dedup.index.backend.Backend.apply`)."""
         if pending.after_writes != self._writes:
             raise RuntimeError("the index was written after this commit was prepared")
         try:
-            self._backend.apply(pending.write)
+            self._backend.apply(pending.write, committed)
         except BaseException:
             self._sampled.clear()  # it may have landed or not: neither is known
             raise

@@ -111,32 +111,44 @@ class SharedIndex(CommitStrategy):
         self._commit_kafka(offsets)
 
     def _store(self, decoded: Decoded, sketched: Sketch | None, ranges: Ranges) -> DecidedBatch:
-        """Step 1, retried whole through an outage of the index; then ``on_stored``, and
-        only then what the batch needs that does not change the index: its events, and
-        what it left for later (``after_lease``).
+        """Step 1, retried whole through an outage of the index, calling ``on_stored`` at
+        the write's commit point; only then what the batch needs that does not change the
+        index: its events, and what it left for later (``after_lease``).
 
         ``on_stored`` hands the group's turn over (the group's time order publishes the
         new heads, waking the members waiting for exactly this batch): the batch is
-        stored at its commit point, so nothing after it is theirs to wait for. The events
-        (a JSON record per document) and the work left for later are this instance's alone
-        (its set cache; gathering texts and, once, training the payload dictionary: ~0.5 s,
-        which the other members used to wait out), so they run after the hand-over,
-        beside the next member's turn. The events are built once, from the last attempt's
-        verdicts, so its dead letters are counted once.
+        stored at its commit point, so nothing after it is theirs to wait for, not even
+        applying the write to the record hashes (the next holder reads it through its
+        redo record, :mod:`stream_dedup.index.redis_redo`). The events (a JSON record per
+        document) and the work left for later are this instance's alone (its set cache;
+        gathering texts and, once, training the payload dictionary: ~0.5 s, which the
+        other members used to wait out), so they run after the hand-over, beside the next
+        member's turn. The events are built once, from the last attempt's verdicts, so
+        its dead letters are counted once.
         """
+        handed: list[bool] = []
+
+        def hand_over() -> None:  # once, even where an outage has the step run again
+            if not handed and self.on_stored is not None:
+                handed.append(True)
+                self.on_stored(ranges)
+
         decision = self._outage.call(
-            "deciding and storing a batch", lambda: self._decide_and_store(decoded, sketched)
+            "deciding and storing a batch",
+            lambda: self._decide_and_store(decoded, sketched, hand_over),
         )
-        if self.on_stored is not None:
-            self.on_stored(ranges)
+        hand_over()  # a retry that found the write stored: nothing was written again
         out = self._decider.records(decoded, decision)
         self._outage.call("after the lease", self._decider.dedup.after_lease)
         return out
 
-    def _decide_and_store(self, decoded: Decoded, sketched: Sketch | None) -> Decision:
+    def _decide_and_store(
+        self, decoded: Decoded, sketched: Sketch | None, committed: Callable[[], None]
+    ) -> Decision:
         """Step 1: decide the batch before the lease, then under it settle it (decide it
         again where another instance wrote near it meanwhile) and store it (one atomic
-        write); ``stream_dedup.dedup.predecide`` tells why the verdicts are the same.
+        write, ``committed`` called at its commit point);
+        ``stream_dedup.dedup.predecide`` tells why the verdicts are the same.
 
         Run again after an outage, it takes a new lease, which first applies a write the
         outage interrupted after its commit point; the batch's documents stored by then
@@ -149,7 +161,8 @@ class SharedIndex(CommitStrategy):
             held = time.perf_counter()
             metrics.lease_wait.observe(held - waited)
             decision = self._decider.settle(decoded, sketched, pre)
-            self._index.apply(self._decider.dedup.prepare(decision.result))  # 1. store
+            pending = self._decider.dedup.prepare(decision.result)
+            self._index.apply(pending, committed)  # 1. store
         metrics.lease_held.observe(self._index.lease_end() - held)
         return decision
 

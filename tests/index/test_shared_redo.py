@@ -10,6 +10,8 @@ never puts its values over a newer write's.
 from __future__ import annotations
 
 import random
+import threading
+import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -203,3 +205,66 @@ def test_the_overlay_finds_buckets_however_a_record_lays_them_out(layout: str) -
     filled = Overlay([blob]).fill(3, wanted, got)
     assert got == [v for _, v in reversed(record)] + [None] * len(absent)
     assert filled == set(range(len(record)))
+
+
+def test_the_turn_is_handed_over_at_the_commit_point(
+    shared: Callable[[], Deduplicator],
+) -> None:
+    """``committed`` runs once the lease is free and the write is its redo record,
+    before any of it is applied: the next holder can take the lease there and reads the
+    write through the record; the writer applies it after the hand-over."""
+    first, second = shared(), shared()
+    decide_and_store(second, [Document("warm", article(9999))])
+    backend, other = backend_of(first), backend_of(second)
+    seen: dict[str, Any] = {}
+
+    def hand_over() -> None:
+        seen["lock"] = backend._client.exists(backend._lock)
+        seen["records"] = backend._client.hlen(backend._redos)
+        seen["outside"] = other.get_many([keys.verdict_key("o2")])
+        with second.index.exclusive():
+            seen["inside"] = other.get_many([keys.verdict_key("o2")])
+            seen["documents"] = second.index.counter("documents")
+
+    with first.index.exclusive():
+        first.index.apply(first.prepare(first.decide(originals(4))), hand_over)
+    assert seen["lock"] == 0 and seen["records"] == 1
+    assert seen["outside"] == [None]  # not applied yet
+    assert seen["inside"] != [None] and seen["documents"] == 5
+    assert backend._client.hlen(backend._redos) == 0  # applied after the hand-over
+    assert other.get_many([keys.verdict_key("o2")]) != [None]
+
+
+def test_an_applier_leaves_a_live_writers_record_to_it(
+    shared: Callable[[], Deduplicator], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The next writer finds the write before its own still waiting while that write's
+    writer applies it: it waits for it instead of sending the same write again."""
+    first, second = shared(), shared()
+    decide_and_store(second, [Document("warm", article(9999))])
+    backend, other = backend_of(first), backend_of(second)
+    with first.index.exclusive():
+        write = first.prepare(first.decide(originals(6))).write
+        version, waiting = backend.commit_point(write)
+        backend._queue.keep(version, write.redo, write.rest)
+    sent: list[Command] = []
+    run = other._wire.run
+
+    def recording(commands: Sequence[Command]) -> list[Any]:
+        sent.extend(commands)
+        return run(commands)
+
+    monkeypatch.setattr(other._wire, "run", recording)
+    late = threading.Timer(0.3, backend._queue.apply, (waiting, backend._epoch_set))
+    late.start()  # the writer applies its own write while the next one is stored
+    copies = [Document(f"c{i}", article(i) + " update") for i in range(6)]
+    started = time.monotonic()
+    assert decide_and_store(second, copies) == {f"c{i}": f"o{i}" for i in range(6)}
+    late.join()
+    assert 0.2 < time.monotonic() - started < 1.0  # waited for the writer, not the grace
+    versions = {int(c[5]) for c in sent if c[0] == b"EVAL" and c[3] != other._keys.applied}
+    assert int(version) not in versions and versions  # its own write only
+    assert other._client.hlen(other._redos) == 0
+    third = shared()
+    assert third.index.counter("documents") == 13
+    assert decide_and_store(third, [Document("o3", article(3))]) == {"o3": None}

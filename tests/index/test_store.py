@@ -165,8 +165,12 @@ class RecordingBackend:
         assert epoch == 0, "this index keeps no retention"
         return MemoryBackend().prepare(puts, ordered)[1]
 
-    def apply(self, prepared: dict[bytes, bytes]) -> None:
+    def apply(
+        self, prepared: dict[bytes, bytes], committed: Callable[[], None] | None = None
+    ) -> None:
         self.write(prepared)
+        if committed is not None:
+            committed()
 
 
 def test_commit_is_one_write_with_records_counters_and_offsets(

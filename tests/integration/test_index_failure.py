@@ -8,7 +8,7 @@ RocksDB fail them (:class:`~stream_dedup.errors.IndexIOError`).
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -53,12 +53,12 @@ class FailingWrites(RocksBackend):
     def write(self, puts: Mapping[bytes, bytes]) -> None:
         RocksBackend.apply(self, self.prepare(puts))
 
-    def apply(self, prepared: PreparedBatch) -> None:
+    def apply(self, prepared: PreparedBatch, committed: Callable[[], None] | None = None) -> None:
         if self.stored >= self.ok:
             raise IndexIOError(
                 self.location, "writing a batch", "IO error: No space left on device"
             )
-        super().apply(prepared)
+        super().apply(prepared, committed)
         self.stored += 1
 
 
