@@ -63,6 +63,13 @@ BLOCKED: OrderKey = (-(2**63), "", ("", -1))
 
 _FIRST_PAUSE_S = 0.001
 _LAST_PAUSE_S = 0.016
+#: How recently a partition's owner must have written or touched its "at its end" head
+#: for it to hold nothing back (at most ``max_idle_ms``). Records that arrive on a
+#: partition whose owner was killed are fetched by nobody until the group moves it: its
+#: last "at its end" must stop counting as "nothing to come" within a heartbeat or two,
+#: not at ``max_idle_ms``, or the others decide later records before them. The heartbeat
+#: touches every field at least four times within it.
+AT_END_FRESH_MS = 1000
 
 
 class Watermark(NamedTuple):
@@ -88,8 +95,11 @@ def low_watermark(
     (the owner was killed, or lost the partition and nobody owns it yet) is treated as
     idle. An empty partition, or one nobody has written (``missing_since`` remembers
     when this instance first found it so, in server ms), holds everything back until it
-    has been so for ``max_idle_ms``; a partition at its end holds nothing back.
+    has been so for ``max_idle_ms``; a partition at its end holds nothing back while its
+    owner is heard from (:data:`AT_END_FRESH_MS`), else everything until ``max_idle_ms``
+    after it was last heard from, as an empty one.
     """
+    fresh_ms = min(max_idle_ms, AT_END_FRESH_MS)
     now = published.now_ms
     own = set(mine)
     ceiling: OrderKey | None = None
@@ -104,13 +114,19 @@ def low_watermark(
                 left = missing_since.setdefault(tp, now) + max_idle_ms - now
             else:
                 missing_since.pop(tp, None)
-                if now - head.seen > max_idle_ms or head.kind == AT_END:
-                    continue  # an owner gone, or nothing more to come: idle
-                if head.kind == HEAD:
+                silent = now - head.seen
+                if silent > max_idle_ms:
+                    continue  # an owner gone: idle
+                if head.kind == AT_END:
+                    if silent <= fresh_ms:
+                        continue  # nothing more to come, and its owner is there to fetch it
+                    left = head.seen + max_idle_ms - now  # its owner silent: maybe killed
+                elif head.kind == HEAD:
                     key = (head.time, head.owner, tp)
                     ceiling = key if ceiling is None else min(ceiling, key)
                     continue
-                left = head.since + max_idle_ms - now  # EMPTY (or a kind not known)
+                else:
+                    left = head.since + max_idle_ms - now  # EMPTY (or a kind not known)
             if left > 0:
                 hold = left if hold is None else min(hold, left)
     if hold is not None:
@@ -150,8 +166,9 @@ class GroupOrder:
         self._last: Published | None = None
         self._sent: dict[TpKey, tuple[str, int]] = {}
         self._sent_at = 0.0
-        #: A heartbeat keeps this instance's heads fresh well within ``max_idle_ms``.
-        self._heartbeat_s = max(0.02, max_idle_ms / 4000.0)
+        #: A heartbeat keeps this instance's heads fresh well within ``max_idle_ms`` and
+        #: :data:`AT_END_FRESH_MS`.
+        self._heartbeat_s = max(0.02, min(max_idle_ms, AT_END_FRESH_MS) / 4000.0)
         self._pause_s = _FIRST_PAUSE_S
         self._failed = LogThrottle(60.0)
         #: Round trips made, and seconds spent waiting for the watermark (see

@@ -6,6 +6,7 @@ from confluent_kafka import Message
 
 from stream_dedup.index.redis_heads import AT_END, EMPTY, HEAD, Head, Published
 from stream_dedup.service.group_order import (
+    AT_END_FRESH_MS,
     BLOCKED,
     GroupOrder,
     Watermark,
@@ -96,6 +97,30 @@ def test_a_head_not_refreshed_for_max_idle_is_an_owner_gone() -> None:
     assert mark(heads, mine={2}) == Watermark((90, "", ("news", 1)))
     heads[0] = Head(HEAD, 10, 0, NOW - IDLE + 1)  # still alive: it holds
     assert mark(heads, mine={2}) == Watermark((10, "", ("news", 0)))
+
+
+def test_at_its_end_holds_nothing_back_only_while_its_owner_is_heard_from() -> None:
+    """A killed owner's last "at its end" says nothing about the records arriving on its
+    partition since (nobody fetches them until the group moves it): once its owner has
+    been silent past ``AT_END_FRESH_MS`` it holds everything back as an empty partition
+    does, until ``max_idle_ms`` after the owner was last heard from."""
+    idle = 15_000
+
+    def at(heads: dict[int, Head]) -> Watermark:
+        published = Published(NOW, {("news", p): h for p, h in heads.items()})
+        return low_watermark(published, {"news": 4}, {("news", 2)}, idle, {})
+
+    heads = {0: fresh(HEAD, 50), 1: fresh(AT_END), 3: fresh(AT_END)}
+    assert at(heads) == Watermark((50, "", ("news", 0)))
+    heads[1] = Head(AT_END, 0, NOW - 5000, NOW - AT_END_FRESH_MS)  # touched 1 s ago
+    assert at(heads) == Watermark((50, "", ("news", 0)))
+    heads[1] = Head(AT_END, 0, NOW - 5000, NOW - 3000)  # silent 3 s: maybe killed
+    assert at(heads) == Watermark(BLOCKED, idle - 3000)
+    heads[1] = Head(AT_END, 0, NOW - 20_000, NOW - idle - 1)  # gone past max_idle: idle
+    assert at(heads) == Watermark((50, "", ("news", 0)))
+    # with a short max_idle_ms (the default 500 ms) nothing changes: that is the bound
+    published = Published(NOW, {("news", 1): Head(AT_END, 0, NOW, NOW - 400)})
+    assert low_watermark(published, {"news": 2}, {("news", 0)}, 500, {}) == Watermark(None)
 
 
 def test_a_partition_nobody_published_holds_back_from_when_it_was_first_missed() -> None:
