@@ -117,6 +117,9 @@ class Group:
                 settings["service"]["delivery"] = run.delivery
             self.configs.append(write_toml(tmp_path / f"instance-{n}.toml", settings))
         self.procs = [self.start(n) for n in range(run.instances)]
+        #: Batches decided ahead and used by the instances killed so far (to their last
+        #: scrape before the kill).
+        self.ahead_killed = 0.0
 
     def start(self, n: int) -> subprocess.Popen[bytes]:
         return start_script(self.script, self.configs[n], self.log)
@@ -142,6 +145,7 @@ class Group:
                 assert time.monotonic() < deadline, f"instance {n} made no progress"
                 time.sleep(0.01)
             time.sleep(rng.uniform(0.0, 0.4))
+            self.ahead_killed += scrape(port, DECIDED_AHEAD) or 0.0  # a restart resets it
             self.procs[n].send_signal(signal.SIGKILL)
             self.procs[n].wait(timeout=10)
             done += 1
@@ -227,7 +231,7 @@ def run_group(bootstrap: str, tmp_path: Path, truth: GroundTruth, run: Run) -> N
         # answers. Stopped before that, the group leaves those events to its next start,
         # and this run has none: so every event is awaited while the group still runs.
         read_events(bootstrap, topics, run.delivery, len(corpus.ids), wait_s=120)
-        ahead = sum(scrape(port, DECIDED_AHEAD) or 0.0 for port in group.ports)
+        ahead = group.ahead_killed + sum(scrape(p, DECIDED_AHEAD) or 0.0 for p in group.ports)
         group.stop()
     finally:
         group.kill_all()
@@ -253,7 +257,7 @@ def run_group(bootstrap: str, tmp_path: Path, truth: GroundTruth, run: Run) -> N
     print(
         f"{run}: {kills} kills in {elapsed:.0f} s; agreement with one instance in produce "
         f"order {agree / len(reference):.4f}; {quality}; strict F1 {f1:.4f}; batches "
-        f"decided ahead and used {ahead:.0f} (since the instances' last start)"
+        f"decided ahead and used {ahead:.0f} (the killed processes' up to their last scrape)"
     )
     if not run.live:  # a backlog: the members held back decide their next turn meanwhile
         assert ahead > 0
