@@ -67,8 +67,9 @@ _LAST_PAUSE_S = 0.016
 #: for it to hold nothing back (at most ``max_idle_ms``). Records that arrive on a
 #: partition whose owner was killed are fetched by nobody until the group moves it: its
 #: last "at its end" must stop counting as "nothing to come" within a heartbeat or two,
-#: not at ``max_idle_ms``, or the others decide later records before them. The heartbeat
-#: touches every field at least four times within it.
+#: not at ``max_idle_ms``, or the others decide later records before them. A live owner's
+#: heartbeat touches its fields every quarter of it: only an owner stalled for most of it
+#: holds the others back meanwhile (a wait, not a wrong order).
 AT_END_FRESH_MS = 1000
 
 
