@@ -228,11 +228,9 @@ class RedisBackend:
     prepare_records = staticmethod(prepare_records)  # the records kept kind by kind
 
     def apply(self, prepared: Write, committed: Callable[[], None] | None = None) -> None:
-        """Store ``prepared``: the commit point, one script that checks the lease,
-        stores the whole write as its redo record and releases the lease; then
-        ``committed``; then, outside the lease, the earlier writes still waiting and this
-        one, each hash in version order (:mod:`.redis_redo`). Nothing is written before
-        the commit point, so an instance that lost its lease writes nothing at all."""
+        """Store ``prepared``: the commit point (one script: checks the lease, stores the
+        write as its redo record, frees the lease), ``committed``, then the writes waiting,
+        each hash in version order (:mod:`.redis_redo`). Nothing without the lease."""
         with self._failing("writing"):
             version, waiting = self.commit_point(prepared)
             self._queue.keep(version, prepared.redo, prepared.rest)

@@ -19,14 +19,9 @@ write across slots"):
   version is there already. A committer first applies the earlier writes still waiting
   (a crashed or slow instance's), then its own, then deletes their redo records. So a
   version reaches a hash only after every earlier one reached every hash, and a late
-  applier never writes an older value over a newer one.
-
-A writer applies its own write right after its commit point, while the next holder
-decides: the next holder, applying its own, finds the earlier one still waiting. It
-waits for that writer to finish (up to :data:`APPLIER_GRACE_S`) rather than applying the
-same write again beside it, which doubled the apply's work (its transfer, its Redis CPU)
-for nothing; past the grace (the writer died after its commit point, or stalls) it
-applies the earlier write itself, as the rules above allow.
+  applier never writes an older value over a newer one. A write its writer is applying
+  (beside the next holder's turn) is left to it up to :data:`APPLIER_GRACE_S`, not sent
+  twice; past that (the writer died after its commit point) the next applier applies it.
 """
 
 from __future__ import annotations
@@ -60,9 +55,8 @@ __all__ = [
 VERSION_FIELD = b"\x00v"
 #: Fields (or own keys) per apply script: Lua's stack takes a few thousand arguments.
 _CHUNK = 1000
-#: How long an applier waits for another instance to finish applying an earlier write
-#: before applying it itself (module docstring). A write is applied in tens of
-#: milliseconds; a writer killed after its commit point costs the next applier this once.
+#: How long an applier leaves an earlier write to its writer (module docstring): a write
+#: is applied in tens of ms; a writer killed after its commit point costs this once.
 APPLIER_GRACE_S = 1.0
 
 #: KEYS: lock, redos, version, log, epoch set. ARGV: token ('' when no lease is held),
@@ -364,16 +358,16 @@ class RedoQueue:
         self._own = {v: r for v, r in self._own.items() if v in found}
         return Overlay([found[v] for v in sorted(found)])
 
-    def apply(self, waiting: Sequence[int], epoch_set: bytes, grace_s: float | None = None) -> None:
+    def apply(
+        self, waiting: Sequence[int], epoch_set: bytes, grace_s: float = APPLIER_GRACE_S
+    ) -> None:
         """Apply the records of ``waiting`` in version order, then delete them: each
         container's part only where no newer write was applied (the rule of the module
         docstring, which makes this safe in any number of instances at once). Another
-        instance's record is first left to its writer, for up to ``grace_s`` (default
-        :data:`APPLIER_GRACE_S`)."""
+        instance's record is first left to its writer, for up to ``grace_s``."""
         if not waiting:
             return
-        grace = APPLIER_GRACE_S if grace_s is None else grace_s
-        ordered = self._left_to_apply(sorted(waiting), grace)
+        ordered = self._left_to_apply(sorted(waiting), grace_s)
         found = self._blobs(ordered)
         commands: list[Command] = []
         for v in ordered:
@@ -398,10 +392,8 @@ class RedoQueue:
         while others and time.monotonic() < deadline:
             time.sleep(pause)
             pause = min(2 * pause, 0.005)
-            stored = {int(v) for v in self._client.hkeys(self._layout.redos)}
-            others = [v for v in others if v in stored]
-        kept = set(others)
-        return [v for v in ordered if v in self._own or v in kept]
+            others = sorted(set(others) & set(self.waiting()))
+        return [v for v in ordered if v in self._own or v in others]
 
     def waiting(self) -> list[int]:
         """The versions whose records are stored, not known to be applied."""

@@ -45,6 +45,19 @@ def commit_then_die(dedup: Deduplicator, docs: list[Document]) -> int:
     return int(version)
 
 
+def record_commands(backend: RedisBackend, monkeypatch: pytest.MonkeyPatch) -> list[Command]:
+    """Every command ``backend`` sends in batches from now on, as they are sent."""
+    sent: list[Command] = []
+    run = backend._wire.run
+
+    def recording(commands: Sequence[Command]) -> list[Any]:
+        sent.extend(commands)
+        return run(commands)
+
+    monkeypatch.setattr(backend._wire, "run", recording)
+    return sent
+
+
 def originals(n: int) -> list[Document]:
     return [Document(f"o{i}", article(i)) for i in range(n)]
 
@@ -93,14 +106,7 @@ def test_a_read_in_the_lease_asks_redis_only_for_what_no_waiting_record_holds(
     decide_and_store(second, [Document("warm", article(9999))])
     commit_then_die(first, originals(8))
     backend = backend_of(second)
-    sent: list[Command] = []
-    run = backend._wire.run
-
-    def recording(commands: Sequence[Command]) -> list[Any]:
-        sent.extend(commands)
-        return run(commands)
-
-    monkeypatch.setattr(backend._wire, "run", recording)
+    sent = record_commands(backend, monkeypatch)
     held, absent = keys.verdict_key("o2"), keys.verdict_key("nobody")
     with second.index.exclusive():
         sent.clear()
@@ -247,14 +253,7 @@ def test_an_applier_leaves_a_live_writers_record_to_it(
         write = first.prepare(first.decide(originals(6))).write
         version, waiting = backend.commit_point(write)
         backend._queue.keep(version, write.redo, write.rest)
-    sent: list[Command] = []
-    run = other._wire.run
-
-    def recording(commands: Sequence[Command]) -> list[Any]:
-        sent.extend(commands)
-        return run(commands)
-
-    monkeypatch.setattr(other._wire, "run", recording)
+    sent = record_commands(other, monkeypatch)
     late = threading.Timer(0.3, backend._queue.apply, (waiting, backend._epoch_set))
     late.start()  # the writer applies its own write while the next one is stored
     copies = [Document(f"c{i}", article(i) + " update") for i in range(6)]
