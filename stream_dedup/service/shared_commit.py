@@ -126,18 +126,18 @@ class SharedIndex(CommitStrategy):
         member's turn. The events are built once, from the last attempt's verdicts, so
         its dead letters are counted once.
         """
-        handed: list[bool] = []
+        handed = False
 
         def hand_over() -> None:  # once, even where an outage has the step run again
+            nonlocal handed
             if not handed and self.on_stored is not None:
-                handed.append(True)
+                handed = True
                 self.on_stored(ranges)
 
         decision = self._outage.call(
             "deciding and storing a batch",
             lambda: self._decide_and_store(decoded, sketched, hand_over),
         )
-        hand_over()  # a retry that found the write stored: nothing was written again
         out = self._decider.records(decoded, decision)
         self._outage.call("after the lease", self._decider.dedup.after_lease)
         return out
