@@ -124,8 +124,7 @@ class Batcher:
         return own_heads(inflight, self.merge.heads(), self._assigned, self.merge.caught_up)
 
     def decided(self, ranges: Ranges) -> None:
-        """The batch of ``ranges`` is stored: its partitions' heads move on, and the group
-        hears it at once (the others may be waiting for exactly this)."""
+        """The batch of ``ranges`` is stored: its heads move on, told to the group at once."""
         for tp, (_start, end) in ranges.items():
             runs = self._inflight.get(tp)
             while runs and runs[0][0] <= end:
@@ -134,8 +133,7 @@ class Batcher:
             self._group.exchange(self.heads())
 
     def _track(self, batch: list[Message]) -> None:
-        """Remember a released batch's first time and end per partition (see
-        :meth:`decided`)."""
+        """A released batch's first time and end per partition (:meth:`decided`)."""
         firsts: dict[TpKey, tuple[int, int]] = {}
         for msg in batch:
             topic, partition, offset = position(msg)
@@ -161,8 +159,7 @@ class Batcher:
             self._inflight.pop(tp, None)
 
     def put_back(self, msgs: list[Message]) -> None:
-        """Messages taken but not decided come back, before everything pending (they
-        were the only batch released and not stored)."""
+        """The one batch released and not stored comes back, before everything pending."""
         self._inflight.clear()
         self._refill(msgs + self.pending)
 
@@ -306,8 +303,7 @@ class Batcher:
         return merge.first_tick(limit, watched, group.tick_ms, group.token, skip, whole=whole)
 
     def expect(self, size: int) -> None:
-        """The release after those expected already is expected to be ``size`` records
-        (sketched for it meanwhile): cut it there."""
+        """Cut the release after those expected already at ``size`` (sketched for it)."""
         self._cuts.append(size)
 
     def forget_expected(self) -> None:
