@@ -154,6 +154,8 @@ def test_a_killed_worker_is_reported_then_started_again() -> None:
         w.result()
         pid = w.pid
         assert pid is not None
+        # Stopped first, so the worker cannot answer the batch before the kill lands.
+        os.kill(pid, signal.SIGSTOP)
         w.submit([record("b", "a batch the worker never answers")])
         os.kill(pid, signal.SIGKILL)
         with pytest.raises(SketchWorkerError, match="exited"):
