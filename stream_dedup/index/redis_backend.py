@@ -40,14 +40,15 @@ from redis.cluster import RedisCluster
 from stream_dedup.core.hashing import U64
 from stream_dedup.index.backend import NO_ORDERED_PUTS, OrderedPuts
 from stream_dedup.index.keys import SCOPED
+from stream_dedup.index.redis_applier import Applier
 from stream_dedup.index.redis_client import connect, failing
 from stream_dedup.index.redis_heads import GroupHeads
 from stream_dedup.index.redis_layout import (
     DEFAULT_NAMESPACE,
+    READ_CHUNK,
     Groups,
     RedisLayout,
     decode_grouped_redo,
-    glob_escaped,
     redacted,
 )
 from stream_dedup.index.redis_log import (
@@ -59,15 +60,12 @@ from stream_dedup.index.redis_log import (
     Changes,
 )
 from stream_dedup.index.redis_members import widen_buckets
+from stream_dedup.index.redis_overlay import Overlay
 from stream_dedup.index.redis_prepare import Write, prepare_records, prepare_write
-from stream_dedup.index.redis_redo import COMMIT, FOLLOW, VERSION_FIELD, Overlay, RedoQueue, plain
+from stream_dedup.index.redis_redo import COMMIT, FOLLOW, RedoQueue, plain
 from stream_dedup.index.redis_wire import Wire
 
 __all__ = ["DEFAULT_NAMESPACE", "RedisBackend", "redacted"]
-
-#: Fields per HMGET / HSET command: long enough to amortise a command, short enough not to
-#: stall a Redis node (single-threaded) for other clients.
-_CHUNK = 1000
 
 #: Releases the lease only if ``token`` holds it.
 _RELEASE = """
@@ -114,9 +112,13 @@ class RedisBackend:
         #: ``lock_ttl_ms`` for this instance's own lease to expire.
         self._unreleased: bytes | None = None
         self._writes = 0
+        #: The index's version the current read-through stands at (-1: none): inside
+        #: :meth:`exclusive` and :meth:`as_of`, writes up to it are read through.
+        self._read_version = -1
         self._release = self._client.register_script(_RELEASE)
         self._wire = Wire(self._client)
         self._queue = RedoQueue(self._client, self._wire, layout)
+        self._applier = Applier(self._queue, self._epoch_set, self._failing)
         #: The redo records waiting when the lease was taken, read through inside it.
         self._overlay = Overlay()
         #: When this instance's last write released the lease (its commit point), for
@@ -141,34 +143,27 @@ class RedisBackend:
             return []
         if epoch and any(key[0] not in SCOPED for key in keys):
             raise ValueError("only keys that belong to an epoch are read from one")
+        self._reading()
         out: list[bytes | None] = [None] * len(keys)
         # A value waiting in a redo record (inside a lease) is newer than the stored one:
         # only the keys it does not hold are read.
         filled = self._overlay.fill(epoch, keys, out) if self._overlay else ()
         wanted = [i for i in range(len(keys)) if i not in filled] if filled else None
         asked = keys if wanted is None else [keys[i] for i in wanted]
-        places: list[list[int]] = []
-        commands: list[tuple[bytes, ...]] = []
+        commands, places = self._keys.reads(asked, epoch)
         with self._failing("reading"):
-            for name, (fields, positions) in self._keys.grouped(asked, None, epoch).items():
-                for start in range(0, len(fields), _CHUNK):
-                    part = fields[start : start + _CHUNK]
-                    if name:
-                        commands.append((b"HMGET", name, *part))
-                    else:
-                        commands.append((b"MGET", *part))
-                    where = positions[start : start + _CHUNK]
-                    places.append(where if wanted is None else [wanted[i] for i in where])
             for where, found in zip(places, self._wire.run(commands), strict=True):
-                for i, value in zip(where, found, strict=True):
+                for i, value in zip(
+                    where if wanted is None else map(wanted.__getitem__, where), found, strict=True
+                ):
                     out[i] = value
         widen_buckets(keys, out)
         return out
 
     def scan_prefix(self, prefix: bytes, epoch: int = 0) -> Iterator[tuple[bytes, bytes]]:
         found = list(self.scan_keys(prefix, epoch))
-        for start in range(0, len(found), 10 * _CHUNK):
-            part = found[start : start + 10 * _CHUNK]
+        for start in range(0, len(found), 10 * READ_CHUNK):
+            part = found[start : start + 10 * READ_CHUNK]
             values = self.get_many(part, epoch)
             for key, value in zip(part, values, strict=True):
                 if value is not None:  # deleted since the scan
@@ -178,26 +173,13 @@ class RedisBackend:
         """Keys by ``HSCAN`` of the epoch's hashes (and ``SCAN`` of the own keys), then
         sorted: a walk of the whole epoch, for start-up and maintenance, never on a
         batch's path."""
-        pattern = glob_escaped(prefix) + b"*"
-        found: list[bytes] = []
+        self._reading()
         with self._failing("scanning"):
-            for tag in range(256):
-                name = self._keys.hash(epoch, tag)
-                found.extend(
-                    f
-                    for f, _ in self._client.hscan_iter(name, match=pattern, count=5000)
-                    if f != VERSION_FIELD  # the hash's own, not a key of the index
-                )
-            if epoch == 0:
-                cut = len(self._own)
-                found.extend(
-                    rkey[cut:]
-                    for rkey in self._client.scan_iter(match=self._own + pattern, count=5000)
-                )
-        found.sort()
+            found = self._keys.scan(self._client, prefix, epoch)
         yield from found
 
     def epochs(self) -> list[int]:
+        self._reading()
         with self._failing("reading the epochs"):
             members = self._client.smembers(self._epoch_set)
         return sorted({0, *(int(m) for m in members)})
@@ -212,6 +194,7 @@ class RedisBackend:
             self._writes += 1
             return
         self.apply(self.prepare(puts))
+        self.wait_applied()
 
     def prepare(
         self,
@@ -230,16 +213,27 @@ class RedisBackend:
     def apply(self, prepared: Write, committed: Callable[[], None] | None = None) -> None:
         """Store ``prepared``: the commit point (one script: checks the lease, stores the
         write as its redo record, frees the lease), ``committed``, then the writes waiting,
-        each hash in version order (:mod:`.redis_redo`). Nothing without the lease."""
+        each hash in version order (:mod:`.redis_redo`), on the applier thread: the write
+        is whole at its commit point (every reader reads through a record not applied
+        yet), so the batch goes on meanwhile. Nothing without the lease."""
         with self._failing("writing"):
             version, waiting = self.commit_point(prepared)
             self._queue.keep(version, prepared.redo, prepared.rest)
         if committed is not None:
             committed()
-        with self._failing("writing"):
-            self._queue.apply(waiting, self._epoch_set)
-        self._cursor.own(version)  # only once the write is whole: see ChangeCursor
+        self._cursor.own(version)  # its keys reach the filter with the write (DedupIndex)
         self._writes += 1
+        self._applier.submit(version, waiting)
+
+    def wait_applied(self) -> None:
+        """Return once this instance's writes are applied to the record hashes
+        (:mod:`.redis_applier`); an apply that failed is finished here or raises."""
+        self._applier.wait()
+
+    def _reading(self) -> None:
+        """Before a read of the hashes: wait for own writes its overlay does not cover."""
+        if self._applier.pending_after(self._read_version):
+            self._applier.wait()
 
     def commit_point(self, prepared: Write) -> tuple[int, list[int]]:
         """The one script of :meth:`apply` inside the lease (:data:`.redis_redo.COMMIT`):
@@ -281,6 +275,7 @@ class RedisBackend:
     def drop_epoch(self, epoch: int) -> None:
         """Delete the records of ``epoch``: its 256 hashes, unlinked (Redis frees them in
         the background)."""
+        self.wait_applied()  # a write applied after the drop would bring hashes back
         with self._failing("dropping an epoch"):
             pipe = self._client.pipeline(transaction=False)
             for tag in range(256):
@@ -325,9 +320,11 @@ class RedisBackend:
             self._cursor.read(since)
             with self._failing("reading the writes not applied yet"):
                 self._overlay = self._queue.overlay([int(v) for v in waiting])
+            self._read_version = int(since[0])
             yield
         finally:
             self._overlay = Overlay()  # outside the lease, newer writes may be applied
+            self._read_version = -1
             if self._token is not None:  # not released by a write's commit point
                 self._token = None
                 try:
@@ -346,10 +343,12 @@ class RedisBackend:
             waiting, *since = self._peek(keys=keys, args=at)
             self._cursor.read(since)
             self._overlay = self._queue.overlay([int(v) for v in waiting])
+        self._read_version = int(since[0])
         try:
             yield int(since[0])
         finally:
             self._overlay = Overlay()
+            self._read_version = -1
 
     # -- the change log (ChangeFeed) ----------------------------------------------------
 
@@ -390,8 +389,9 @@ class RedisBackend:
         return self._writes
 
     def close(self) -> None:
-        """Close every connection now: a cluster client's ``close`` leaves its node
-        clients' pools open until the garbage collector finds them."""
+        """Finish the writes being applied, then close every connection now: a cluster
+        client's ``close`` leaves its node clients' pools open until the GC finds them."""
+        self._applier.close()
         if isinstance(self._client, RedisCluster):
             self._client.disconnect_connection_pools()  # type: ignore[no-untyped-call]
         self._client.close()

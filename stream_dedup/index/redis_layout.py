@@ -14,7 +14,7 @@ import zlib
 from collections.abc import Sequence
 from itertools import chain
 from operator import itemgetter
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 from urllib.parse import urlsplit, urlunsplit
 
 import numpy as np
@@ -22,9 +22,15 @@ import numpy.typing as npt
 
 from stream_dedup.index.keys import BUCKET, SCOPED
 
+if TYPE_CHECKING:  # the layout is imported by configuration, which needs no client
+    import redis
+    from redis.cluster import RedisCluster
+
 __all__ = [
     "DEFAULT_NAMESPACE",
     "NAMESPACE",
+    "READ_CHUNK",
+    "VERSION_FIELD",
     "Groups",
     "PackedBuckets",
     "RedisLayout",
@@ -45,6 +51,14 @@ _VERDICT = ord("v")
 #: A band bucket's key: ``b``, the band (2 bytes), the band hash (8 bytes).
 _BUCKET_KEY_SIZE = 11
 _GLOB = re.compile(rb"([*?\[\]\\])")
+
+#: Fields per HMGET / HSET command: long enough to amortise a command, short enough not to
+#: stall a Redis node (single-threaded) for other clients.
+READ_CHUNK = 1000
+#: The field of a record hash holding the version of the last write applied to it
+#: (:mod:`.redis_redo`). It starts with a zero byte, which no index key does, so no
+#: prefix scan ever matches it.
+VERSION_FIELD = b"\x00v"
 
 #: Fields (or own keys) and their values, or positions, by container: a record hash's
 #: Redis key, or ``b""`` for the own keys.
@@ -99,6 +113,35 @@ class RedisLayout:
         if own is not None:
             groups[b""] = ([self.own + k for k in own[0]], own[1])
         return groups
+
+    def reads(
+        self, keys: Sequence[bytes], epoch: int
+    ) -> tuple[list[tuple[bytes, ...]], list[list[int]]]:
+        """The ``HMGET``/``MGET`` commands reading ``keys`` from ``epoch`` (up to
+        :data:`READ_CHUNK` fields each) and, for each, the positions in ``keys`` it reads."""
+        commands: list[tuple[bytes, ...]] = []
+        places: list[list[int]] = []
+        for name, (fields, positions) in self.grouped(keys, None, epoch).items():
+            for start in range(0, len(fields), READ_CHUNK):
+                part = fields[start : start + READ_CHUNK]
+                commands.append((b"HMGET", name, *part) if name else (b"MGET", *part))
+                places.append(positions[start : start + READ_CHUNK])
+        return commands, places
+
+    def scan(self, client: redis.Redis | RedisCluster, prefix: bytes, epoch: int) -> list[bytes]:
+        """The keys of ``epoch`` starting with ``prefix``, sorted: ``HSCAN`` of its 256
+        hashes (and ``SCAN`` of the own keys), a walk of the whole epoch."""
+        pattern = glob_escaped(prefix) + b"*"
+        found: list[bytes] = []
+        for tag in range(256):
+            scan = client.hscan_iter(self.hash(epoch, tag), match=pattern, count=5000)
+            found.extend(f for f, _ in scan if f != VERSION_FIELD)  # the hash's own field
+        if epoch == 0:
+            cut = len(self.own)
+            scan_own = client.scan_iter(match=self.own + pattern, count=5000)
+            found.extend(rkey[cut:] for rkey in scan_own)
+        found.sort()
+        return found
 
     def _by_tag(
         self,

@@ -21,7 +21,8 @@ from stream_dedup.dedup import Deduplicator
 from stream_dedup.index import keys
 from stream_dedup.index.redis_backend import RedisBackend
 from stream_dedup.index.redis_layout import decode_redo, encode_redo
-from stream_dedup.index.redis_redo import VERSION_FIELD, Overlay, versioned
+from stream_dedup.index.redis_overlay import Overlay
+from stream_dedup.index.redis_redo import VERSION_FIELD, versioned
 from stream_dedup.index.redis_wire import Command
 from stream_dedup.models import Document
 
@@ -70,6 +71,7 @@ def test_the_lease_is_free_at_the_commit_point(shared: Callable[[], Deduplicator
         assert not backend._client.exists(backend._lock)  # released before the write applied
         assert backend.released_at is not None
         assert first.index.lease_end() == backend.released_at
+    backend.wait_applied()
     assert backend._client.hlen(backend._redos) == 0  # applied, then its record deleted
 
 
@@ -88,6 +90,7 @@ def test_the_next_holder_reads_a_write_not_applied_yet(
         assert backend.get_many([keys.verdict_key("o2")]) != [None]
     copies = [Document(f"c{i}", article(i) + " update") for i in range(8)]
     assert decide_and_store(second, copies) == {f"c{i}": f"o{i}" for i in range(8)}
+    backend.wait_applied()  # the write is applied on the applier thread
     assert backend._client.hlen(backend._redos) == 0
     assert backend.get_many([keys.verdict_key("o2")]) != [None]  # applied by second
     applied = backend._client.get(backend._keys.applied)
@@ -129,6 +132,7 @@ def test_a_late_applier_never_writes_over_a_newer_write(
         version, _ = backend.commit_point(write)
     again = [Document(f"o{i}", article(i) + " revised, a new paragraph") for i in range(5)]
     decide_and_store(second, [*again, Document("n1", article(77))])
+    backend_of(second).wait_applied()
     rest = write.flat().grouped(backend._keys)
     snapshot = {name: backend._client.hgetall(name) for name in rest if name} | {
         b"own": backend._client.mget(rest[b""][0])
@@ -237,7 +241,8 @@ def test_the_turn_is_handed_over_at_the_commit_point(
     assert seen["lock"] == 0 and seen["records"] == 1
     assert seen["outside"] == [None]  # not applied yet
     assert seen["inside"] != [None] and seen["documents"] == 5
-    assert backend._client.hlen(backend._redos) == 0  # applied after the hand-over
+    backend.wait_applied()  # applied after the hand-over, on the applier thread
+    assert backend._client.hlen(backend._redos) == 0
     assert other.get_many([keys.verdict_key("o2")]) != [None]
 
 
@@ -259,6 +264,7 @@ def test_an_applier_leaves_a_live_writers_record_to_it(
     copies = [Document(f"c{i}", article(i) + " update") for i in range(6)]
     started = time.monotonic()
     assert decide_and_store(second, copies) == {f"c{i}": f"o{i}" for i in range(6)}
+    other.wait_applied()  # its applier thread waits for the writer
     late.join()
     assert 0.2 < time.monotonic() - started < 1.0  # waited for the writer, not the grace
     versions = {int(c[5]) for c in sent if c[0] == b"EVAL" and c[3] != other._keys.applied}

@@ -1,0 +1,100 @@
+"""The shared index's applier thread: a write applied after its commit point, beside the batch.
+
+What must hold, on a real Redis node and a 3-master cluster: the batch goes on once its
+write passed the commit point, while the write is applied; the instance reads its own
+writes all the same; its writes reach the hashes in commit order, each sent once; closing
+finishes what was handed over.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import pytest
+
+from stream_dedup.dedup import Deduplicator
+from stream_dedup.index import keys
+from stream_dedup.index.redis_backend import RedisBackend
+from stream_dedup.index.redis_wire import Command
+from stream_dedup.models import Document
+
+from .shared_instances import decide_and_store
+from .test_dedup import article
+from .test_shared_redo import backend_of, originals
+
+#: How long each apply is held back in these tests: far longer than a batch's deciding.
+SLOW_S = 0.4
+
+
+def slow_applies(backend: RedisBackend, monkeypatch: pytest.MonkeyPatch) -> list[list[int]]:
+    """Hold every batch of commands sent from the applier thread back by :data:`SLOW_S`;
+    answers, per batch sent from it, the write versions of its record-hash parts."""
+    sent: list[list[int]] = []
+    run = backend._wire.run
+    applied = backend._keys.applied
+
+    def slow(commands: Sequence[Command]) -> list[Any]:
+        if threading.current_thread().name.startswith("redis-apply"):
+            time.sleep(SLOW_S)
+            sent.append([int(c[5]) for c in commands if c[0] == b"EVAL" and c[3] != applied])
+        return run(commands)
+
+    monkeypatch.setattr(backend._wire, "run", slow)
+    return sent
+
+
+def test_the_batch_goes_on_while_its_write_is_applied_and_reads_it_back(
+    shared: Callable[[], Deduplicator], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    first = shared()
+    backend = backend_of(first)
+    decide_and_store(first, [Document("warm", article(9999))])  # the first batch's set-up
+    sent = slow_applies(backend, monkeypatch)
+    started = time.monotonic()
+    assert decide_and_store(first, originals(4)) == {f"o{i}": None for i in range(4)}
+    assert time.monotonic() - started < SLOW_S  # not waiting for the apply
+    assert backend._client.hlen(backend._redos) == 1  # committed, not applied yet
+    # a read outside a lease overlays nothing: it waits for the instance's own apply
+    assert backend.get_many([keys.verdict_key("o2")]) != [None]
+    assert time.monotonic() - started >= SLOW_S
+    assert backend._client.hlen(backend._redos) == 0
+    assert sent  # applied by the applier thread
+
+
+def test_the_next_lease_reads_a_write_its_thread_still_applies(
+    shared: Callable[[], Deduplicator], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Inside the next lease the own write being applied is read through its record,
+    without waiting for the apply; each write's parts are sent once, in commit order."""
+    first = shared()
+    backend = backend_of(first)
+    sent = slow_applies(backend, monkeypatch)
+    decide_and_store(first, originals(4))
+    started = time.monotonic()
+    copies = [Document(f"c{i}", article(i) + " update") for i in range(4)]
+    assert decide_and_store(first, copies) == {f"c{i}": f"o{i}" for i in range(4)}
+    assert time.monotonic() - started < SLOW_S  # decided over the write being applied
+    backend.wait_applied()
+    # the second apply found the first write applied by the thread: not sent again
+    assert len(sent) == 2 and len(set(sent[0])) == 1 and len(set(sent[1])) == 1
+    assert sent[0][0] < sent[1][0]
+    assert backend._client.hlen(backend._redos) == 0
+    assert first.index.counter("documents") == 8
+
+
+def test_close_finishes_the_writes_handed_over(
+    shared: Callable[[], Deduplicator], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    first = shared()
+    backend = backend_of(first)
+    slow_applies(backend, monkeypatch)
+    decide_and_store(first, originals(5))
+    first.index.close()
+    later = shared()
+    other = backend_of(later)
+    assert other._client.hlen(other._redos) == 0  # applied before the connection closed
+    assert other.get_many([keys.verdict_key("o4")]) != [None]
+    assert later.index.counter("documents") == 5
