@@ -61,6 +61,10 @@ class FollowerIndex(DedupIndex):
         super().__init__(backend, None)
         self._following = threading.Lock()  # one catch-up at a time
         self.catch_ups = 0  # how many times it followed (for tests and diagnostics)
+        # Opening races the writer as a reopen does: it may name an epoch it did not open.
+        if getattr(backend, "catch_up", None) is not None and self._hold_committed_epochs(True):
+            with self._state_lock.writing():
+                self._load_state()
 
     def follow(self) -> None:
         """Bring the view up to the writer's last commit (see the module docstring)."""
@@ -74,21 +78,21 @@ class FollowerIndex(DedupIndex):
                 self._load_state(since=self._counters["indexed"])
             self.catch_ups += 1
 
-    def _hold_committed_epochs(self, caught: bool) -> None:
+    def _hold_committed_epochs(self, caught: bool) -> bool:
         """Reopen the view until it holds exactly the epochs its committed timeline names.
 
         A reopen lists the writer's column families, then opens the database with them;
         a batch that opens a new epoch can commit in between, and the view then names an
         epoch whose families it did not open. Each try sees a later commit, and a writer
-        opens at most one epoch per batch, so a few suffice.
+        opens at most one epoch per batch, so a few suffice. Whether it reopened.
         """
         backend = self._backend
-        for _ in range(_REOPENS):
+        for tries in range(_REOPENS):
             if caught:
                 raw = backend.get_many([keys.EPOCHS])[0]
                 held = set(backend.epochs())
                 if (set(stored_epochs(raw).numbers()) | {0} if raw else held) == held:
-                    return
+                    return tries > 0
             backend.reopen()  # type: ignore[attr-defined]
             caught = True
         raise IndexStoreError(

@@ -213,3 +213,49 @@ def test_a_view_reopened_while_the_writer_commits_is_opened_again(
     finally:
         follower.close()
         dedup.index.close()
+
+
+@pytest.mark.parametrize(
+    "keep",
+    [
+        pytest.param(400, id="an-epoch-opened"),
+        pytest.param(100, id="an-epoch-dropped"),
+    ],
+)
+def test_a_view_opened_while_the_writer_commits_holds_the_epochs_it_names(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, keep: int
+) -> None:
+    """The first opening races the writer as a reopen does: a batch committed between the
+    listing of the families and the opening leaves a view naming an epoch it did not
+    open. It is opened again before it answers (a check reader started during ingest
+    died of it once, at its warm-up check)."""
+    config = DedupConfig()
+    dedup = writer(tmp_path / "index", config, keep=keep)
+    dedup.process(batch(0))
+    dedup.index._backend.flush()  # type: ignore[attr-defined]
+    real = Rdict
+    between = [1]
+
+    def listing_then_a_commit(*args: Any) -> list[str]:
+        names: list[str] = real.list_cf(*args)
+        if between:
+            dedup.process(batch(between.pop()))  # a new epoch: families made, committed
+            dedup.index._backend.flush()  # type: ignore[attr-defined]
+        return names
+
+    class RacedRdict:
+        list_cf = staticmethod(listing_then_a_commit)
+
+        def __new__(cls, *args: Any, **kwargs: Any) -> Rdict:  # type: ignore[misc]
+            return real(*args, **kwargs)
+
+    monkeypatch.setattr("stream_dedup.index.rocks.Rdict", RacedRdict)
+    follower = open_follower(tmp_path / "index")
+    try:
+        assert not between  # the writer did commit in the middle of the opening
+        assert follower.timeline.numbers() == dedup.index.timeline.numbers()
+        got = check_texts(follower, config, dedup.plan, [article(50 + 7)], 1)
+        assert [m.id for m in got[0]] == ["b1-7"]
+    finally:
+        follower.close()
+        dedup.index.close()
