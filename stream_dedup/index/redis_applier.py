@@ -58,6 +58,15 @@ class Applier:
             _log.warning("applying write %d failed; its redo record waits: %s", version, exc)
             raise
 
+    def after(self, callback: Callable[[], None]) -> None:
+        """Call ``callback`` once the writes handed over so far are applied (or failed to
+        be): on the thread, after them; at once where none is pending. For readers in
+        other processes, which read the record hashes without any redo record."""
+        if self._last is None:
+            callback()
+        else:
+            self._thread.submit(callback)
+
     def pending_after(self, version: int) -> bool:
         """Whether a write of this instance newer than ``version`` may not be applied."""
         return self._last is not None and self._last[0] > version

@@ -230,6 +230,10 @@ class RedisBackend:
         (:mod:`.redis_applier`); an apply that failed is finished here or raises."""
         self._applier.wait()
 
+    def after_applied(self, callback: Callable[[], None]) -> None:
+        """Call ``callback`` (from any thread) once the writes made so far are applied."""
+        self._applier.after(callback)
+
     def _reading(self) -> None:
         """Before a read of the hashes: wait for own writes its overlay does not cover."""
         if self._applier.pending_after(self._read_version):
@@ -240,17 +244,9 @@ class RedisBackend:
         the write's version and the versions waiting to be applied (this one among
         them). The lease is let go; nothing of the write is applied yet."""
         token = self._token or b""
-        version, *waiting = self._commit(
-            keys=[self._lock, self._redos, *self._log_keys, self._epoch_set],
-            args=[
-                token,
-                self._lock_ttl_ms,
-                prepared.redo,
-                prepared.entry,
-                LOG_ENTRIES,
-                prepared.epoch,
-            ],
-        )
+        keys = [self._lock, self._redos, *self._log_keys, self._epoch_set]
+        args: list[bytes | int] = [token, self._lock_ttl_ms, prepared.redo, prepared.entry]
+        version, *waiting = self._commit(keys=keys, args=[*args, LOG_ENTRIES, prepared.epoch])
         if token:
             self._token, self.released_at = None, time.perf_counter()
         return int(version), [int(v) for v in waiting]

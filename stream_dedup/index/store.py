@@ -136,7 +136,8 @@ class DedupIndex(IndexReads, IndexProgress, SharedSections):
         self._state_lock = StateLock()  # see IndexReads.consistent
         #: Sampled buckets as this index last committed them (not on a shared index).
         self._sampled = SampledCache(not self._shared and not self._unfiltered)
-        #: Called after each commit is applied (the service tells its check process).
+        #: Called after each commit is applied (the service tells its check process); on a
+        #: shared index possibly from its applier thread.
         self.on_commit: Callable[[], None] | None = None
 
     def _load_state(self, since: int | None = None) -> None:
@@ -314,7 +315,13 @@ class DedupIndex(IndexReads, IndexProgress, SharedSections):
         with self._state_lock.writing():
             self._swap(pending)
         if self.on_commit is not None:
-            self.on_commit()
+            # Another process reads what is applied: a shared backend tells once it is.
+            after: Callable[[Callable[[], None]], None] | None
+            after = getattr(self._backend, "after_applied", None)
+            if after is not None:
+                after(self.on_commit)
+            else:
+                self.on_commit()
 
     def _swap(self, pending: PendingCommit) -> None:
         if self._filters.loaded:  # not loaded yet: its scan will see these keys

@@ -98,3 +98,26 @@ def test_close_finishes_the_writes_handed_over(
     assert other._client.hlen(other._redos) == 0  # applied before the connection closed
     assert other.get_many([keys.verdict_key("o4")]) != [None]
     assert later.index.counter("documents") == 5
+
+
+def test_other_processes_are_told_of_a_commit_once_it_is_applied(
+    shared: Callable[[], Deduplicator], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The index's commit notice (the service's check process reads the record hashes,
+    without redo records) comes once the write is applied, not at its commit point."""
+    first = shared()
+    backend = backend_of(first)
+    decide_and_store(first, [Document("warm", article(9999))])
+    slow_applies(backend, monkeypatch)
+    told: list[int] = []
+    done = threading.Event()
+
+    def notice() -> None:
+        told.append(backend._client.hlen(backend._redos))
+        done.set()
+
+    first.index.on_commit = notice
+    decide_and_store(first, originals(3))
+    assert told == []  # the batch went on; the write is still being applied
+    assert done.wait(10)
+    assert told == [0]  # applied, its record deleted, before the notice

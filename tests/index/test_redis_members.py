@@ -67,6 +67,7 @@ def test_redis_stores_4_byte_members_and_reads_8_byte_ones(redis_url: str) -> No
         keys = _keys(300)
         values = [_members(i, i + 1) if i % 3 else _members(i) for i in range(300)]
         backend.apply(backend.prepare({}, OrderedPuts(keys, values), epoch=0))
+        backend.wait_applied()  # the raw reads below do not wait for the applier thread
         # A bucket as format 4 wrote it: 8-byte members, through a plain write.
         old_key, absent = _keys(2, first=1000)
         client = redis.Redis.from_url(redis_url)
@@ -81,6 +82,7 @@ def test_redis_stores_4_byte_members_and_reads_8_byte_ones(redis_url: str) -> No
         ]
         # Members past 2^32 stay 8 bytes.
         backend.apply(backend.prepare({}, OrderedPuts([keys[1]], [_members(2**40)]), epoch=0))
+        backend.wait_applied()
         raw = client.hget(backend._keys.hash(0, keys[1][-1]), keys[1])
         assert raw == _members(2**40)
         assert backend.get_many([keys[1]]) == [_members(2**40)]

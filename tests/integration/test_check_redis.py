@@ -56,6 +56,19 @@ def _content(client: redis.Redis, name: bytes, kind: bytes) -> object:
     raise AssertionError(f"a key of type {kind!r} in the index: {name!r}")
 
 
+def wait_applied(url: str, namespace: str, timeout_s: float = 30) -> None:
+    """Until no write waits to be applied (the service applies each write on a thread of
+    its own after the batch is committed)."""
+    client = redis.Redis.from_url(url)
+    try:
+        deadline = time.monotonic() + timeout_s
+        while client.hlen(f"{{{namespace}}}!redos"):
+            assert time.monotonic() < deadline, "a write was not applied"
+            time.sleep(0.02)
+    finally:
+        client.close()
+
+
 def wait_committed(svc: ServiceThread, documents: int, timeout_s: float = 60) -> None:
     """Until the service's index holds ``documents`` (consumed is counted before the
     batch is committed)."""
@@ -81,6 +94,7 @@ def test_the_check_process_answers_from_a_redis_index_and_changes_no_key(
         wait_committed(svc, len(first))
         wait_followed(svc, len(first))
         port = check_port(svc)
+        wait_applied(redis_url, namespace)
         asked = [{"id": f"q{i}", "title": d["title"].upper()} for i, d in enumerate(first[:40])]
         expected = offline_answers(first, [a["title"] for a in asked], k=3)
         before = index_digest(redis_url, namespace)
