@@ -49,6 +49,29 @@ def batch(b: int, size: int = 50) -> list[Document]:
     ]
 
 
+def race_the_opening(
+    monkeypatch: pytest.MonkeyPatch, dedup: Deduplicator, between: list[int]
+) -> None:
+    """Let the writer commit batch ``between.pop()`` (once) between a view's listing of
+    the column families and its opening of them."""
+    real = Rdict
+
+    def listing_then_a_commit(*args: Any) -> list[str]:
+        names: list[str] = real.list_cf(*args)
+        if between:
+            dedup.process(batch(between.pop()))  # a new epoch: families made, committed
+            dedup.index._backend.flush()  # type: ignore[attr-defined]
+        return names
+
+    class RacedRdict:
+        list_cf = staticmethod(listing_then_a_commit)
+
+        def __new__(cls, *args: Any, **kwargs: Any) -> Rdict:  # type: ignore[misc]
+            return real(*args, **kwargs)
+
+    monkeypatch.setattr("stream_dedup.index.rocks.Rdict", RacedRdict)
+
+
 def test_a_follower_sees_each_commit_once_told_and_answers_as_the_writer(tmp_path: Path) -> None:
     config = DedupConfig()
     dedup = writer(tmp_path / "index", config)
@@ -184,26 +207,11 @@ def test_a_view_reopened_while_the_writer_commits_is_opened_again(
     dedup = writer(tmp_path / "index", config, keep=keep)
     dedup.process(batch(0))
     follower = open_follower(tmp_path / "index")
-    real = Rdict
     between = [2]  # the batch the writer commits between a listing and the opening
-
-    def listing_then_a_commit(*args: Any) -> list[str]:
-        names: list[str] = real.list_cf(*args)
-        if between:
-            dedup.process(batch(between.pop()))  # a new epoch: families made, committed
-            dedup.index._backend.flush()  # type: ignore[attr-defined]
-        return names
-
-    class RacedRdict:
-        list_cf = staticmethod(listing_then_a_commit)
-
-        def __new__(cls, *args: Any, **kwargs: Any) -> Rdict:  # type: ignore[misc]
-            return real(*args, **kwargs)
-
     try:
         dedup.process(batch(1))  # a new epoch: the next follow reopens the view
         dedup.index._backend.flush()  # type: ignore[attr-defined]
-        monkeypatch.setattr("stream_dedup.index.rocks.Rdict", RacedRdict)
+        race_the_opening(monkeypatch, dedup, between)
         follower.follow()
         assert not between  # the writer did commit in the middle of the reopen
         assert follower.timeline.numbers() == dedup.index.timeline.numbers()
@@ -233,23 +241,8 @@ def test_a_view_opened_while_the_writer_commits_holds_the_epochs_it_names(
     dedup = writer(tmp_path / "index", config, keep=keep)
     dedup.process(batch(0))
     dedup.index._backend.flush()  # type: ignore[attr-defined]
-    real = Rdict
     between = [1]
-
-    def listing_then_a_commit(*args: Any) -> list[str]:
-        names: list[str] = real.list_cf(*args)
-        if between:
-            dedup.process(batch(between.pop()))  # a new epoch: families made, committed
-            dedup.index._backend.flush()  # type: ignore[attr-defined]
-        return names
-
-    class RacedRdict:
-        list_cf = staticmethod(listing_then_a_commit)
-
-        def __new__(cls, *args: Any, **kwargs: Any) -> Rdict:  # type: ignore[misc]
-            return real(*args, **kwargs)
-
-    monkeypatch.setattr("stream_dedup.index.rocks.Rdict", RacedRdict)
+    race_the_opening(monkeypatch, dedup, between)
     follower = open_follower(tmp_path / "index")
     try:
         assert not between  # the writer did commit in the middle of the opening
