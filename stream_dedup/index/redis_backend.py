@@ -151,11 +151,11 @@ class RedisBackend:
         wanted = [i for i in range(len(keys)) if i not in filled] if filled else None
         asked = keys if wanted is None else [keys[i] for i in wanted]
         commands, places = self._keys.reads(asked, epoch)
+        if wanted is not None:  # positions in ``asked`` -> positions in ``keys``
+            places = [[wanted[i] for i in where] for where in places]
         with self._failing("reading"):
             for where, found in zip(places, self._wire.run(commands), strict=True):
-                for i, value in zip(
-                    where if wanted is None else map(wanted.__getitem__, where), found, strict=True
-                ):
+                for i, value in zip(where, found, strict=True):
                     out[i] = value
         widen_buckets(keys, out)
         return out
