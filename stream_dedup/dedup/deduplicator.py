@@ -87,6 +87,9 @@ class Deduplicator:
         self._pending: list[Callable[[], None]] = []
         #: How the batches decided before a shared index's lease were settled in it.
         self.predecided = PredecideCounts()
+        #: Documents sketched here to be decided, not handed in sketched (the service's
+        #: ``stream_dedup_sketched_documents_total{by="service"}``).
+        self.sketched_here = 0
 
     def warm_up(self, notice: Callable[[str], None] | None = None) -> None:
         """Load the compiled kernels now, so the first batch does not wait for them.
@@ -187,7 +190,10 @@ class Deduplicator:
         ``ahead``: decided outside a shared index's lease (:mod:`.predecide`), where a
         newer write may be read in part: documents numbered past the counters read are
         left out (the batch's documents that meet them are decided again in the lease)."""
-        sk = sketched if sketched is not None else self.sketch(docs)
+        if sketched is None:
+            sketched = self.sketch(docs)
+            self.sketched_here += len(docs)
+        sk = sketched
         if sk.size != len(docs):
             raise ValueError("the sketch handed in is not the sketch of these documents")
         if not self.index.shared:  # sets of a batch never committed go (see trust_below)

@@ -306,6 +306,11 @@ class Batcher:
         """Cut the release after those expected already at ``size`` (sketched for it)."""
         self._cuts.append(size)
 
+    @property
+    def expecting(self) -> bool:
+        """Whether a release is expected already (its records are being worked on)."""
+        return bool(self._cuts)
+
     def forget_expected(self) -> None:
         """Expect nothing: releases go uncut."""
         self._cuts.clear()

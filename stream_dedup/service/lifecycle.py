@@ -83,6 +83,7 @@ class BatchLife:
         self._inputs = inputs
         self._metrics = metrics
         self._on_lost = config.index.on_lost
+        self._inline_max = config.service.sketch_inline_max
         self._time_of = RecordTime(config.input.time_field)
         self._time_warnings = TimeWarnings(config.input.time_field, metrics)
         intent = strategy.stored_intent()  # waits out a shared index's outage
@@ -157,7 +158,23 @@ class BatchLife:
             if batch:
                 self._batches.forget_expected()
             self._ahead.advance(self._read(batch) if batch else None, self._process)
+        self._keep_worker_busy()
         return bool(batch)
+
+    def _keep_worker_busy(self) -> None:
+        """In the group's order, a worker left with nothing to do sketches this
+        instance's next turn: e.g. after a batch that came without one sketched early
+        (the first of a backlog, or one the guess missed), which would otherwise leave
+        the next turn, then the one decided ahead, to be sketched here."""
+        batches = self._batches
+        if (
+            self._group is not None
+            and self._ahead.idle
+            and self._held is None
+            and batches.intent is None
+            and not batches.expecting
+        ):
+            self._sketch_next(batches.next_turn(whole=True))
 
     def _early(self, batch: list[Message]) -> tuple[Decoded, Sketch | None] | None:
         """``batch`` decoded and sketched by the worker while the last one was decided,
@@ -169,8 +186,11 @@ class BatchLife:
 
     def _sketch_next(self, turn: list[Message]) -> None:
         """Have the worker sketch ``turn``, this instance's next turn in the group's
-        order, while this one is decided; its release is expected to be that."""
-        if turn and self._ahead.sketch_early(turn, self._read(turn)):
+        order, while this one is decided; its release is expected to be that. A turn of
+        at most ``service.sketch_inline_max`` records is left to be sketched here when
+        it comes, as a small batch is (:class:`SketchAhead`): the worker's round trip
+        costs more than its sketch, and a live stream's next tick is seldom complete."""
+        if len(turn) > self._inline_max and self._ahead.sketch_early(turn, self._read(turn)):
             self._batches.expect(len(turn))
 
     def finish(self) -> None:

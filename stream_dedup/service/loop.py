@@ -304,6 +304,7 @@ class Service:
             cfg.service.sketch_inline_max,
             lambda: self.dedup.payload_dictionary.dictionary,
         )
+        self.metrics.sketch_source = lambda: (ahead.worker_sketched, self.dedup.sketched_here)
         return ahead
 
     def _warm_up(self) -> None:

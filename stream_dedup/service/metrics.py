@@ -39,6 +39,7 @@ stream_dedup_index_up                           gauge      shared index: 0 in a 
 stream_dedup_index_retries_total                counter    index steps retried in an outage
 stream_dedup_kafka_commit_failures_total        counter    offset commits Kafka refused
 stream_dedup_sketch_worker_failures_total       counter    batches sketched in process instead
+stream_dedup_sketched_documents_total{by}       counter    sketched by the worker / service
 stream_dedup_rebalances_total{kind}             counter    partition assign / revoke
 stream_dedup_assigned_partitions                gauge      partitions held now
 stream_dedup_index_documents                    gauge      documents decided in the index
@@ -110,6 +111,9 @@ class Metrics:
         self.registry = registry
         #: The index's stats and key-filter bytes, read at scrape time.
         self.index_source: Callable[[], tuple[IndexStats, int]] | None = None
+        #: Documents sketched by the sketch worker and in the service process, read at
+        #: scrape time.
+        self.sketch_source: Callable[[], tuple[int, int]] | None = None
         self._lag: dict[tuple[str, int], int] = {}
         self._lag_lock = threading.Lock()
         self._register_messages(registry)

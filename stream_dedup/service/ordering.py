@@ -293,15 +293,21 @@ class PartitionMerge:
         releases to this instance once the others have passed that tick (or the start
         of it, when they pass more at once): its next turn (``docs/group-order.md``).
         ``skip``: as if the first ``skip`` records released were gone (the turn after).
-        ``whole``: only a tick every watched partition has buffered a record past (else
-        nothing): no record fetched later can join it (times not decreasing)."""
+        ``whole``: only a tick every watched partition has buffered a record past, or
+        reached its end after (else nothing): no record fetched later can join it (times
+        not decreasing; a record produced after the end is a guess's risk: the release
+        then differs, and is decided as usual)."""
         watch = set(watched)
         ahead = self.peek(skip + limit, watch, (2**63, "", ("", -1)), owner)[skip:]
         if not ahead:
             return []
         first = self.time_of(ahead[0])
         end = first - first % tick_ms + tick_ms
-        if whole and not all((buf := self._buffers.get(tp)) and buf[-1][0] >= end for tp in watch):
+        caught_up = self.caught_up
+        if whole and not all(
+            tp in caught_up or ((buf := self._buffers.get(tp)) and buf[-1][0] >= end)
+            for tp in watch
+        ):
             return []
         for n, msg in enumerate(ahead):
             if self.time_of(msg) >= end:

@@ -1,4 +1,5 @@
-"""The metrics known only at scrape time: the index's size and state, and the consumer lag.
+"""The metrics known only at scrape time: the index's size and state, the consumer lag, and
+where documents were sketched.
 
 Read when Prometheus scrapes rather than pushed from the hot loop: the index's stats come
 from :attr:`Metrics.index_source <stream_dedup.service.metrics.Metrics.index_source>` and the
@@ -26,7 +27,7 @@ __all__ = ["PREFIX", "ScrapeCollector"]
 
 
 class ScrapeCollector(Collector):
-    """Index size and consumer lag, read when Prometheus scrapes."""
+    """Index size, consumer lag and sketch counts, read when Prometheus scrapes."""
 
     def __init__(self, metrics: Metrics) -> None:
         self._m = metrics
@@ -83,3 +84,21 @@ class ScrapeCollector(Collector):
         for (topic, partition), value in sorted(self._m.lag().items()):
             lag.add_metric([topic, str(partition)], value)
         yield lag
+        yield from self._sketched()
+
+    def _sketched(self) -> Iterator[CounterMetricFamily]:
+        """Where the documents decided were sketched: a backlog whose documents are
+        mostly sketched in the service process is not pipelined (``docs/group-order.md``)."""
+        source = self._m.sketch_source
+        if source is None:
+            return
+        by_worker, here = source()
+        sketched = CounterMetricFamily(
+            f"{PREFIX}_sketched_documents",
+            "Documents sketched to be decided: by the sketch worker ahead of their batch, "
+            "or in the service process.",
+            labels=["by"],
+        )
+        sketched.add_metric(["worker"], by_worker)
+        sketched.add_metric(["service"], here)
+        yield sketched

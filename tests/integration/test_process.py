@@ -124,6 +124,12 @@ def test_metrics_and_health_in_process(bootstrap: str, topics: Topics, tmp_path:
     assert m("stream_dedup_verifications_per_document_count") == len(docs)
     assert m("stream_dedup_document_latency_seconds_count") == len(docs)
     assert m("stream_dedup_commits_total") >= 1
+    # Each document sketched once: by the worker, or here (the first batch, or its first
+    # third, is sketched here while the worker would be idle).
+    sketched = [
+        m("stream_dedup_sketched_documents_total", {"by": b}) for b in ("worker", "service")
+    ]
+    assert sum(sketched) == len(docs) and sketched[1] > 0
     assert m("stream_dedup_commit_duration_seconds_count") == m("stream_dedup_commits_total")
     assert m("stream_dedup_batch_duration_seconds_count") >= 1
     assert m("stream_dedup_rebalances_total", {"kind": "assign"}) >= 1

@@ -40,6 +40,19 @@ def test_batch_histogram_matches_prometheus_histogram_sample_for_sample() -> Non
     assert (ours.get_sample_value("x_per_doc_count") or 0) > 500
 
 
+def test_where_documents_were_sketched_is_read_at_scrape_time() -> None:
+    registry = CollectorRegistry()
+    metrics = Metrics(registry)
+    name = "stream_dedup_sketched_documents_total"
+    assert registry.get_sample_value(name, {"by": "worker"}) is None  # no source: none
+    counts = [5, 2]
+    metrics.sketch_source = lambda: (counts[0], counts[1])
+    assert registry.get_sample_value(name, {"by": "worker"}) == 5
+    counts[:] = [9, 4]
+    assert registry.get_sample_value(name, {"by": "worker"}) == 9
+    assert registry.get_sample_value(name, {"by": "service"}) == 4
+
+
 def test_service_metrics_have_no_created_series() -> None:
     registry = CollectorRegistry()
     metrics = Metrics(registry)

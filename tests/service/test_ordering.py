@@ -248,3 +248,18 @@ def test_a_whole_tick_is_one_no_record_fetched_later_can_join() -> None:
     assert merge.first_tick(100, watched, 10, "a", whole=True) == first
     after = merge.first_tick(100, watched, 10, "a", skip=3)
     assert [TIME(m) for m in after] == [1012, 1011]  # within a tick: by partition
+
+
+def test_a_partition_at_its_end_leaves_the_tick_whole() -> None:
+    """A watched partition that reached its end after its last record holds the tick
+    back no more (a backlog's last turn is known whole); a record after the end makes
+    it wait again for one past the tick."""
+    merge = PartitionMerge(0.5, TickedTime(TIME, 10), clock=Clock())
+    watched = {("news", 0), ("news", 1)}
+    for p, ts in ((0, 1000), (1, 1003), (0, 1012)):
+        merge.add(rec(p, len([m for m in merge.messages() if m.partition() == p]), ts))
+    assert merge.first_tick(100, watched, 10, "a", whole=True) == []
+    merge.at_end(("news", 1))
+    assert [TIME(m) for m in merge.first_tick(100, watched, 10, "a", whole=True)] == [1000, 1003]
+    merge.add(rec(1, 1, 1005))
+    assert merge.first_tick(100, watched, 10, "a", whole=True) == []

@@ -391,25 +391,32 @@ def test_the_worker_compresses_with_the_dictionary_it_is_handed(
 def test_the_worker_sketches_a_later_turn_early_and_drops_it_for_another() -> None:
     """The group's order asks the worker to sketch an instance's next turn while it
     decides this one: the result is taken for exactly those messages; asked for others,
-    it is dropped and the worker is free for the usual pipeline."""
+    it is dropped and the worker is free for the usual pipeline. Only the sketches
+    taken count as the worker's."""
     ahead = SketchAhead(CONFIG, DECODER, lambda exc: pytest.fail(str(exc)))
     keys = [Message(topic="in", partition=0, offset=i, value=b"") for i in range(2)]
     seen: list[tuple[list[str], bool]] = []
     try:
         texts = ["one text here", "two texts here"]
+        assert ahead.idle
         assert ahead.sketch_early(keys, _records("early", texts))
         assert not ahead.holding  # nothing is decided from it until it is taken
+        assert not ahead.idle
         assert not ahead.sketch_early(keys, _records("again", ["x"]))  # one at a time
         got = ahead.take_early(list(keys))  # the same messages, another list
         assert got is not None and got[1] is not None
         assert [d.id for d in got[0].docs] == ["early-0", "early-1"]
         assert_same(got[1], sketch(texts, CONFIG, CONFIG.band_plan()))
+        assert ahead.idle and ahead.worker_sketched == 2
         assert ahead.take_early(keys) is None  # taken once
         assert ahead.sketch_early(keys, _records("other", ["y"]))
         assert ahead.take_early(keys[:1]) is None  # not what was asked for: dropped
+        assert ahead.worker_sketched == 2
         ahead.advance(_records("next", ["more text"]), lambda d, s: None)
         assert ahead.holding and not ahead.sketch_early(keys, _records("busy", ["z"]))
+        assert not ahead.idle
         ahead.drain(lambda d, s: seen.append(([x.id for x in d.docs], s is not None)))
     finally:
         ahead.close()
     assert seen == [(["next-0"], True)]
+    assert ahead.worker_sketched == 3

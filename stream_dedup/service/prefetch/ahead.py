@@ -75,11 +75,19 @@ class SketchAhead:
         #: Records handed to the worker for a later batch (:meth:`sketch_early`), with
         #: the messages they were asked for by.
         self._early: tuple[list[Message], MessageBatch] | None = None
+        #: Documents whose sketch the worker gave back to be decided (the service's
+        #: ``stream_dedup_sketched_documents_total{by="worker"}``).
+        self.worker_sketched = 0
 
     @property
     def holding(self) -> bool:
         """Whether a batch is waiting to be processed (then the loop should not block)."""
         return self._ahead is not None
+
+    @property
+    def idle(self) -> bool:
+        """Whether the worker has nothing to do (it could :meth:`sketch_early`)."""
+        return self._worker is not None and self._ahead is None and self._early is None
 
     def advance(self, records: MessageBatch | None, process: Process) -> None:
         """Process the batch held, after handing the worker ``records`` (if any).
@@ -193,4 +201,6 @@ class SketchAhead:
         except SketchWorkerError as exc:
             self._on_failure(exc)
             return self._decoder.decode(records), None
+        if sketched is not None:
+            self.worker_sketched += sketched.size
         return self._decoder.assemble(records, decoded), sketched
