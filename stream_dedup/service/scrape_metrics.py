@@ -89,16 +89,15 @@ class ScrapeCollector(Collector):
     def _sketched(self) -> Iterator[CounterMetricFamily]:
         """Where the documents decided were sketched: a backlog whose documents are
         mostly sketched in the service process is not pipelined (``docs/group-order.md``)."""
-        source = self._m.sketch_source
-        if source is None:
-            return
-        by_worker, here = source()
         sketched = CounterMetricFamily(
             f"{PREFIX}_sketched_documents",
             "Documents sketched to be decided: by the sketch worker ahead of their batch, "
             "or in the service process.",
             labels=["by"],
         )
-        sketched.add_metric(["worker"], by_worker)
-        sketched.add_metric(["service"], here)
+        source = self._m.sketch_source
+        if source is not None:
+            by_worker, here = source()
+            sketched.add_metric(["worker"], by_worker)
+            sketched.add_metric(["service"], here)
         yield sketched
