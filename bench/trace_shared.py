@@ -5,8 +5,9 @@ instances lose to one. Per instance, from its own metrics at the end of the run:
 spent waiting for the group's low watermark
 (``stream_dedup_group_order_wait_seconds_total``), waiting for and holding the index's
 lease, in committing (delivery: produce, broker acknowledgements, offsets), its batches
-(how many: each a turn of the lease; their mean size) and its CPU seconds (with its
-sketch worker); for the run, the CPU seconds of Redis and of the broker, each per
+(how many: each a turn of the lease; their mean size), the documents it sketched in
+its own process rather than its sketch worker's, and its CPU seconds (with its sketch
+worker); for the run, the CPU seconds of Redis and of the broker, each per
 document, and how busy the machine's CPUs were. Setups run alternated, round by round.
 
 ``--warm N`` measures a group already running instead of one starting on a backlog: the
@@ -69,6 +70,7 @@ _SUMS = {
     "ahead used": 'stream_dedup_group_decided_ahead_batches_total{outcome="used"}',
     "ahead dropped": 'stream_dedup_group_decided_ahead_batches_total{outcome="dropped"}',
     "redecided": "stream_dedup_redecided_documents_total",
+    "sketched here": 'stream_dedup_sketched_documents_total{by="service"}',
 }
 
 
