@@ -170,8 +170,9 @@ class RedisBackend:
                     yield key, value
 
     def scan_keys(self, prefix: bytes, epoch: int = 0) -> Iterator[bytes]:
-        """Keys by ``HSCAN`` of the epoch's hashes (and ``SCAN`` of the own keys), then
-        sorted: a walk of the whole epoch, for start-up and maintenance, never on a
+        """Keys by ``HSCAN`` of the epoch's hashes and ``SCAN`` of the own keys (only the
+        side ``prefix`` can live on: :meth:`RedisLayout.scan`), then sorted: a walk of
+        the whole epoch, for start-up, partition assignment and maintenance, never on a
         batch's path."""
         self._reading()
         with self._failing("scanning"):

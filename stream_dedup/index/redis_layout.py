@@ -130,13 +130,20 @@ class RedisLayout:
 
     def scan(self, client: redis.Redis | RedisCluster, prefix: bytes, epoch: int) -> list[bytes]:
         """The keys of ``epoch`` starting with ``prefix``, sorted: ``HSCAN`` of its 256
-        hashes (and ``SCAN`` of the own keys), a walk of the whole epoch."""
+        hashes (a walk of the whole epoch's records) and ``SCAN`` of the own keys.
+
+        A key's first byte says where it lives (:meth:`grouped`), so a prefix walks only
+        the side that can hold it: the stored offsets, read at every partition
+        assignment, are own keys, and walking every document record of the epoch for them
+        cost time in proportion to the index."""
         pattern = glob_escaped(prefix) + b"*"
         found: list[bytes] = []
-        for tag in range(256):
+        scoped = not prefix or prefix[0] in SCOPED
+        own = not prefix or prefix[0] not in SCOPED
+        for tag in range(256 if scoped else 0):
             scan = client.hscan_iter(self.hash(epoch, tag), match=pattern, count=5000)
             found.extend(f for f, _ in scan if f != VERSION_FIELD)  # the hash's own field
-        if epoch == 0:
+        if epoch == 0 and own:
             cut = len(self.own)
             scan_own = client.scan_iter(match=self.own + pattern, count=5000)
             found.extend(rkey[cut:] for rkey in scan_own)

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import collections
 import io
 import shutil
 import threading
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 import redis
@@ -20,7 +22,7 @@ from stream_dedup.index.memory import MemoryBackend
 from stream_dedup.index.opener import RedisSettings, open_index
 from stream_dedup.index.params import IndexParams
 from stream_dedup.index.redis_backend import RedisBackend
-from stream_dedup.index.redis_layout import encode_grouped_redo
+from stream_dedup.index.redis_layout import RedisLayout, encode_grouped_redo
 from stream_dedup.index.retention import Retention
 from stream_dedup.models import Document
 from stream_dedup.tools import redis_local
@@ -252,3 +254,45 @@ def test_two_instances_with_retention_decide_as_one_and_read_only_new_clock_poin
     finally:
         for backend in backends:
             backend.close()
+
+
+class CountingRedis(redis.Redis):
+    """A real client to the test's Redis that counts the scans it sends."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.sent: collections.Counter[str] = collections.Counter()
+
+    def hscan(self, *args: Any, **kwargs: Any) -> Any:
+        self.sent["HSCAN"] += 1
+        return super().hscan(*args, **kwargs)
+
+    def scan(self, *args: Any, **kwargs: Any) -> Any:
+        self.sent["SCAN"] += 1
+        return super().scan(*args, **kwargs)
+
+
+def test_a_scan_walks_only_the_side_its_prefix_can_live_on(redis_url: str) -> None:
+    """The stored offsets (read at every partition assignment) are own keys: finding them
+    walks no hash of document records, whose number grows with the index; records are
+    found without walking the keyspace for own keys."""
+    namespace = fresh_namespace()
+    backend = RedisBackend(redis_url, namespace=namespace)
+    client = CountingRedis.from_url(redis_url)
+    try:
+        offsets = {keys.offset_key("news", p): p.to_bytes(8, "little") for p in range(3)}
+        docs = {keys.doc_key(i): b"record" for i in range(5)}
+        backend.write({**offsets, **docs})
+        layout = RedisLayout(namespace)
+        assert layout.scan(client, keys.OFFSET, 0) == sorted(offsets)
+        assert client.sent["HSCAN"] == 0 and client.sent["SCAN"] >= 1
+        client.sent.clear()
+        assert layout.scan(client, keys.DOC, 0) == sorted(docs)
+        assert client.sent["SCAN"] == 0 and client.sent["HSCAN"] == 256
+        client.sent.clear()
+        assert set(layout.scan(client, b"", 0)) >= {*offsets, *docs}  # both sides
+        assert client.sent["SCAN"] >= 1 and client.sent["HSCAN"] == 256
+        assert dict(backend.scan_prefix(keys.OFFSET)) == offsets
+    finally:
+        client.close()
+        backend.close()
