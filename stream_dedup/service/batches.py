@@ -23,12 +23,12 @@ import time
 from collections import deque
 from collections.abc import Callable
 
-from confluent_kafka import Consumer, KafkaError, Message, TopicPartition
+from confluent_kafka import Consumer, Message, TopicPartition
 
 from stream_dedup.logs import LogThrottle, fields
 from stream_dedup.service.config import BatchConfig
 from stream_dedup.service.group_order import GroupOrder, Watermark, own_heads
-from stream_dedup.service.kafka import raise_if_fatal
+from stream_dedup.service.kafka import consumed_records
 from stream_dedup.service.ordering import PartitionMerge, RecordTime
 from stream_dedup.service.ranges import (
     Ranges,
@@ -384,22 +384,9 @@ class Batcher:
         self._paused.clear()
 
     def take(self, msgs: list[Message]) -> None:
-        """Keep consumed messages for the batch; log (or raise, if fatal) consumer errors."""
+        """Keep consumed messages for the batch; log (or raise, if fatal) consumer errors
+        (:func:`~stream_dedup.service.kafka.consumed_records`)."""
         received = time.perf_counter()
-        for msg in msgs:
-            err = raise_if_fatal(msg)
-            if err is not None:
-                if err.code() == KafkaError._PARTITION_EOF:
-                    topic, partition = msg.topic(), msg.partition()
-                    if topic is not None and partition is not None:
-                        self.merge.at_end((topic, partition))
-                else:
-                    dropped = self._errors.admit((err.code(), msg.topic(), msg.partition()))
-                    if dropped is not None:
-                        log.warning(
-                            "consume error",
-                            extra=fields(error=err.str(), topic=msg.topic(), suppressed=dropped),
-                        )
-                continue
+        for msg in consumed_records(msgs, self._errors, self.merge.at_end):
             self.merge.add(msg)
             self._received_at[id(msg)] = received

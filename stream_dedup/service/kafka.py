@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 from confluent_kafka import (
@@ -22,7 +22,7 @@ from confluent_kafka import (
 )
 
 from stream_dedup.errors import StreamDedupError
-from stream_dedup.logs import fields
+from stream_dedup.logs import LogThrottle, fields
 from stream_dedup.service.broker_watch import BrokerWatch, LibrdkafkaLog
 from stream_dedup.service.events import OutRecord
 from stream_dedup.service.kafka_settings import client_config, python_client_keys
@@ -278,3 +278,27 @@ def raise_if_fatal(msg: Message) -> KafkaError | None:
     if err is not None and err.fatal():
         raise KafkaException(err)
     return err
+
+
+def consumed_records(
+    msgs: list[Message], errors: LogThrottle, at_end: Callable[[tuple[str, int]], None]
+) -> Iterator[Message]:
+    """The records among consumed messages, in order. A partition's end is told to
+    ``at_end`` where it comes among them; another error is logged, each kind (code,
+    partition) once per ``errors``' interval with the count left out (a persisting error
+    comes back at every poll); a fatal one raises."""
+    for msg in msgs:
+        err = raise_if_fatal(msg)
+        if err is None:
+            yield msg
+        elif err.code() == KafkaError._PARTITION_EOF:
+            topic, partition = msg.topic(), msg.partition()
+            if topic is not None and partition is not None:
+                at_end((topic, partition))
+        else:
+            dropped = errors.admit((err.code(), msg.topic(), msg.partition()))
+            if dropped is not None:
+                log.warning(
+                    "consume error",
+                    extra=fields(error=err.str(), topic=msg.topic(), suppressed=dropped),
+                )
