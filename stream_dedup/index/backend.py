@@ -144,6 +144,15 @@ class Backend(Protocol):
         copy of anything."""
         ...
 
+    def claim(self, name: bytes, ttl_ms: int) -> bool:
+        """Whether this process now holds the claim ``name`` (an index's own key, see
+        :data:`~stream_dedup.index.keys.CLAIM`): taken when no other holds it, then held
+        for ``ttl_ms`` by this caller alone, and free again after it, whether or not its
+        holder finished (one that died frees it so). What one instance of a shared index
+        does for all of them once (training the payload dictionary) is claimed first;
+        a store one process alone writes gives every claim to it."""
+        ...
+
     def exclusive(self) -> contextlib.AbstractContextManager[None]:
         """Hold the store against the other writers of a shared store for one
         read-decide-write; reads inside see a whole state (never half a write)."""

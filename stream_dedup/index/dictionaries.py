@@ -30,6 +30,12 @@ class PayloadDictionaries:
         used = self._backend.get_many([keys.DICTIONARY])[0]
         return None if used is None else self.dictionary_bytes(int.from_bytes(used, "little"))
 
+    def claim_dictionary_training(self, ttl_ms: int) -> bool:
+        """Whether this process is the one to train the dictionary (for ``ttl_ms``): on a
+        shared index the first instance to ask (:meth:`~.backend.Backend.claim`), so that
+        a group trains one (:mod:`stream_dedup.dedup.dictionary`)."""
+        return self._backend.claim(keys.CLAIM + b"payload-dictionary", ttl_ms)
+
     def store_payload_dictionary(self, raw: bytes) -> None:
         """Store ``raw`` under its id and make it the one in use, in one atomic write:
         before any payload compressed with it is written, so no record names a dictionary

@@ -14,6 +14,8 @@
     k <first docnum of a batch: u64 BE> -> the batch's clock change points (retention.py)
     Z                                   -> id of the dictionary new payloads use, u32 LE
     Z <id: u32 BE>                      -> a trained payload dictionary (dictionaries.py)
+    T <name>                            -> a claim one instance of a shared index holds
+                                           until it expires (Redis only; backend.claim)
 
 The kinds ``b``, ``d``, ``k``, ``v`` and ``x`` belong to a document, and live in the epoch
 the document was decided in (:data:`SCOPED`; see :mod:`stream_dedup.index.retention`); the
@@ -39,6 +41,7 @@ from stream_dedup.core.lookup_keys import (
 
 __all__ = [
     "BUCKET",
+    "CLAIM",
     "COUNTER",
     "DICTIONARY",
     "DOC",
@@ -76,6 +79,7 @@ EPOCHS = b"E"
 RETENTION = b"R"
 POINTS = b"k"
 DICTIONARY = b"Z"
+CLAIM = b"T"
 #: First bytes of the kinds of record that belong to an epoch.
 SCOPED = frozenset(b"bdkvx")
 

@@ -66,6 +66,9 @@ class MemoryBackend:
     def sidecar(self, name: str) -> Path | None:
         return None
 
+    def claim(self, name: bytes, ttl_ms: int) -> bool:
+        return True  # one process writes it
+
     def exclusive(self) -> contextlib.AbstractContextManager[None]:
         return contextlib.nullcontext()
 

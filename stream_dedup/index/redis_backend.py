@@ -281,6 +281,12 @@ class RedisBackend:
                 pipe.srem(self._epoch_set, epoch)
             pipe.execute()
 
+    def claim(self, name: bytes, ttl_ms: int) -> bool:
+        """``SET NX PX``: the first instance to ask holds the claim until it expires."""
+        token = uuid.uuid4().hex.encode()
+        with self._failing("taking a claim"):
+            return bool(self._client.set(self._own + name, token, nx=True, px=ttl_ms))
+
     # -- the lease ----------------------------------------------------------------------
 
     @contextlib.contextmanager

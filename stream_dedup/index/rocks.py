@@ -317,6 +317,9 @@ class RocksBackend:
     def sidecar(self, name: str) -> Path | None:
         return None if self._read_only else Path(self._path) / name
 
+    def claim(self, name: bytes, ttl_ms: int) -> bool:
+        return True  # the database's lock: no other process writes it
+
     def exclusive(self) -> contextlib.AbstractContextManager[None]:
         return contextlib.nullcontext()  # the database's lock already excludes others
 

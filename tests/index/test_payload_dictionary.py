@@ -4,19 +4,23 @@ dictionary trained."""
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
 from stream_dedup.core import payload_dictionary
 from stream_dedup.core.payload import ZSTD_DICTIONARY, ZSTD_MAGICLESS, decode_text
 from stream_dedup.core.payload_dictionary import dictionary_id
-from stream_dedup.dedup import Deduplicator
+from stream_dedup.dedup import Deduplicator, dictionary
 from stream_dedup.errors import IndexCorruptError
 from stream_dedup.index import keys
+from stream_dedup.index.backend import Backend
 from stream_dedup.index.params import IndexParams
 from stream_dedup.index.records import decode_doc
+from stream_dedup.index.redis_backend import RedisBackend
 from stream_dedup.index.store import DedupIndex
 from stream_dedup.models import Document
-from tests.conftest import BackendFactory
+from tests.conftest import BackendFactory, fresh_namespace
 from tests.index.test_payload_format import CONFIG, FORMAT_2_DIGEST, decide, digest, stream
 
 
@@ -38,7 +42,10 @@ def test_a_trained_dictionary_keeps_verdicts_and_cuts_payloads(
     dedup = Deduplicator(index, CONFIG)
     assert dedup.payload_dictionary.dictionary is None  # a new index has none
     dedup.payload_dictionary.train_documents = 1000
-    verdicts = decide(dedup, stream())
+    docs = stream()
+    verdicts = decide(dedup, docs[:1000])
+    dedup.payload_dictionary.wait()  # a shared index trains it on a thread of its own
+    verdicts += decide(dedup, docs[1000:])
     assert digest(verdicts) == FORMAT_2_DIGEST  # as with stored sets (format 2)
     trained = dedup.payload_dictionary.dictionary
     assert trained is not None
@@ -77,8 +84,8 @@ def test_a_trained_dictionary_keeps_verdicts_and_cuts_payloads(
 
 
 def test_a_second_deduplicator_takes_the_stored_dictionary(backend_factory: BackendFactory) -> None:
-    """Two deciders of one index (a shared one's instances) that gather texts at once: the
-    second to reach its sample size uses the dictionary the first stored."""
+    """Two deciders of one index (a shared one's instances) that gather texts one after
+    the other: the second to reach its sample size uses the dictionary the first stored."""
     backend = backend_factory()
     docs = stream()
     first = Deduplicator(DedupIndex(backend, IndexParams.of(CONFIG)), CONFIG)
@@ -86,10 +93,73 @@ def test_a_second_deduplicator_takes_the_stored_dictionary(backend_factory: Back
     for dedup in (first, second):
         dedup.payload_dictionary.train_documents = 1000
     decide(first, docs[:1000])
+    first.payload_dictionary.wait()
     assert second.payload_dictionary.dictionary is None
     second.payload_dictionary.gather(second.sketch(docs[1000:2000]))
     assert first.payload_dictionary.dictionary is not None
     assert second.payload_dictionary.dictionary is first.payload_dictionary.dictionary
+    assert (first.payload_dictionary.trained, second.payload_dictionary.trained) == (1, 0)
+    assert second.payload_dictionary.adopted == 1
+
+
+def stored_dictionaries(backend: Backend) -> int:
+    """How many dictionaries the index stores (the one in use is named by ``Z`` alone)."""
+    return sum(len(k) > 1 for k in backend.scan_keys(keys.DICTIONARY))
+
+
+def test_a_group_reaching_its_sample_together_trains_one_dictionary(
+    redis_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Instances of a shared index that reach the sample size at the same batch: the first
+    claims the training and trains on a thread of its own, the others compress without a
+    dictionary until it is stored, then use it; the index holds one."""
+    backend = RedisBackend(redis_url, namespace=fresh_namespace())
+    monkeypatch.setattr(dictionary, "LOOK_EVERY_S", 0.0)
+    docs = stream()
+    group = [Deduplicator(DedupIndex(backend, IndexParams.of(CONFIG)), CONFIG) for _ in range(3)]
+    sketches = [dedup.sketch(docs[i * 600 : i * 600 + 600]) for i, dedup in enumerate(group)]
+    for dedup, sk in zip(group, sketches, strict=True):
+        dedup.payload_dictionary.train_documents = 500
+        dedup.payload_dictionary.gather(sk)
+    trainer, *others = (dedup.payload_dictionary for dedup in group)
+    assert trainer.training and trainer.dictionary is None
+    assert not any(o.training or o.dictionary for o in others)
+    trainer.wait()
+    assert trainer.dictionary is not None and trainer.trained == 1
+    for other, sk in zip(others, sketches[1:], strict=True):
+        other.gather(sk)
+        assert other.dictionary is trainer.dictionary
+        assert (other.trained, other.adopted) == (0, 1)
+    assert stored_dictionaries(backend) == 1
+    backend.close()
+
+
+def test_a_claim_whose_holder_died_is_taken_over(
+    redis_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The instance that claimed the training dies before storing a dictionary: once its
+    claim expires, the next instance to look trains one from its own sample."""
+    backend = RedisBackend(redis_url, namespace=fresh_namespace())
+    monkeypatch.setattr(dictionary, "LOOK_EVERY_S", 0.0)
+    index = DedupIndex(backend, IndexParams.of(CONFIG))
+    dedup = Deduplicator(index, CONFIG)
+    dedup.payload_dictionary.train_documents = 500
+    sk = dedup.sketch(stream()[:600])
+    claimed = time.monotonic()
+    assert index.claim_dictionary_training(500)  # the one that dies
+    assert not index.claim_dictionary_training(500)  # held: nobody else gets it
+    dedup.payload_dictionary.gather(sk)
+    assert not dedup.payload_dictionary.training  # the claim is held
+    while not dedup.payload_dictionary.training and time.monotonic() < claimed + 10:
+        time.sleep(0.05)
+        dedup.payload_dictionary.gather(sk)
+    assert dedup.payload_dictionary.training  # expired: claimed again, trained here
+    assert time.monotonic() - claimed >= 0.5
+    dedup.payload_dictionary.wait()
+    assert dedup.payload_dictionary.dictionary is not None
+    assert index.payload_dictionary() == dedup.payload_dictionary.dictionary.raw
+    assert stored_dictionaries(backend) == 1
+    backend.close()
 
 
 def test_too_little_text_trains_none(backend_factory: BackendFactory) -> None:
@@ -98,6 +168,7 @@ def test_too_little_text_trains_none(backend_factory: BackendFactory) -> None:
     dedup.payload_dictionary.train_documents = 20
     docs = [Document(f"d{i}", f"short text number {i}") for i in range(40)]
     dedup.process(docs)
+    dedup.payload_dictionary.wait()  # a shared index trains on a thread of its own
     assert dedup.payload_dictionary.dictionary is None
     assert dedup.payload_dictionary.train_documents == 0  # not tried again
     assert index.payload_dictionary() is None
