@@ -45,7 +45,7 @@ __all__ = ["CLAIM_TTL_MS", "LOOK_EVERY_S", "DictionaryTrainer"]
 #: so an expired claim means its holder died (or stalled), and another instance trains.
 CLAIM_TTL_MS = 30_000
 #: How often an instance waiting for another's dictionary looks for it in the index.
-LOOK_EVERY_S = 1.0
+LOOK_EVERY_S = 0.25
 
 
 class DictionaryTrainer:
