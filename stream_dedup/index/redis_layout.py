@@ -29,6 +29,7 @@ if TYPE_CHECKING:  # the layout is imported by configuration, which needs no cli
 __all__ = [
     "DEFAULT_NAMESPACE",
     "NAMESPACE",
+    "OWN_TAG",
     "READ_CHUNK",
     "VERSION_FIELD",
     "Groups",
@@ -40,6 +41,7 @@ __all__ = [
     "encode_redo",
     "redacted",
     "redo_spans",
+    "tags_of",
 ]
 
 DEFAULT_NAMESPACE = "stream-dedup"
@@ -102,13 +104,7 @@ class RedisLayout:
         fast = self._grouped_buckets(keys, values, epoch)
         if fast is not None:
             return fast
-        scoped, crc, verdict = SCOPED, zlib.crc32, _VERDICT
-        # 256 for an own key (sorted last); ids are not uniform, the others end in a
-        # hash byte.
-        tags = [
-            256 if k[0] not in scoped else crc(k) & 255 if k[0] == verdict else k[-1] for k in keys
-        ]
-        groups = self._by_tag(np.array(tags, dtype=np.int64), keys, values, epoch, 257)
+        groups = self._by_tag(np.array(tags_of(keys), dtype=np.int64), keys, values, epoch, 257)
         own = groups.pop(b"", None)
         if own is not None:
             groups[b""] = ([self.own + k for k in own[0]], own[1])
@@ -191,6 +187,20 @@ class RedisLayout:
         if not (rows[:, 0] == BUCKET[0]).all():
             return None
         return self._by_tag(rows[:, -1], keys, values, epoch)
+
+
+#: The tag :func:`tags_of` gives an own key (sorted after the 256 record hashes').
+OWN_TAG = 256
+
+
+def tags_of(keys: Sequence[bytes]) -> list[int]:
+    """The record hash each key's record lives in (0-255), or :data:`OWN_TAG` for an own
+    key: ids are not uniform, so a verdict's is its CRC-32's low byte; the other kinds'
+    keys end in a hash byte."""
+    scoped, crc, verdict = SCOPED, zlib.crc32, _VERDICT
+    return [
+        OWN_TAG if k[0] not in scoped else crc(k) & 255 if k[0] == verdict else k[-1] for k in keys
+    ]
 
 
 def encode_redo(

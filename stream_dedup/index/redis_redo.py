@@ -29,14 +29,15 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Sequence
-from typing import Any, NamedTuple
+from typing import Any
 
 import redis
 from redis.cluster import RedisCluster
 
-from stream_dedup.index.redis_layout import VERSION_FIELD, Groups, RedisLayout, decode_redo
+from stream_dedup.index.redis_layout import VERSION_FIELD, Groups, RedisLayout
 from stream_dedup.index.redis_overlay import Overlay
-from stream_dedup.index.redis_wire import Command, Wire
+from stream_dedup.index.redis_resp import CHUNK, Flat, apply_commands, versioned
+from stream_dedup.index.redis_wire import Command, Packed, Wire
 
 __all__ = [
     "COMMIT",
@@ -48,8 +49,6 @@ __all__ = [
     "versioned",
 ]
 
-#: Fields (or own keys) per apply script: Lua's stack takes a few thousand arguments.
-_CHUNK = 1000
 #: How long an applier leaves an earlier write to its writer (module docstring): a write
 #: is applied in tens of ms; a writer killed after its commit point costs this once.
 APPLIER_GRACE_S = 1.0
@@ -81,43 +80,6 @@ local out = redis.call('HKEYS', KEYS[2])
 table.insert(out, 1, tonumber(redis.call('GET', KEYS[1]) or '0'))
 return out
 """
-#: KEYS: a record hash. ARGV: version field, version, then field, value pairs.
-_APPLY_HASH = """
-local v = tonumber(ARGV[2])
-if tonumber(redis.call('HGET', KEYS[1], ARGV[1]) or '0') > v then return 0 end
-redis.call('HSET', KEYS[1], ARGV[1], ARGV[2], unpack(ARGV, 3))
-return 1
-"""
-#: KEYS: the applied version, then own keys. ARGV: version, then the keys' values.
-_APPLY_OWN = """
-local v = tonumber(ARGV[1])
-if tonumber(redis.call('GET', KEYS[1]) or '0') > v then return 0 end
-for i = 2, #KEYS do redis.call('SET', KEYS[i], ARGV[i]) end
-redis.call('SET', KEYS[1], ARGV[1])
-return 1
-"""
-
-
-class Flat(NamedTuple):
-    """A write as its redo record holds it: the index's keys and values, not by hash;
-    those before ``first`` mixed, the rest band buckets in key order."""
-
-    epoch: int
-    keys: list[bytes]
-    values: list[bytes]
-    first: int
-
-    def grouped(self, layout: RedisLayout) -> Groups:
-        """The write by container (record hash or own keys), to apply it."""
-        keys, values, first = self.keys, self.values, self.first
-        groups = layout.grouped(keys[:first], values[:first], self.epoch)
-        for name, (fields, vals) in layout.grouped(
-            keys[first:], values[first:], self.epoch
-        ).items():
-            entry = groups.setdefault(name, ([], []))
-            entry[0].extend(fields)
-            entry[1].extend(vals)
-        return groups
 
 
 def plain(groups: Groups, epoch_set: bytes, epoch: int) -> list[Command]:
@@ -125,30 +87,12 @@ def plain(groups: Groups, epoch_set: bytes, epoch: int) -> list[Command]:
     a release before versioned redo records, finished at opening."""
     commands: list[Command] = [(b"SADD", epoch_set, epoch)] if epoch else []
     for name, (fields, values) in groups.items():
-        for start in range(0, len(fields), _CHUNK):
-            part = fields[start : start + _CHUNK]
+        for start in range(0, len(fields), CHUNK):
+            part = fields[start : start + CHUNK]
             pairs: list[Any] = [None] * (2 * len(part))
             pairs[::2] = part
-            pairs[1::2] = values[start : start + _CHUNK]
+            pairs[1::2] = values[start : start + CHUNK]
             commands.append((b"HSET", name, *pairs) if name else (b"MSET", *pairs))
-    return commands
-
-
-def versioned(layout: RedisLayout, version: int, groups: Groups) -> list[Command]:
-    """The commands applying ``groups`` as write ``version``: each container's part only
-    where no newer write has been applied."""
-    commands: list[Command] = []
-    for name, (fields, values) in groups.items():
-        for start in range(0, len(fields), _CHUNK):
-            part, vals = fields[start : start + _CHUNK], values[start : start + _CHUNK]
-            if name:
-                pairs: list[Any] = [None] * (2 * len(part))
-                pairs[::2] = part
-                pairs[1::2] = vals
-                commands.append((b"EVAL", _APPLY_HASH, 1, name, VERSION_FIELD, version, *pairs))
-            else:
-                keys = (layout.applied, *part)
-                commands.append((b"EVAL", _APPLY_OWN, len(keys), *keys, version, *vals))
     return commands
 
 
@@ -203,16 +147,21 @@ class RedoQueue:
             return
         ordered = self._left_to_apply(sorted(waiting), grace_s)
         found = self._blobs(ordered)
-        commands: list[Command] = []
+        commands: list[Command | Packed] = []
         for v in ordered:
             if v not in found:  # applied and deleted by another instance meanwhile
                 continue
             with self._lock:
                 kept = self._own.get(v, (b"", None))[1]
-            redo = kept if kept is not None else Flat(*decode_redo(found[v]))
-            if redo.epoch:
-                commands.append((b"SADD", epoch_set, redo.epoch))
-            commands.extend(versioned(self._layout, v, redo.grouped(self._layout)))
+            applying: list[Command | Packed]
+            if kept is not None:
+                epoch = kept.epoch
+                applying = [*versioned(self._layout, v, kept.grouped(self._layout))]
+            else:
+                epoch, applying = apply_commands(self._layout, v, found[v])
+            if epoch:
+                commands.append((b"SADD", epoch_set, epoch))
+            commands.extend(applying)
         self._wire.run(commands)
         if ordered:
             self._client.hdel(self._layout.redos, *ordered)

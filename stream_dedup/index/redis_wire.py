@@ -17,16 +17,29 @@ read or writes a field's full new value, so running one twice changes nothing.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import hiredis
 import redis
 from redis.cluster import RedisCluster
 
-__all__ = ["Command", "Wire"]
+__all__ = ["Command", "Packed", "Wire"]
 
 Command = tuple[Any, ...]
+
+
+class Packed:
+    """A command already packed (``data``, in RESP), routed on a cluster by ``key``;
+    ``arguments()`` makes its arguments, for redis-py's pipeline when it must follow a
+    redirection (:mod:`.redis_resp` packs the bulk of a write's commands so)."""
+
+    __slots__ = ("arguments", "data", "key")
+
+    def __init__(self, key: bytes, data: bytes, arguments: Callable[[], Command]) -> None:
+        self.key, self.data, self.arguments = key, data, arguments
+
+
 _REDIRECTS = ("MOVED", "ASK", "TRYAGAIN", "CLUSTERDOWN")
 
 
@@ -36,7 +49,7 @@ class Wire:
     def __init__(self, client: redis.Redis | RedisCluster) -> None:
         self._client = client
 
-    def run(self, commands: Sequence[Command]) -> list[Any]:
+    def run(self, commands: Sequence[Command | Packed]) -> list[Any]:
         """The replies of ``commands``, in order; an error reply raises."""
         if not commands:
             return []
@@ -49,17 +62,22 @@ class Wire:
             cluster.nodes_manager.initialize()
         pipe = self._client.pipeline(transaction=False)
         for command in commands:
-            pipe.execute_command(*command)
+            name, *args = command.arguments() if isinstance(command, Packed) else command
+            # redis-py's cluster pipeline looks its routing policy up by the name as str
+            pipe.execute_command(name.decode() if isinstance(name, bytes) else name, *args)
         return list(pipe.execute())
 
-    def _servers(self, commands: Sequence[Command]) -> list[tuple[redis.Redis, list[int]]]:
+    def _servers(self, commands: Sequence[Command | Packed]) -> list[tuple[redis.Redis, list[int]]]:
         """The commands (positions) for each server."""
         client = self._client
         if not isinstance(client, RedisCluster):
             return [(client, list(range(len(commands))))]
         by_node: dict[str, tuple[redis.Redis, list[int]]] = {}
         for i, command in enumerate(commands):
-            key = command[3] if command[0] == b"EVAL" else command[1]  # EVAL script n key
+            if isinstance(command, Packed):
+                key = command.key
+            else:
+                key = command[3] if command[0] == b"EVAL" else command[1]  # EVAL script n key
             node = client.get_node_from_key(key)  # type: ignore[no-untyped-call]
             entry = by_node.get(node.name)
             if entry is None:
@@ -69,7 +87,7 @@ class Wire:
             entry[1].append(i)
         return list(by_node.values())
 
-    def _raw(self, commands: Sequence[Command]) -> list[Any]:
+    def _raw(self, commands: Sequence[Command | Packed]) -> list[Any]:
         out: list[Any] = [None] * len(commands)
         held: list[tuple[Any, Any, list[int]]] = []
         failed = True
@@ -78,7 +96,7 @@ class Wire:
                 pool = server.connection_pool
                 conn = pool.get_connection()
                 held.append((pool, conn, positions))
-                packed = b"".join([hiredis.pack_command(commands[i]) for i in positions])
+                packed = b"".join([_packed(commands[i]) for i in positions])
                 conn.send_packed_command([packed])  # type: ignore[no-untyped-call]
             for _, conn, positions in held:
                 for i in positions:
@@ -90,3 +108,7 @@ class Wire:
                     conn.disconnect()
                 pool.release(conn)
         return out
+
+
+def _packed(command: Command | Packed) -> bytes:
+    return command.data if isinstance(command, Packed) else hiredis.pack_command(command)

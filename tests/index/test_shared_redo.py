@@ -15,15 +15,20 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
+import hiredis
+import numpy as np
 import pytest
+import redis
 
+from stream_dedup.core import jit
 from stream_dedup.dedup import Deduplicator
 from stream_dedup.index import keys
 from stream_dedup.index.redis_backend import RedisBackend
 from stream_dedup.index.redis_layout import decode_redo, encode_redo
 from stream_dedup.index.redis_overlay import Overlay
 from stream_dedup.index.redis_redo import VERSION_FIELD, versioned
-from stream_dedup.index.redis_wire import Command
+from stream_dedup.index.redis_resp import apply_commands, resp_bulks
+from stream_dedup.index.redis_wire import Command, Packed
 from stream_dedup.models import Document
 
 from .shared_instances import decide_and_store
@@ -273,3 +278,98 @@ def test_an_applier_leaves_a_live_writers_record_to_it(
     third = shared()
     assert third.index.counter("documents") == 13
     assert decide_and_store(third, [Document("o3", article(3))]) == {"o3": None}
+
+
+def written_fields(commands: Sequence[Command | Packed]) -> dict[bytes, dict[bytes, bytes]]:
+    """What ``commands`` (a write's apply) set, by container (``b""``: the own keys); a
+    packed command's arguments checked to be what it sends, byte for byte."""
+    out: dict[bytes, dict[bytes, bytes]] = {}
+    for command in commands:
+        if isinstance(command, Packed):
+            assert hiredis.pack_command(command.arguments()) == command.data
+            command = command.arguments()
+        assert command[0] == b"EVAL"
+        if command[2] == 1:  # a record hash: name, version field, version, pairs
+            pairs = command[6:]
+            out.setdefault(command[3], {}).update(zip(pairs[::2], pairs[1::2], strict=True))
+        else:  # own keys: the applied version's key, the keys, the version, the values
+            n = command[2]
+            own = zip(command[4 : 3 + n], command[4 + n :], strict=True)
+            out.setdefault(b"", {}).update(own)
+    return out
+
+
+@pytest.mark.parametrize("compiled", [True, False], ids=["packed", "python"])
+def test_a_record_packed_from_its_bytes_writes_what_its_python_form_writes(
+    shared: Callable[[], Deduplicator], compiled: bool
+) -> None:
+    """A real batch's redo record applied by commands whose fields the compiled loop packs
+    straight from the record's bytes (``redis_resp``), or built as Python objects from
+    its decoded form (small records, numba not loaded): the same fields and values to
+    every hash and own key, each packed command what hiredis packs of its arguments; and
+    Redis, sent the packed commands, holds those records."""
+    first = shared()
+    decide_and_store(first, originals(30))
+    with first.index.exclusive():
+        write = first.prepare(first.decide(originals(90)[30:])).write
+    backend = backend_of(first)
+    layout = backend._keys
+    with jit.forced(compiled):
+        epoch, commands = apply_commands(layout, 1_000_000, write.redo)
+    assert epoch == write.epoch
+    expected = written_fields(versioned(layout, 1_000_000, write.flat().grouped(layout)))
+    assert written_fields(commands) == expected
+    assert any(isinstance(c, Packed) for c in commands) == compiled
+    assert sum(len(fields) for fields in expected.values()) > 500 and b"" in expected
+
+    assert all(reply == 1 for reply in backend._wire.run(commands))
+    for name, fields in expected.items():
+        if name:
+            stored = backend._client.hgetall(name)
+            assert stored.pop(VERSION_FIELD) == b"1000000"
+            assert fields.items() <= stored.items()
+        else:
+            assert backend._client.mget(list(fields)) == list(fields.values())
+
+
+def test_the_packing_loop_writes_resp_bulk_strings() -> None:
+    """Compiled or run as Python, the loop gives each span as ``$<length>CRLF<bytes>CRLF``,
+    end to end, and where each starts."""
+    rng = random.Random(5)
+    data = bytes(rng.randrange(256) for _ in range(5000))
+    spans = sorted(rng.randrange(5000) for _ in range(600))
+    starts = np.array(spans[0::2], dtype=np.int64)
+    ends = np.array([max(s, e) for s, e in zip(spans[0::2], spans[1::2], strict=True)])
+    starts, ends = np.append(starts, [0, 4990]), np.append(ends, [0, 5000])  # empty, last
+    want = [b"$%d\r\n%s\r\n" % (e - s, data[s:e]) for s, e in zip(starts, ends, strict=True)]
+    u8 = np.frombuffer(data, dtype=np.uint8)
+    for form in (jit.python(resp_bulks), jit.compiled(resp_bulks)):
+        out, at = form(u8, starts, ends.astype(np.int64))
+        assert out.tobytes() == b"".join(want)
+        assert at.tolist() == [0, *np.cumsum([len(w) for w in want]).tolist()]
+
+
+def test_packed_commands_follow_a_cluster_redirection(
+    shared: Callable[[], Deduplicator], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A cluster answers MOVED (a resharding, a failover): the batch runs again through
+    redis-py's pipeline, which follows redirections, packed commands by their arguments."""
+    first = shared()
+    backend = backend_of(first)
+    if not backend.cluster:
+        pytest.skip("redirections are a cluster's")
+    with first.index.exclusive():
+        write = first.prepare(first.decide(originals(40))).write
+    with jit.forced(True):
+        _, commands = apply_commands(backend._keys, 1_000_000, write.redo)
+    wire = backend._wire
+
+    def moved(commands: Sequence[Command | Packed]) -> list[Any]:
+        raise redis.ResponseError("MOVED 1234 127.0.0.1:1")
+
+    monkeypatch.setattr(wire, "_raw", moved)
+    assert any(isinstance(c, Packed) for c in commands)
+    assert all(reply == 1 for reply in wire.run(commands))
+    for name, fields in written_fields(commands).items():
+        if name:
+            assert fields.items() <= backend._client.hgetall(name).items()
