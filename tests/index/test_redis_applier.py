@@ -18,12 +18,12 @@ import pytest
 from stream_dedup.dedup import Deduplicator
 from stream_dedup.index import keys
 from stream_dedup.index.redis_backend import RedisBackend
-from stream_dedup.index.redis_wire import Command
+from stream_dedup.index.redis_wire import Command, Packed
 from stream_dedup.models import Document
 
 from .shared_instances import decide_and_store
 from .test_dedup import article
-from .test_shared_redo import backend_of, originals
+from .test_shared_redo import arguments_of, backend_of, originals
 
 #: How long each apply is held back in these tests: far longer than a batch's deciding.
 SLOW_S = 0.4
@@ -36,10 +36,11 @@ def slow_applies(backend: RedisBackend, monkeypatch: pytest.MonkeyPatch) -> list
     run = backend._wire.run
     applied = backend._keys.applied
 
-    def slow(commands: Sequence[Command]) -> list[Any]:
+    def slow(commands: Sequence[Command | Packed]) -> list[Any]:
         if threading.current_thread().name.startswith("redis-apply"):
             time.sleep(SLOW_S)
-            sent.append([int(c[5]) for c in commands if c[0] == b"EVAL" and c[3] != applied])
+            sent_as = map(arguments_of, commands)
+            sent.append([int(c[5]) for c in sent_as if c[0] == b"EVAL" and c[3] != applied])
         return run(commands)
 
     monkeypatch.setattr(backend._wire, "run", slow)

@@ -51,13 +51,18 @@ def commit_then_die(dedup: Deduplicator, docs: list[Document]) -> int:
     return int(version)
 
 
+def arguments_of(command: Command | Packed) -> Command:
+    """A command's arguments, whether sent as arguments or packed from a redo record."""
+    return command.arguments() if isinstance(command, Packed) else command
+
+
 def record_commands(backend: RedisBackend, monkeypatch: pytest.MonkeyPatch) -> list[Command]:
-    """Every command ``backend`` sends in batches from now on, as they are sent."""
+    """Every command ``backend`` sends in batches from now on, by its arguments."""
     sent: list[Command] = []
     run = backend._wire.run
 
-    def recording(commands: Sequence[Command]) -> list[Any]:
-        sent.extend(commands)
+    def recording(commands: Sequence[Command | Packed]) -> list[Any]:
+        sent.extend(map(arguments_of, commands))
         return run(commands)
 
     monkeypatch.setattr(backend._wire, "run", recording)
