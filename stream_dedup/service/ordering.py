@@ -298,10 +298,10 @@ class PartitionMerge:
         not decreasing; a record produced after the end is a guess's risk: the release
         then differs, and is decided as usual)."""
         watch = set(watched)
-        ahead = self.peek(skip + limit, watch, (2**63, "", ("", -1)), owner)[skip:]
-        if not ahead:
+        lead = self.peek(skip + 1, watch, (2**63, "", ("", -1)), owner)[skip:]
+        if not lead:
             return []
-        first = self.time_of(ahead[0])
+        first = self.time_of(lead[0])
         end = first - first % tick_ms + tick_ms
         caught_up = self.caught_up
         if whole and not all(
@@ -309,7 +309,7 @@ class PartitionMerge:
             for tp in watch
         ):
             return []
-        for n, msg in enumerate(ahead):
-            if self.time_of(msg) >= end:
-                return ahead[:n]
-        return ahead
+        # Merged up to the tick's end only (a ceiling below every key of time ``end``):
+        # called several times a turn, a merge of ``limit`` records stepped a heap in
+        # Python for records past the tick, thrown away.
+        return self.peek(skip + limit, watch, (end, "", ("", -1)), owner)[skip:]
