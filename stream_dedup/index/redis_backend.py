@@ -46,9 +46,7 @@ from stream_dedup.index.redis_heads import GroupHeads
 from stream_dedup.index.redis_layout import (
     DEFAULT_NAMESPACE,
     READ_CHUNK,
-    Groups,
     RedisLayout,
-    decode_grouped_redo,
     redacted,
 )
 from stream_dedup.index.redis_log import (
@@ -62,7 +60,7 @@ from stream_dedup.index.redis_log import (
 from stream_dedup.index.redis_members import widen_buckets
 from stream_dedup.index.redis_overlay import Overlay
 from stream_dedup.index.redis_prepare import Write, prepare_records, prepare_write
-from stream_dedup.index.redis_redo import COMMIT, FOLLOW, RedoQueue, plain
+from stream_dedup.index.redis_redo import COMMIT, FOLLOW, RedoQueue
 from stream_dedup.index.redis_wire import Wire
 
 __all__ = ["DEFAULT_NAMESPACE", "RedisBackend", "redacted"]
@@ -129,8 +127,8 @@ class RedisBackend:
         self._commit = self._client.register_script(COMMIT)
         self._read_log = self._client.register_script(READ)
         self._follow = self._client.register_script(FOLLOW)
-        with self.exclusive():  # finishes the writes a crash left half done
-            self._recover()
+        with self.exclusive(), self._failing("recovering an interrupted write"):
+            self._queue.recover(self._epoch_set)  # the writes a crash left half done
 
     @property
     def location(self) -> str:
@@ -251,23 +249,6 @@ class RedisBackend:
         if token:
             self._token, self.released_at = None, time.perf_counter()
         return int(version), [int(v) for v in waiting]
-
-    def _put(self, epoch: int, groups: Groups) -> None:
-        """Write ``groups`` as they are, without a version check: a release before
-        versioned redo records left them (:meth:`_recover`)."""
-        self._wire.run(plain(groups, self._epoch_set, epoch))
-
-    def _recover(self) -> None:
-        """Apply the writes a crash left after their commit point: the redo records
-        waiting, and the one record of a release before them."""
-        with self._failing("recovering an interrupted write"):
-            legacy = self._keys.redo
-            blob = self._client.get(legacy)
-            if isinstance(blob, bytes):
-                epoch, groups = decode_grouped_redo(blob)
-                self._put(epoch, groups)
-                self._client.delete(legacy)
-            self._queue.apply(self._queue.waiting(), self._epoch_set, grace_s=0.0)
 
     def drop_epoch(self, epoch: int) -> None:
         """Delete the records of ``epoch``: its 256 hashes, unlinked (Redis frees them in

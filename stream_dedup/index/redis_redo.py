@@ -34,7 +34,12 @@ from typing import Any
 import redis
 from redis.cluster import RedisCluster
 
-from stream_dedup.index.redis_layout import VERSION_FIELD, Groups, RedisLayout
+from stream_dedup.index.redis_layout import (
+    VERSION_FIELD,
+    Groups,
+    RedisLayout,
+    decode_grouped_redo,
+)
 from stream_dedup.index.redis_overlay import Overlay
 from stream_dedup.index.redis_resp import CHUNK, Flat, apply_commands, versioned
 from stream_dedup.index.redis_wire import Command, Packed, Wire
@@ -183,6 +188,18 @@ class RedoQueue:
             others = sorted(set(others) & set(self.waiting()))
         with self._lock:
             return [v for v in ordered if v in self._own or v in others]
+
+    def recover(self, epoch_set: bytes) -> None:
+        """Apply the writes a crash left after their commit point (at opening, in the
+        lease): the redo records waiting, and first the one record of a release before
+        them, written as it is, without a version check (:func:`plain`)."""
+        legacy = self._layout.redo
+        blob = self._client.get(legacy)
+        if isinstance(blob, bytes):
+            epoch, groups = decode_grouped_redo(blob)
+            self._wire.run(plain(groups, epoch_set, epoch))
+            self._client.delete(legacy)
+        self.apply(self.waiting(), epoch_set, grace_s=0.0)
 
     def waiting(self) -> list[int]:
         """The versions whose records are stored, not known to be applied."""
