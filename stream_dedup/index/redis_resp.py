@@ -115,15 +115,15 @@ def apply_commands(
         return epoch, [*versioned(layout, version, Flat(*decode_redo(blob)).grouped(layout))]
     # The mixed keys' hashes by the layout's rule; a band bucket's is its key's last byte.
     get = blob.__getitem__
-    head = list(map(get, map(slice, keys[:first, 0].tolist(), keys[:first, 1].tolist())))
+    mixed = list(map(get, map(slice, keys[:first, 0].tolist(), keys[:first, 1].tolist())))
     tags = np.concatenate(
-        [np.array(tags_of(head), dtype=np.int64), u8[tail[:, 1] - 1].astype(np.int64)]
+        [np.array(tags_of(mixed), dtype=np.int64), u8[tail[:, 1] - 1].astype(np.int64)]
     )
     commands: list[Command | Packed] = []
     own = np.flatnonzero(tags == OWN_TAG).tolist()
     if own:
         own_values = [blob[values[i, 0] : values[i, 1]] for i in own]
-        groups = {b"": ([layout.own + head[i] for i in own], own_values)}
+        groups = {b"": ([layout.own + mixed[i] for i in own], own_values)}
         commands.extend(versioned(layout, version, groups))
     scoped = np.flatnonzero(tags != OWN_TAG)
     order = scoped[np.argsort(tags[scoped], kind="stable")]
@@ -150,8 +150,8 @@ def apply_commands(
         rest = rests.get(tag)
         if rest is None:
             args: Command = (b"EVAL", APPLY_HASH, 1, name, VERSION_FIELD, version)
-            head = hiredis.pack_command(args)
-            rest = rests[tag] = head[head.index(b"\r\n") + 2 :]  # without the count
+            packed = hiredis.pack_command(args)
+            rest = rests[tag] = packed[packed.index(b"\r\n") + 2 :]  # without the count
         data = b"".join((b"*%d\r\n" % (6 + 2 * (b - a)), rest, view[lo:hi]))
         commands.append(Packed(name, data, _arguments(blob, starts, ends, a, b, name, version)))
     return epoch, commands
