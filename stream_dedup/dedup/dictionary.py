@@ -121,7 +121,8 @@ class DictionaryTrainer:
         if self._training is not None:
             self._training.join()
             self._training = None
-            self._use(self._trained.pop(), trained=True)
+            # nothing given: the thread failed (logged by threading); compress without one
+            self._use(self._trained.pop() if self._trained else None, trained=True)
 
     def _use(self, found: Dictionary | None, *, trained: bool) -> None:
         """Use ``found`` from the next sketch on, storing it first when trained here

@@ -4,6 +4,7 @@ dictionary trained."""
 
 from __future__ import annotations
 
+import threading
 import time
 
 import pytest
@@ -178,3 +179,26 @@ def test_a_payload_naming_an_unknown_dictionary_is_refused() -> None:
     payload = bytes([ZSTD_DICTIONARY]) + (0x5EED).to_bytes(4, "little") + b"\x00" * 8
     with pytest.raises(IndexCorruptError, match="dictionary 0x00005eed"):
         decode_text(payload)
+
+
+def test_a_training_thread_that_fails_leaves_payloads_without_a_dictionary(
+    redis_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The training on its own thread raises: the deciding thread goes on, compressing
+    without a dictionary, and trains none again."""
+    backend = RedisBackend(redis_url, namespace=fresh_namespace())
+    dedup = Deduplicator(DedupIndex(backend, IndexParams.of(CONFIG)), CONFIG)
+    dedup.payload_dictionary.train_documents = 500
+    sk = dedup.sketch(stream()[:600])
+
+    def failing(texts: object) -> None:
+        raise RuntimeError("out of memory")
+
+    monkeypatch.setattr(payload_dictionary, "train", failing)
+    monkeypatch.setattr(threading, "excepthook", lambda args: None)  # no report in the log
+    dedup.payload_dictionary.gather(sk)
+    dedup.payload_dictionary.wait()
+    assert dedup.payload_dictionary.dictionary is None
+    assert dedup.payload_dictionary.train_documents == 0
+    assert backend.get_many([keys.DICTIONARY])[0] is None
+    backend.close()
