@@ -8,7 +8,9 @@ lease, in committing (delivery: produce, broker acknowledgements, offsets), its 
 (how many: each a turn of the lease; their mean size), the documents it sketched in
 its own process rather than its sketch worker's, and its CPU seconds (with its sketch
 worker); for the run, the CPU seconds of Redis and of the broker, each per
-document, and how busy the machine's CPUs were. Setups run alternated, round by round.
+document, and how busy the machine's CPUs were. Setups (one, two and three instances
+with the group's order, one and two without; ``--setups`` picks by name) run alternated,
+round by round.
 
 ``--warm N`` measures a group already running instead of one starting on a backlog: the
 instances start on an empty topic, ``N`` warm-up documents (ids of their own) are
@@ -54,6 +56,7 @@ from stream_dedup.tools.broker import (
 SETUPS = [
     ("1 instance, order on", 1, True),
     ("2 instances, order on", 2, True),
+    ("3 instances, order on", 3, True),
     ("1 instance, order off", 1, False),
     ("2 instances, order off", 2, False),
 ]
