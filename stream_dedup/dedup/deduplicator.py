@@ -102,6 +102,7 @@ class Deduplicator:
         given :data:`COMPILING_NOTICE` first when the kernels must be compiled (see
         :func:`kernels_cached`), so a long silent pause is explained.
         """
+        self.index.warm_up()  # on the backend's own thread, meanwhile
         texts = ["warm-up text for the compiled kernels", "warm-up text for the kernels"]
         containment = self.config.containment > 0
         if notice is not None and not kernels_cached(containment):

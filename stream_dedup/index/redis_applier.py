@@ -16,7 +16,10 @@ next batch decided meanwhile.
   of its own writes first (:meth:`Applier.pending_after`, :meth:`Applier.wait`).
 * **A failed apply loses nothing.** Its record stays waiting: the next write applies it
   first (a later apply, once it ran to its end, covers every earlier one), and
-  :meth:`Applier.wait` applies it on the caller's thread, raising as a failed write.
+  :meth:`Applier.wait` applies it on the caller's thread, raising as a failed write. It
+  is logged and counted (:attr:`Applier.failures`, the service's
+  ``stream_dedup_index_apply_failures_total``): records left waiting make every lease
+  read through them until a later apply succeeds.
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 
 from stream_dedup.index.redis_redo import RedoQueue
+from stream_dedup.index.redis_resp import load_kernel
 
 __all__ = ["Applier"]
 
@@ -44,6 +48,20 @@ class Applier:
         self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="redis-apply")
         #: The last write handed over (its version, its apply), None once known applied.
         self._last: tuple[int, Future[None]] | None = None
+        #: Applies that failed on the thread (each left its record waiting).
+        self.failures = 0
+
+    def warm_up(self) -> Future[None]:
+        """Load the compiled loop the applies pack with, on the thread, ahead of the first
+        write (which waits for it there, not on the caller's thread)."""
+        return self._thread.submit(self._load)
+
+    @staticmethod
+    def _load() -> None:
+        try:
+            load_kernel()
+        except Exception as exc:  # the first apply loads it again, and fails as a write
+            _log.warning("loading the apply's compiled loop failed: %s", exc)
 
     def submit(self, version: int, waiting: list[int]) -> None:
         """Apply ``waiting`` (the versions waiting at ``version``'s commit point, it among
@@ -55,6 +73,7 @@ class Applier:
             with self._failing("writing"):
                 self._queue.apply(waiting, self._epoch_set)
         except Exception as exc:
+            self.failures += 1
             _log.warning("applying write %d failed; its redo record waits: %s", version, exc)
             raise
 

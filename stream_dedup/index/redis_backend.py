@@ -224,6 +224,16 @@ class RedisBackend:
         self._writes += 1
         self._applier.submit(version, waiting)
 
+    def warm_up(self) -> None:
+        """Load the applier thread's compiled loop now, on that thread (the service's
+        warm-up: :meth:`.Applier.warm_up`)."""
+        self._applier.warm_up()
+
+    @property
+    def apply_failures(self) -> int:
+        """Writes whose apply after the commit point failed (their records waited)."""
+        return self._applier.failures
+
     def wait_applied(self) -> None:
         """Return once this instance's writes are applied to the record hashes
         (:mod:`.redis_applier`); an apply that failed is finished here or raises."""

@@ -40,7 +40,15 @@ from stream_dedup.index.redis_layout import (
 )
 from stream_dedup.index.redis_wire import Command, Packed
 
-__all__ = ["APPLY_HASH", "CHUNK", "Flat", "apply_commands", "resp_bulks", "versioned"]
+__all__ = [
+    "APPLY_HASH",
+    "CHUNK",
+    "Flat",
+    "apply_commands",
+    "load_kernel",
+    "resp_bulks",
+    "versioned",
+]
 
 #: Fields (or own keys) per apply script: Lua's stack takes a few thousand arguments.
 CHUNK = 1000
@@ -175,6 +183,15 @@ def _arguments(
         return (b"EVAL", APPLY_HASH, 1, name, VERSION_FIELD, version, *pairs)
 
     return unpacked
+
+
+def load_kernel() -> None:
+    """Load :func:`resp_bulks` compiled (numba's cache, or a compile of a second or two the
+    first time on a machine), as the service's warm-up asks the applier thread to: else
+    the first large write would wait for it, and the next lease holder's applier with it."""
+    jit.compiled(resp_bulks)(
+        np.zeros(1, dtype=np.uint8), np.zeros(1, dtype=np.int64), np.ones(1, dtype=np.int64)
+    )
 
 
 @kernel

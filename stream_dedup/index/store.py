@@ -352,6 +352,18 @@ class DedupIndex(IndexReads, IndexProgress, SharedSections):
     def size_bytes(self) -> int:
         return self._backend.size_bytes()
 
+    def warm_up(self) -> None:
+        """Load what the backend's writes run compiled, where it has any (a shared index's
+        applier thread loads its packing loop, on that thread)."""
+        warm: Callable[[], None] | None = getattr(self._backend, "warm_up", None)
+        if warm is not None:
+            warm()
+
+    def apply_failures(self) -> int:
+        """Writes whose apply after the commit point failed on the backend's own thread
+        (a shared index; 0 for others): each left its redo record waiting."""
+        return int(getattr(self._backend, "apply_failures", 0))
+
     def filter_bytes(self) -> int:
         """Memory held by the key filters (0 until they are loaded)."""
         return self._filters.nbytes

@@ -37,6 +37,7 @@ stream_dedup_index_lease_held_seconds           histogram  one batch decided and
 stream_dedup_redecided_documents_total          counter    decided before the lease, again in it
 stream_dedup_index_up                           gauge      shared index: 0 in a Redis outage
 stream_dedup_index_retries_total                counter    index steps retried in an outage
+stream_dedup_index_apply_failures_total         counter    shared index: writes left unapplied
 stream_dedup_kafka_commit_failures_total        counter    offset commits Kafka refused
 stream_dedup_sketch_worker_failures_total       counter    batches sketched in process instead
 stream_dedup_sketched_documents_total{by}       counter    sketched by the worker / service
@@ -114,6 +115,9 @@ class Metrics:
         #: Documents sketched by the sketch worker and in the service process, read at
         #: scrape time.
         self.sketch_source: Callable[[], tuple[int, int]] | None = None
+        #: A shared index's writes whose apply failed after the commit point, read at
+        #: scrape time.
+        self.apply_failures_source: Callable[[], int] | None = None
         self._lag: dict[tuple[str, int], int] = {}
         self._lag_lock = threading.Lock()
         self._register_messages(registry)

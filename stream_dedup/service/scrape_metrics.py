@@ -1,5 +1,5 @@
-"""The metrics known only at scrape time: the index's size and state, the consumer lag, and
-where documents were sketched.
+"""The metrics known only at scrape time: the index's size and state, the consumer lag,
+where documents were sketched, and a shared index's failed applies.
 
 Read when Prometheus scrapes rather than pushed from the hot loop: the index's stats come
 from :attr:`Metrics.index_source <stream_dedup.service.metrics.Metrics.index_source>` and the
@@ -85,6 +85,21 @@ class ScrapeCollector(Collector):
             lag.add_metric([topic, str(partition)], value)
         yield lag
         yield from self._sketched()
+        yield from self._apply_failures()
+
+    def _apply_failures(self) -> Iterator[CounterMetricFamily]:
+        """A shared index's writes whose apply after the commit point failed: nothing is
+        lost (the next write applies their redo records first), but until one succeeds
+        every lease reads through the records left waiting."""
+        failures = CounterMetricFamily(
+            f"{PREFIX}_index_apply_failures",
+            "Shared index: writes whose apply after their commit point failed; their redo "
+            "records wait for the next write.",
+        )
+        source = self._m.apply_failures_source
+        if source is not None:
+            failures.add_metric([], source())
+        yield failures
 
     def _sketched(self) -> Iterator[CounterMetricFamily]:
         """Where the documents decided were sketched: a backlog whose documents are

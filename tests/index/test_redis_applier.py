@@ -14,10 +14,13 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import pytest
+import redis
 
+from stream_dedup.core import jit
 from stream_dedup.dedup import Deduplicator
-from stream_dedup.index import keys
+from stream_dedup.index import keys, redis_applier
 from stream_dedup.index.redis_backend import RedisBackend
+from stream_dedup.index.redis_resp import resp_bulks
 from stream_dedup.index.redis_wire import Command, Packed
 from stream_dedup.models import Document
 
@@ -122,3 +125,57 @@ def test_other_processes_are_told_of_a_commit_once_it_is_applied(
     assert told == []  # the batch went on; the write is still being applied
     assert done.wait(10)
     assert told == [0]  # applied, its record deleted, before the notice
+
+
+def test_a_failed_apply_is_counted_and_the_next_write_applies_its_record(
+    shared: Callable[[], Deduplicator], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Redis refusing the applier thread's commands once: the failure is counted (the
+    service's ``stream_dedup_index_apply_failures_total``), the write's redo record waits,
+    the batch after it applies both, and nothing is lost."""
+    first = shared()
+    backend = backend_of(first)
+    decide_and_store(first, [Document("warm", article(9999))])
+    backend.wait_applied()
+    run = backend._wire.run
+    refused: list[int] = []
+
+    def refuse_once(commands: Sequence[Command | Packed]) -> list[Any]:
+        if threading.current_thread().name.startswith("redis-apply") and not refused:
+            refused.append(len(commands))
+            raise redis.ConnectionError("connection reset by peer")
+        return run(commands)
+
+    monkeypatch.setattr(backend._wire, "run", refuse_once)
+    assert first.index.apply_failures() == 0
+    decide_and_store(first, originals(3))
+    deadline = time.monotonic() + 10
+    while first.index.apply_failures() == 0 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert refused and first.index.apply_failures() == 1
+    assert backend._client.hlen(backend._redos) == 1  # the write waits in its record
+    copies = [Document(f"c{i}", article(i) + " update") for i in range(3)]
+    assert decide_and_store(first, copies) == {f"c{i}": f"o{i}" for i in range(3)}
+    backend.wait_applied()
+    assert backend._client.hlen(backend._redos) == 0  # both applied by the next write
+    assert first.index.apply_failures() == 1
+    assert first.index.counter("documents") == 7
+    later = backend_of(shared())
+    assert later.get_many([keys.verdict_key(f"o{i}") for i in range(3)]).count(None) == 0
+
+
+def test_the_warm_up_loads_the_apply_loop_on_the_applier_thread(
+    shared: Callable[[], Deduplicator], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    first = shared()
+    threads: list[str] = []
+    load = redis_applier.load_kernel
+    monkeypatch.setattr(
+        redis_applier,
+        "load_kernel",
+        lambda: (threads.append(threading.current_thread().name), load())[1],
+    )
+    first.warm_up()
+    backend_of(first)._applier.warm_up().result(timeout=60)  # queued behind the first
+    assert len(threads) == 2 and all(t.startswith("redis-apply") for t in threads)
+    assert jit.compiled(resp_bulks).signatures  # loaded (or compiled) there

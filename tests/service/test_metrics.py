@@ -53,6 +53,18 @@ def test_where_documents_were_sketched_is_read_at_scrape_time() -> None:
     assert registry.get_sample_value(name, {"by": "service"}) == 4
 
 
+def test_a_shared_index_s_failed_applies_are_read_at_scrape_time() -> None:
+    registry = CollectorRegistry()
+    metrics = Metrics(registry)
+    name = "stream_dedup_index_apply_failures_total"
+    assert registry.get_sample_value(name) is None  # no source: none
+    failures = [0]
+    metrics.apply_failures_source = lambda: failures[0]
+    assert registry.get_sample_value(name) == 0
+    failures[0] = 2
+    assert registry.get_sample_value(name) == 2
+
+
 def test_service_metrics_have_no_created_series() -> None:
     registry = CollectorRegistry()
     metrics = Metrics(registry)
