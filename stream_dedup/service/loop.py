@@ -115,7 +115,7 @@ class Service:
             raise
         self.dedup = deduplicator(self.index, config)
         self.metrics.index_source = lambda: (self.index.stats(), self.index.filter_bytes())
-        self.metrics.apply_failures_source = self.index.apply_failures
+        self.metrics.apply_failures_source = lambda: self.index.apply_failures()
         self._inputs = InputDecoder(
             config.input.message_format(), RecordTime(config.input.time_field)
         )
