@@ -11,8 +11,11 @@ nothing buffered, is not known to be at its end, and has been empty for less tha
 ``batch.max_idle_ms``. After a crash the first batch is the one the index's intent announces,
 collected until complete (``docs/commit-protocol.md``), then batching resumes.
 
+On a shared index the release is also cut below the group's time order, and this
+instance's next turn in it is known ahead: :class:`~.group_turns.GroupTurns`.
+
 The :class:`Batcher` collects; :class:`~stream_dedup.service.lifecycle.BatchLife` alone calls
-its verbs, so its state changes in this file only.
+its verbs, so its state changes here and in :mod:`.group_turns` only.
 """
 
 from __future__ import annotations
@@ -20,14 +23,14 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections import deque
 from collections.abc import Callable
 
 from confluent_kafka import Consumer, Message, TopicPartition
 
 from stream_dedup.logs import LogThrottle, fields
 from stream_dedup.service.config import BatchConfig
-from stream_dedup.service.group_order import GroupOrder, Watermark, own_heads
+from stream_dedup.service.group_order import GroupOrder
+from stream_dedup.service.group_turns import GroupTurns
 from stream_dedup.service.kafka import consumed_records
 from stream_dedup.service.ordering import PartitionMerge, RecordTime
 from stream_dedup.service.ranges import (
@@ -36,7 +39,6 @@ from stream_dedup.service.ranges import (
     batch_ranges,
     done_for_intent,
     intent_reached,
-    position,
     split_intent,
 )
 
@@ -80,18 +82,9 @@ class Batcher:
         #: A consume error that persists comes back at every poll that reports it: each
         #: kind (code, partition) is logged once a minute, with the count of those left out.
         self._errors = LogThrottle(60.0)
-        self._group = group
-        #: Per partition, the batches released but not yet stored: (end offset, time of
-        #: the batch's first record there), oldest first. Their first is the partition's
-        #: head for the group (:mod:`.group_order`).
-        self._inflight: dict[TpKey, deque[tuple[int, int]]] = {}
-        self._on_held = on_held
-        #: The sizes of the next releases as this instance expects them (the batch
-        #: handed to ``on_held``, the turn after it: :meth:`expect`): a release is cut to
-        #: the first, so that where the guess was right it is that very batch.
-        self._cuts: deque[int] = deque()
-        #: Whether ``on_held`` was given the batch the next release is expected to be.
-        self._guessed_next = False
+        #: This instance's place in the group's order (heads, next turn, the releases it
+        #: expects); inert without the order.
+        self.turns = GroupTurns(self.merge, self._time_of, group, on_held)
 
     # -- what it holds -------------------------------------------------------------------
 
@@ -118,31 +111,14 @@ class Batcher:
 
     # -- verbs of the batch's owner ------------------------------------------------------
 
-    def heads(self) -> dict[TpKey, tuple[str, int]]:
-        """What comes next on each assigned partition, as the group's heads say it."""
-        inflight = {tp: runs[0][1] for tp, runs in self._inflight.items() if runs}
-        return own_heads(inflight, self.merge.heads(), self._assigned, self.merge.caught_up)
-
     def decided(self, ranges: Ranges) -> None:
         """The batch of ``ranges`` is stored: its heads move on, told to the group at once."""
-        for tp, (_start, end) in ranges.items():
-            runs = self._inflight.get(tp)
-            while runs and runs[0][0] <= end:
-                runs.popleft()
-        if self._group is not None:
-            self._group.exchange(self.heads())
+        self.turns.decided(ranges, self._assigned)
 
-    def _track(self, batch: list[Message]) -> None:
-        """A released batch's first time and end per partition (:meth:`decided`)."""
-        firsts: dict[TpKey, tuple[int, int]] = {}
-        for msg in batch:
-            topic, partition, offset = position(msg)
-            tp = (topic, partition)
-            first = firsts.get(tp)
-            if first is None or offset < first[0]:
-                firsts[tp] = (offset, self._time_of(msg))
-        for tp, (_start, end) in batch_ranges(batch).items():
-            self._inflight.setdefault(tp, deque()).append((end, firsts[tp][1]))
+    def next_turn(self, skip: int = 0, *, whole: bool = False) -> list[Message]:
+        """This instance's next turn in the group's order as buffered now
+        (:meth:`.GroupTurns.next_turn`); empty without the order."""
+        return self.turns.next_turn(self._batch.max_messages, self.watched(), skip, whole=whole)
 
     def assign(self, partitions: set[TpKey]) -> None:
         """The partitions are this consumer's now (fetching, not paused)."""
@@ -154,20 +130,18 @@ class Batcher:
         self._assigned -= partitions
         self._paused -= partitions
         self.merge.drop(partitions)
-        self.forget_expected()
-        for tp in partitions:
-            self._inflight.pop(tp, None)
+        self.turns.forget(partitions)
 
     def put_back(self, msgs: list[Message]) -> None:
         """The one batch released and not stored comes back, before everything pending."""
-        self._inflight.clear()
+        self.turns.clear_inflight()
         self._refill(msgs + self.pending)
 
     def abandon(self) -> None:
         """Forget every pending message (consumed again from the stored offsets)."""
         self._refill([])
         self._received_at.clear()
-        self._inflight.clear()
+        self.turns.clear_inflight()
 
     def take_pending(self) -> list[Message]:
         """Everything pending, as one batch (the partitions are about to go)."""
@@ -190,7 +164,7 @@ class Batcher:
         self.resume_all()
 
     def _refill(self, msgs: list[Message]) -> None:
-        self.forget_expected()
+        self.turns.forget_expected()
         self.merge.clear()
         for msg in msgs:
             self.merge.add(msg)
@@ -225,10 +199,10 @@ class Batcher:
         if self._intent is not None:
             return self._collect_intent(consumer, self._intent)
         limit = self._batch.max_messages
-        merge = self.merge
+        merge, group = self.merge, self.turns.group
         if not merge:
-            if self._group is not None:
-                self._group.keep_alive(self.heads())
+            if group is not None:
+                group.keep_alive(self.turns.heads(self._assigned))
             first = consumer.poll(0.2 if wait else 0.0)
             if first is None:
                 return []
@@ -243,7 +217,7 @@ class Batcher:
             self.take(more)
             if more and time.monotonic() < deadline:
                 continue
-            batch, held = self._release(limit)
+            batch, held = self.turns.release(limit, self.watched(), self._assigned, consumer)
             if batch or not wait or not merge:
                 return batch
             # Held back by a partition with nothing buffered: its records may be queued
@@ -255,87 +229,17 @@ class Batcher:
             left = merge.blocking(self.watched())
             timeout = min(0.05, left if left is not None else 0.0)
             room = len(merge) < limit * _HELD_BATCHES
-            if held is not None and self._group is not None:
+            if held is not None and group is not None:
                 if room:
                     self.take(consumer.consume(limit, 0))
-                if not self._guessed(limit):
-                    self._group.wait(self._group.pause(held.hold_ms))
+                if not self.turns.guessed(limit, self.watched()):
+                    group.wait(group.pause(held.hold_ms))
             elif room:
                 self.take(consumer.consume(limit, timeout))
             else:
                 time.sleep(timeout)
             deadline = time.monotonic()
         return []
-
-    def _release(self, limit: int) -> tuple[list[Message], Watermark | None]:
-        """The merge's next batch, below the group's watermark on a shared index; and the
-        watermark when it alone held the batch back."""
-        group = self._group
-        if group is None:
-            return self.merge.release(limit, self.watched()), None
-        if self._consumer is not None:
-            group.learn_partitions(self._consumer)
-        group.exchange(self.heads())
-        mark = group.watermark(self._assigned)
-        cap = min(limit, self._cuts[0]) if self._cuts else limit
-        batch = self.merge.release(cap, self.watched(), mark.ceiling, group.token)
-        if batch:
-            if self._cuts:
-                self._cuts.popleft()
-            self._guessed_next = False
-            group.released()
-            self._track(batch)
-            return batch, None
-        if not self.merge or self.merge.blocking(self.watched()) is not None:
-            return [], None  # held back by a partition of this instance
-        return [], mark
-
-    def next_turn(self, skip: int = 0, *, whole: bool = False) -> list[Message]:
-        """This instance's next turn in the group's order as buffered now: its records of
-        the first tick (after the first ``skip``: the turn after a batch expected but
-        not released yet; ``whole``: only once no record fetched later can join it).
-        Empty without the group's order."""
-        group = self._group
-        if group is None:
-            return []
-        limit, watched = self._batch.max_messages, self.watched()
-        merge = self.merge
-        return merge.first_tick(limit, watched, group.tick_ms, group.token, skip, whole=whole)
-
-    def expect(self, size: int) -> None:
-        """Cut the release after those expected already at ``size`` (sketched for it)."""
-        self._cuts.append(size)
-
-    @property
-    def expecting(self) -> bool:
-        """Whether a release is expected already (its records are being worked on)."""
-        return bool(self._cuts)
-
-    def forget_expected(self) -> None:
-        """Expect nothing: releases go uncut."""
-        self._cuts.clear()
-        self._guessed_next = False
-
-    def _guessed(self, limit: int) -> bool:
-        """While the group's order holds this instance back: hand ``on_held`` the batch
-        it will be given once the others have passed its first tick (its records of that
-        tick, :meth:`next_turn`, cut to an expected release), once per release; True if it
-        was handed over now (the work took a while: the watermark is looked at again).
-
-        The group's order goes tick by tick and, within a tick, member by member, so the
-        records of the first tick are what the next release holds (or its start, cut to
-        them, when the others pass more than one tick at once); where others' heads or
-        new records change that, the release differs and is decided as usual."""
-        if self._on_held is None or self._guessed_next:
-            return False
-        guess = self.next_turn()[: self._cuts[0] if self._cuts else limit]
-        if not guess:
-            return False
-        if not self._cuts:
-            self._cuts.append(len(guess))
-        self._guessed_next = True
-        self._on_held(guess)
-        return True
 
     def _collect_intent(self, consumer: Consumer, intent: Ranges) -> list[Message]:
         """The announced batch once every intent partition reached its end, else ``[]``.

@@ -156,7 +156,7 @@ class BatchLife:
             self._process(*early)
         else:
             if batch:
-                self._batches.forget_expected()
+                self._batches.turns.forget_expected()
             self._ahead.advance(self._read(batch) if batch else None, self._process)
         self._keep_worker_busy()
         return bool(batch)
@@ -172,7 +172,7 @@ class BatchLife:
             and self._ahead.idle
             and self._held is None
             and batches.intent is None
-            and not batches.expecting
+            and not batches.turns.expecting
         ):
             self._sketch_next(batches.next_turn(whole=True))
 
@@ -191,7 +191,7 @@ class BatchLife:
         it comes, as a small batch is (:class:`SketchAhead`): the worker's round trip
         costs more than its sketch, and a live stream's next tick is seldom complete."""
         if len(turn) > self._inline_max and self._ahead.sketch_early(turn, self._read(turn)):
-            self._batches.expect(len(turn))
+            self._batches.turns.expect(len(turn))
 
     def finish(self) -> None:
         """Commit the batch held ahead (a stop: the consumer's revoke commits the rest)."""
