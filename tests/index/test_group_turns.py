@@ -8,39 +8,19 @@ and not stored yet is the head its partition publishes, until it is stored.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
-import pytest
 from confluent_kafka import Message
 
-from stream_dedup.index.redis_backend import RedisBackend
 from stream_dedup.index.redis_heads import HEAD, GroupHeads
 from stream_dedup.service.group_order import GroupOrder
 from stream_dedup.service.group_turns import GroupTurns
-from stream_dedup.service.ordering import PartitionMerge, RecordTime, TickedTime
+from stream_dedup.service.ordering import PartitionMerge, TickedTime
 from stream_dedup.service.ranges import batch_ranges
-from tests.conftest import fresh_namespace
 
-TIME = RecordTime()
+from .test_group_heads import TIME, members, rec
 
-
-@pytest.fixture
-def members(shared_redis_url: str) -> Iterator[Callable[[], GroupHeads]]:
-    namespace = fresh_namespace()
-    opened: list[RedisBackend] = []
-
-    def make() -> GroupHeads:
-        backend = RedisBackend(shared_redis_url, namespace=namespace)
-        opened.append(backend)
-        return backend.group_heads("group-t")
-
-    yield make
-    for backend in opened:
-        backend.close()
-
-
-def rec(partition: int, offset: int, ts: int) -> Message:
-    return Message(topic="news", partition=partition, offset=offset, value=b"{}", timestamp=(1, ts))
+__all__ = ["members"]  # the fixture: one more member's exchange for one group
 
 
 def test_members_take_turns_in_one_order_and_a_guess_is_the_release(
