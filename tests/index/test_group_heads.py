@@ -78,6 +78,28 @@ def rec(partition: int, offset: int, ts: int) -> Message:
     return Message(topic="news", partition=partition, offset=offset, value=b"{}", timestamp=(1, ts))
 
 
+def filled(
+    stamps: dict[int, list[int]], partitions: set[int], time_of: Callable[[Message], int]
+) -> PartitionMerge:
+    """A merge holding records of ``partitions`` at ``stamps`` (times per partition), each
+    partition at its end after them."""
+    merge = PartitionMerge(0.5, time_of)
+    for partition in sorted(partitions):
+        for offset, ts in enumerate(stamps[partition]):
+            merge.add(rec(partition, offset, ts))
+        merge.at_end(("news", partition))
+    return merge
+
+
+def told(heads: GroupHeads, partitions: int, tick: int = 1) -> GroupOrder:
+    """A member's order over topic ``news`` of ``partitions`` partitions, told their
+    number instead of asking a broker."""
+    order = GroupOrder(heads, ["news"], 5000, tick_ms=tick)
+    order._partitions["news"] = partitions
+    order._learn = False
+    return order
+
+
 def test_two_members_taking_turns_decide_in_the_groups_time_order(
     members: Callable[[], GroupHeads],
 ) -> None:
@@ -86,14 +108,8 @@ def test_two_members_taking_turns_decide_in_the_groups_time_order(
     with its consumer; the broker tests run it whole)."""
     times = {0: [10, 30, 31, 50, 70], 1: [20, 40, 60, 61, 62]}
     sides = []
-    for partition, stamps in times.items():
-        merge = PartitionMerge(0.5, TIME)
-        for offset, ts in enumerate(stamps):
-            merge.add(rec(partition, offset, ts))
-        merge.at_end(("news", partition))
-        order = GroupOrder(members(), ["news"], 5000)
-        order._partitions["news"] = 2
-        order._learn = False
+    for partition in times:
+        merge, order = filled(times, {partition}, TIME), told(members(), 2)
         sides.append((partition, merge, order))
     decided: list[int] = []
     turns = 0
@@ -124,14 +140,8 @@ def take_turns(
     order_time = TickedTime(TIME, tick)
     sides = []
     for own in owners:
-        merge = PartitionMerge(0.5, order_time)
-        for partition in sorted(own):
-            for offset, ts in enumerate(stamps[partition]):
-                merge.add(rec(partition, offset, ts))
-            merge.at_end(("news", partition))
-        order = GroupOrder(make(f"ticks-{tick}"), ["news"], 5000, tick_ms=tick)
-        order._partitions["news"] = len(stamps)
-        order._learn = False
+        merge = filled(stamps, own, order_time)
+        order = told(make(f"ticks-{tick}"), len(stamps), tick)
         sides.append(({("news", p) for p in own}, merge, order))
     released: list[tuple[int, str, int, int]] = []
     releases = rounds = 0

@@ -13,12 +13,11 @@ from collections.abc import Callable
 from confluent_kafka import Message
 
 from stream_dedup.index.redis_heads import HEAD, GroupHeads
-from stream_dedup.service.group_order import GroupOrder
 from stream_dedup.service.group_turns import GroupTurns
-from stream_dedup.service.ordering import PartitionMerge, TickedTime
+from stream_dedup.service.ordering import TickedTime
 from stream_dedup.service.ranges import batch_ranges
 
-from .test_group_heads import TIME, members, rec
+from .test_group_heads import TIME, filled, members, told
 
 __all__ = ["members"]  # the fixture: one more member's exchange for one group
 
@@ -31,14 +30,8 @@ def test_members_take_turns_in_one_order_and_a_guess_is_the_release(
     # two partitions, records 3 ms apart alternating between them: ticks of ~3 records
     stamps = {0: list(range(0, 120, 6)), 1: list(range(3, 120, 6))}
     sides = []
-    for partition, times in stamps.items():
-        merge = PartitionMerge(0.5, order_time)
-        for offset, ts in enumerate(times):
-            merge.add(rec(partition, offset, ts))
-        merge.at_end(("news", partition))
-        order = GroupOrder(members(), ["news"], 5000, tick_ms=tick)
-        order._partitions["news"] = 2
-        order._learn = False
+    for partition in stamps:
+        merge, order = filled(stamps, {partition}, order_time), told(members(), 2, tick)
         guesses: list[list[Message]] = []
         turns = GroupTurns(merge, order_time, order, guesses.append)
         sides.append(({("news", partition)}, turns, guesses))
