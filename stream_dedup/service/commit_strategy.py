@@ -114,7 +114,19 @@ class CommitStrategy(ABC):
         self, decoded: Decoded, sketched: Sketch | None, ranges: Ranges, *, replaying: bool
     ) -> BatchResult:
         """Decide ``decoded`` (the batch of input ``ranges``, in time order) and make it
-        durable; ``replaying``: it is the batch the index's intent announced."""
+        durable; ``replaying``: it is the batch the index's intent announced. A strategy
+        may leave the last steps (confirming its delivery, storing its offsets) to
+        :meth:`deliver_pending`."""
+
+    def deliver_pending(self) -> None:
+        """Finish the batch :meth:`commit` left undelivered, if any (none here: each
+        commit delivers its batch)."""
+        return
+
+    def drop_pending(self) -> None:
+        """Forget the batch :meth:`commit` left undelivered (a failure: it is consumed
+        again at the next start)."""
+        return
 
     def close(self, timeout_s: float) -> int:
         """Flush (or abort) what is left; returns the number of records undelivered."""

@@ -139,6 +139,9 @@ class BatchLife:
         batches = self._batches
         from_intent = batches.intent is not None
         batch = batches.collect(wait=wait)
+        # The batch before it, produced, confirmed only now: its broker round trip ran
+        # beside collecting (and, in the group's order, waiting and deciding ahead).
+        self._strategy.deliver_pending()
         self._metrics.reorder_waiting.set(len(batches.merge))
         if self._group is not None:
             self._metrics.group_order_wait.inc(self._group.take_waited())
@@ -196,6 +199,7 @@ class BatchLife:
     def finish(self) -> None:
         """Commit the batch held ahead (a stop: the consumer's revoke commits the rest)."""
         self._ahead.drain(self._process)
+        self._strategy.deliver_pending()
         if self._group is not None:
             self._group.close()
 
@@ -207,6 +211,7 @@ class BatchLife:
         """
         self._batches.abandon()
         self._ahead.take_back()
+        self._strategy.drop_pending()
         if self._group is not None:
             self._group.close()
 
@@ -254,6 +259,7 @@ class BatchLife:
         """Commit what was collected before the partitions go (see the module docstring)."""
         self._metrics.rebalances.labels("revoke").inc()
         revoked = {(tp.topic, tp.partition) for tp in partitions}
+        self._strategy.deliver_pending()  # its offsets stored before the partitions go
         self._ahead.drain(self._process)
         batches = self._batches
         announced = batches.take_announced()
@@ -321,6 +327,9 @@ class BatchLife:
         self._sketch_next(self._batches.next_turn(skip=len(batch), whole=True))
         sketched = self._strategy.decide_ahead(decoded, sketched)
         self._held = None if sketched is None else (batch, decoded, sketched)
+        # The wait for the release may be long (a member gone: up to batch.max_idle_ms):
+        # the last batch's delivery is confirmed first, not after it.
+        self._strategy.deliver_pending()
 
     def _decode(self, batch: list[Message]) -> Decoded:
         """The batch in time order, decoded here (the first step of processing it)."""
@@ -337,6 +346,8 @@ class BatchLife:
         result = self._strategy.commit(decoded, sketched, ranges, replaying=replaying)
         if replaying:
             self._batches.intent_done()
+        # A shared index's strategy confirms the delivery later (beside the next batch):
+        # the batch's latency is measured to its produce, not to that.
         self._observe(batch, result, started, received)
         self._time_warnings.observe(len(decoded.docs), decoded.time_field_missing, result.stats)
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 
 from confluent_kafka import Consumer, KafkaException, TopicPartition
 
@@ -30,6 +31,15 @@ from stream_dedup.service.ranges import Ranges, TpKey
 __all__ = ["SharedExactlyOnce", "SharedIndex"]
 
 log = logging.getLogger("stream_dedup.service")
+
+
+@dataclass(slots=True)
+class _Pending:
+    """A batch stored and produced whose delivery is not confirmed yet: its next offsets,
+    and the seconds its produce took (counted in the checkpoint's duration)."""
+
+    offsets: Offsets
+    produce_s: float
 
 
 class SharedIndex(CommitStrategy):
@@ -57,6 +67,8 @@ class SharedIndex(CommitStrategy):
     ) -> None:
         super().__init__(producer, consumer, decider, metrics, config, keep_waiting)
         self._outage = IndexOutage(config.index.redis.outage_limit_s, metrics, keep_waiting)
+        #: The batch produced and not yet confirmed (:meth:`commit`).
+        self._pending: _Pending | None = None
 
     @property
     def index_down_since(self) -> float | None:
@@ -91,15 +103,38 @@ class SharedIndex(CommitStrategy):
     def commit(
         self, decoded: Decoded, sketched: Sketch | None, ranges: Ranges, *, replaying: bool
     ) -> BatchResult:
+        """Steps 1 and 2; steps 3 to 5 are left to :meth:`deliver_pending`, which the
+        loop calls once it has collected the next batch (and this method before its own
+        step 1, so one batch at most is ever undelivered).
+
+        Confirming a delivery is a wait on the broker (a few milliseconds to tens), and
+        storing the offsets a Redis round trip: here they overlap with what the loop
+        does next (collecting the next batch, waiting for the group's order, deciding
+        ahead), which needs neither. Nothing else changes: the batch is stored before
+        its events go out either way, so a crash before its offsets are stored replays
+        its stored verdicts, as one right after step 2 always did.
+        """
+        self.deliver_pending()
         out = self._store(decoded, sketched, ranges)  # 1. decide and store, under the lease
         started = time.perf_counter()
-        offsets = next_offsets(ranges)
         self._produce(out.records, out.refused)  # 2. produce
+        self._pending = _Pending(next_offsets(ranges), time.perf_counter() - started)
+        return out.result
+
+    def deliver_pending(self) -> None:
+        """Steps 3 to 5 of the batch :meth:`commit` produced last, if not done yet."""
+        pending, self._pending = self._pending, None
+        if pending is None:
+            return
+        started = time.perf_counter()
+        offsets = pending.offsets
         self._deliver(offsets)  # 3. every delivery confirmed
         self._outage.call("storing offsets", lambda: self._index.write_offsets(offsets))  # 4.
         self._offsets_to_group(offsets)  # 5.
-        self._committed(started)
-        return out.result
+        self._committed(started - pending.produce_s)
+
+    def drop_pending(self) -> None:
+        self._pending = None
 
     def _deliver(self, offsets: Offsets) -> None:
         """Step 3: return once the broker confirmed every record of the batch."""
@@ -182,6 +217,16 @@ class SharedExactlyOnce(SharedIndex):
     """
 
     replay_action = "none: it is delivered once"
+
+    def commit(
+        self, decoded: Decoded, sketched: Sketch | None, ranges: Ranges, *, replaying: bool
+    ) -> BatchResult:
+        """Every step at once: the transaction carries the consumer group's metadata, and
+        one left open while the loop consumes again would meet a rebalance's new
+        generation and be refused, its batch aborted (:mod:`.transactions`)."""
+        result = super().commit(decoded, sketched, ranges, replaying=replaying)
+        self.deliver_pending()
+        return result
 
     def stored_offsets(self) -> dict[TpKey, int]:
         """The partitions whose index offset is ahead of the group's committed one, at the
