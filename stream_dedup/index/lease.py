@@ -42,10 +42,13 @@ class SharedSections:
     _writes: int
     #: ``_writes`` when :meth:`as_of` last ended.
     _as_of_writes: int = -2
-    #: Whether the last lease found other instances' writes since this one last read the
-    #: log (or could not tell): deciding before the lease pays only then (see
+    #: Whether the last lease found other instances' writes since the lease before it
+    #: (or could not tell): deciding before the lease pays only then (see
     #: :attr:`others_writing`).
     _others_wrote: bool = True
+    #: Whether a read as of a version since the last lease found such writes: it takes
+    #: them off the log, so the next lease alone would not see them.
+    _others_seen_as_of: bool = False
 
     def _load_state(self, since: int | None = None) -> None:
         raise NotImplementedError  # DedupIndex's
@@ -70,7 +73,8 @@ class SharedSections:
                 with self._state_lock.writing():
                     self._load_state(since=self._counters["indexed"])
                     self._followed.in_lease(self._timeline.numbers(), self._new_filter_size())
-                self._others_wrote = self._followed.added != []
+                self._others_wrote = self._others_seen_as_of or self._followed.added != []
+                self._others_seen_as_of = False
                 self._writes += 1  # a commit prepared before this section is stale
             try:
                 yield
@@ -93,6 +97,8 @@ class SharedSections:
             with self._state_lock.writing():
                 self._load_state(since=self._counters["indexed"])
                 self._followed.in_lease(self._timeline.numbers(), self._new_filter_size())
+            if self._followed.added != []:
+                self._others_seen_as_of = True
             try:
                 yield version if self._followed.current else None
             finally:
@@ -102,7 +108,8 @@ class SharedSections:
     @property
     def others_writing(self) -> bool:
         """Whether other instances wrote to this shared index between this instance's
-        last two reads of its log (true until a lease tells, and where the log cannot).
+        last two leases (true until a lease tells, and where the log cannot), as its
+        leases or its reads as of a version in between found in the log.
 
         Deciding a batch before the lease shortens the lease only for the instances
         waiting for it; alone, an instance would pay for reading the index as of a version

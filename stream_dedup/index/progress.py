@@ -50,10 +50,14 @@ class IndexProgress:
 
     def write_offsets(self, offsets: Mapping[tuple[str, int], int]) -> None:
         """Store the next input offsets alone (one small atomic write): how a shared
-        index records progress once a batch's events are confirmed."""
+        index records progress once a batch's events are confirmed.
+
+        Not counted among the index's writes (``_writes``): offsets are no part of what
+        a batch is decided against, so they neither make a prepared commit stale nor a
+        batch decided before the lease (``written_since``), which is read as of a
+        version while the last batch's offsets may still be on their way."""
         if offsets:
             self._backend.write(offset_records(offsets))
-            self._writes += 1
 
     def intent(self) -> dict[tuple[str, int], tuple[int, int]] | None:
         """The ranges of a batch announced but never committed, or ``None``."""

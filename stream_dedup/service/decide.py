@@ -116,6 +116,10 @@ class Decider:
         self._ahead = None if pre is None else (decoded, pre)
         return None if pre is None else pre.parts.sk
 
+    def decided_ahead(self, decoded: Decoded) -> bool:
+        """Whether :meth:`decide_ahead` holds ``decoded`` decided."""
+        return self._ahead is not None and self._ahead[0] is decoded
+
     def predecide(self, decoded: Decoded, sketched: Sketch | None = None) -> Predecided | None:
         """A shared index's batch decided before the lease (``None``: inside it only):
         the one :meth:`decide_ahead` kept if it is this batch, else decided now.

@@ -190,7 +190,11 @@ class SharedIndex(CommitStrategy):
         get their stored verdicts back, so its events are the same as the first try's.
         """
         metrics = self._metrics
-        pre = self._decider.predecide(decoded, sketched) if self._index.others_writing else None
+        # Alone, an instance decides inside the lease (others_writing); a batch decided
+        # ahead is settled all the same: its deciding is done, settling it costs less.
+        decider = self._decider
+        ahead = self._index.others_writing or decider.decided_ahead(decoded)
+        pre = decider.predecide(decoded, sketched) if ahead else None
         waited = time.perf_counter()
         with self._index.exclusive():
             held = time.perf_counter()

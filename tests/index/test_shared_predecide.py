@@ -329,3 +329,41 @@ def test_an_instance_decides_before_the_lease_only_while_another_writes(
     assert first.index.others_writing
     decide_and_store(first, stories(40, 10))
     assert not first.index.others_writing
+
+
+def test_another_instances_write_seen_before_the_lease_still_counts_as_writing(
+    shared: Callable[[], Deduplicator],
+) -> None:
+    """A batch decided before the lease takes the other instances' writes off the log;
+    the lease after it must still know they wrote, or the next batch would be decided
+    inside the lease and one decided ahead thrown away."""
+    first, second = shared(), shared()
+    decide_and_store(first, stories(0, 10))
+    decide_and_store(first, stories(10, 10))
+    assert not first.index.others_writing
+    decide_and_store(second, stories(20, 10))
+    batch = stories(30, 10)
+    pre = first.predecide(batch)  # reads the second's write, as of its version
+    assert pre is not None
+    settled(first, batch, pre)  # the log has nothing new for the lease itself
+    assert first.index.others_writing
+    assert first.predecided.kept + first.predecided.moved == 1
+
+
+def test_storing_offsets_leaves_a_batch_decided_before_the_lease_settled(
+    shared: Callable[[], Deduplicator],
+) -> None:
+    """The last batch's offsets are stored after the next batch was decided before the
+    lease (the delivery is confirmed beside it); offsets are no part of what a batch is
+    decided against, so the batch is settled, not decided again whole."""
+    first, second = shared(), shared()
+    decide_and_store(first, stories(0, 10))
+    decide_and_store(second, stories(10, 10))
+    batch = stories(20, 10)
+    pre = first.predecide(batch)
+    assert pre is not None
+    first.index.write_offsets({("news", 0): 10})
+    settled(first, batch, pre)
+    assert first.predecided.redecided == 0
+    assert first.predecided.kept + first.predecided.moved == 1
+    assert first.index.offsets() == {("news", 0): 10}
