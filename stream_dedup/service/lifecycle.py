@@ -328,7 +328,7 @@ class BatchLife:
         sketched = self._strategy.decide_ahead(decoded, sketched)
         self._held = None if sketched is None else (batch, decoded, sketched)
         # The wait for the release may be long (a member gone: up to batch.max_idle_ms):
-        # the last batch's delivery is confirmed first, not after it.
+        # the last batch's delivery is confirmed before it, not after.
         self._strategy.deliver_pending()
 
     def _decode(self, batch: list[Message]) -> Decoded:
