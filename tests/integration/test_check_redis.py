@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 import redis
+from confluent_kafka import Consumer, TopicPartition
 
 from stream_dedup.service.config import RedisConfig
 from tests.conftest import fresh_namespace
@@ -69,13 +70,26 @@ def wait_applied(url: str, namespace: str, timeout_s: float = 30) -> None:
         client.close()
 
 
-def wait_committed(svc: ServiceThread, documents: int, timeout_s: float = 60) -> None:
-    """Until the service's index holds ``documents`` (consumed is counted before the
-    batch is committed)."""
+def wait_committed(
+    svc: ServiceThread, bootstrap: str, topics: Topics, documents: int, timeout_s: float = 60
+) -> None:
+    """Until the service's index holds ``documents`` and their batches are delivered:
+    a shared index stores a batch's documents first and its offsets only once the
+    broker confirmed the events, at the loop's next turn, and the group's offsets are
+    committed last. Waiting for the index's count alone would let the offsets' write
+    land inside a check that asserts no key changes."""
     deadline = time.monotonic() + timeout_s
     while svc.service.index.counter("documents") < documents:
-        assert time.monotonic() < deadline, "the service did not commit the documents"
+        assert time.monotonic() < deadline, "the service did not store the documents"
         time.sleep(0.05)
+    probe = Consumer({"bootstrap.servers": bootstrap, "group.id": topics.group})
+    try:
+        asked = [TopicPartition(topics.input, 0)]
+        while probe.committed(asked, 10)[0].offset < documents:
+            assert time.monotonic() < deadline, "the service did not commit the offsets"
+            time.sleep(0.05)
+    finally:
+        probe.close()
 
 
 def test_the_check_process_answers_from_a_redis_index_and_changes_no_key(
@@ -91,7 +105,7 @@ def test_the_check_process_answers_from_a_redis_index_and_changes_no_key(
         assert checks is not None and checks.state == "serving"
         first, second = DOCS[:800], DOCS[800:1200]
         produce_json(bootstrap, topics.input, first)
-        wait_committed(svc, len(first))
+        wait_committed(svc, bootstrap, topics, len(first))
         wait_followed(svc, len(first))
         port = check_port(svc)
         wait_applied(redis_url, namespace)
@@ -114,7 +128,7 @@ def test_the_check_process_answers_from_a_redis_index_and_changes_no_key(
         # Commits made after the process started: it follows them (the service's notice,
         # then the counters re-read from Redis), and finds the new documents.
         produce_json(bootstrap, topics.input, second)
-        wait_committed(svc, len(first) + len(second))
+        wait_committed(svc, bootstrap, topics, len(first) + len(second))
         wait_followed(svc, len(first) + len(second))
         late = {"id": "late", "title": second[-1]["title"]}
         code, found = post(port, "/check?k=1", late)
