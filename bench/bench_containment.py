@@ -34,6 +34,7 @@ from stream_dedup.index.params import IndexParams
 from stream_dedup.models import Document
 from stream_dedup.tools.generate import StreamSpec, generate
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the excerpt stream of tests/
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_bytes import rocks_breakdown
 

@@ -36,7 +36,7 @@ from typing import Any
 
 import numpy as np
 
-import stream_dedup.dedup as dedup_module
+import stream_dedup.dedup.deduplicator as dedup_module
 from stream_dedup.core import match
 from stream_dedup.core.config import DedupConfig
 from stream_dedup.dedup import Deduplicator
@@ -103,13 +103,13 @@ def record(docs: list[Document], config: DedupConfig, batch: int) -> tuple[list[
             first.append(time.perf_counter() - start)
         return out
 
-    dedup_module.match_batch = recorder  # type: ignore[attr-defined]  # what decide calls
+    dedup_module.match_batch = recorder  # what the deduplicator calls
     try:
         d = Deduplicator(open_index(None, IndexParams.of(config)), config)
         for at in range(0, len(docs), batch):
             d.process(docs[at : at + batch])
     finally:
-        dedup_module.match_batch = real  # type: ignore[attr-defined]
+        dedup_module.match_batch = real
     return calls, first[0]
 
 

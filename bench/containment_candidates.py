@@ -25,8 +25,10 @@ from __future__ import annotations
 
 import argparse
 import itertools
+import sys
 import time
 from collections import defaultdict
+from pathlib import Path
 
 import numpy as np
 
@@ -34,6 +36,8 @@ from stream_dedup.core.bands import choose_bands
 from stream_dedup.core.config import DedupConfig
 from stream_dedup.core.containment import sampled
 from stream_dedup.core.sketch import sketch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the excerpt stream of tests/
 from tests.excerpts import ContainmentTruth, containment_truth, excerpt_stream
 
 CONTAINMENT = 0.8
