@@ -11,13 +11,13 @@ from pathlib import Path
 
 import pytest
 import redis
-from confluent_kafka import Consumer, TopicPartition
 
 from stream_dedup.service.config import RedisConfig
 from tests.conftest import fresh_namespace
 
 from .support import ServiceThread, Topics, kijiji_documents, make_config, produce_json
 from .test_check_http import check_metric, check_port, offline_answers, post, start, wait_followed
+from .test_exactly_once import group_offsets
 
 pytestmark = pytest.mark.broker
 
@@ -82,14 +82,9 @@ def wait_committed(
     while svc.service.index.counter("documents") < documents:
         assert time.monotonic() < deadline, "the service did not store the documents"
         time.sleep(0.05)
-    probe = Consumer({"bootstrap.servers": bootstrap, "group.id": topics.group})
-    try:
-        asked = [TopicPartition(topics.input, 0)]
-        while probe.committed(asked, 10)[0].offset < documents:
-            assert time.monotonic() < deadline, "the service did not commit the offsets"
-            time.sleep(0.05)
-    finally:
-        probe.close()
+    while group_offsets(bootstrap, topics)[0] < documents:
+        assert time.monotonic() < deadline, "the service did not commit the offsets"
+        time.sleep(0.05)
 
 
 def test_the_check_process_answers_from_a_redis_index_and_changes_no_key(
