@@ -104,7 +104,9 @@ class Head(NamedTuple):
     """What comes next on one partition, as its owner published it."""
 
     kind: str  #: :data:`HEAD`, :data:`EMPTY` or :data:`AT_END`
-    time: int  #: the next undecided record's time (epoch ms) when ``kind`` is HEAD
+    #: the next undecided record's time (epoch ms) when ``kind`` is HEAD; the offset its
+    #: owner's consumer reached (-1: not known) when AT_END
+    time: int
     since: int = 0  #: server ms: when an EMPTY began
     seen: int = 0  #: server ms: when its owner last wrote it
     owner: str = ""  #: the writing instance's token (whom to wake when heads move)

@@ -36,7 +36,7 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 from typing import NamedTuple, TypeVar
 
-from confluent_kafka import Consumer, KafkaException
+from confluent_kafka import OFFSET_END, Consumer, KafkaException, TopicPartition
 
 from stream_dedup.errors import IndexIOError, IndexUnreachableError
 from stream_dedup.index.redis_heads import AT_END, EMPTY, HEAD, GroupHeads, Published
@@ -71,6 +71,9 @@ _LAST_PAUSE_S = 0.016
 #: heartbeat touches its fields every quarter of it: only an owner stalled for most of it
 #: holds the others back meanwhile (a wait, not a wrong order).
 AT_END_FRESH_MS = 1000
+#: How long a look at other partitions' ends waits for the broker; past it, the look is
+#: given up and an "at its end" counts as its owner published it (a warning).
+ENDS_TIMEOUT_S = 2.0
 
 
 class Watermark(NamedTuple):
@@ -88,6 +91,8 @@ def low_watermark(
     mine: Iterable[TpKey],
     max_idle_ms: int,
     missing_since: dict[TpKey, int],
+    ends: Mapping[TpKey, int] | None = None,
+    behind_since: dict[TpKey, int] | None = None,
 ) -> Watermark:
     """The smallest head over the partitions of ``partitions`` (topic -> count) that are
     not ``mine``, as ``published``.
@@ -99,6 +104,12 @@ def low_watermark(
     has been so for ``max_idle_ms``; a partition at its end holds nothing back while its
     owner is heard from (:data:`AT_END_FRESH_MS`), else everything until ``max_idle_ms``
     after it was last heard from, as an empty one.
+
+    ``ends`` are the partitions' end offsets as the broker gave them after this instance
+    last took records: an "at its end" whose owner published a lower end offset has
+    records its owner has not taken yet (a burst reaching each member on its own
+    fetches), so it holds everything back as an empty one does, from when it was first
+    found so (``behind_since``, server ms), until its owner publishes their head.
     """
     fresh_ms = min(max_idle_ms, AT_END_FRESH_MS)
     now = published.now_ms
@@ -119,9 +130,15 @@ def low_watermark(
                 if silent > max_idle_ms:
                     continue  # an owner gone: idle
                 if head.kind == AT_END:
-                    if silent <= fresh_ms:
+                    if silent > fresh_ms:
+                        left = head.seen + max_idle_ms - now  # its owner silent: maybe killed
+                    elif ends is not None and ends.get(tp, -1) > head.time >= 0:
+                        since = now if behind_since is None else behind_since.setdefault(tp, now)
+                        left = since + max_idle_ms - now  # records there not taken yet
+                    else:
+                        if behind_since is not None:
+                            behind_since.pop(tp, None)
                         continue  # nothing more to come, and its owner is there to fetch it
-                    left = head.seen + max_idle_ms - now  # its owner silent: maybe killed
                 elif head.kind == HEAD:
                     key = (head.time, head.owner, tp)
                     ceiling = key if ceiling is None else min(ceiling, key)
@@ -163,6 +180,14 @@ class GroupOrder:
         #: Topic -> number of partitions, from the broker's metadata at each assignment.
         self._partitions: dict[str, int] = dict.fromkeys(topics, 0)
         self._missing_since: dict[TpKey, int] = {}
+        #: Other members' partitions at their end, as the broker last gave their end
+        #: offsets (:meth:`_look_at_ends`), what that look was for, and since when
+        #: (server ms) each was found behind its end.
+        self._ends: dict[TpKey, int] = {}
+        self._ends_for: tuple[int, tuple[tuple[TpKey, int], ...]] | None = None
+        self._behind_since: dict[TpKey, int] = {}
+        #: Looks at other partitions' ends made (broker round trips).
+        self.end_looks = 0
         self._learn = True
         self._last: Published | None = None
         self._sent: dict[TpKey, tuple[str, int]] = {}
@@ -275,18 +300,78 @@ class GroupOrder:
         if mine != self._sent or time.monotonic() - self._sent_at >= self._heartbeat_s:
             self.exchange(mine)
 
-    def watermark(self, mine: Iterable[TpKey]) -> Watermark:
-        """Below what this instance may release now, from the last exchange."""
+    def watermark(
+        self, mine: Iterable[TpKey], consumer: Consumer | None = None, taken: int = 0
+    ) -> Watermark:
+        """Below what this instance may release now, from the last exchange; with
+        ``consumer``, other members' "at its end" are checked against the broker's end
+        offsets, looked at again whenever ``taken`` (the records taken from the consumer
+        so far) or those heads changed."""
         if self._last is None:
             return Watermark(BLOCKED, 100)
         self._check_ticks(self._last)
+        own = set(mine)
+        if consumer is not None:
+            self._look_at_ends(consumer, own, taken)
         return low_watermark(
             self._last,
             self._partitions,
-            mine,
+            own,
             self._max_idle_ms,
             self._missing_since,
+            self._ends,
+            self._behind_since,
         )
+
+    def _look_at_ends(self, consumer: Consumer, own: set[TpKey], taken: int) -> None:
+        """Ask the broker for the end offsets of the other members' partitions that say
+        they are at their end, in one request.
+
+        A member publishes "at its end" with the offset its consumer reached; records
+        produced there since are not in its head until its own fetch brings them and its
+        loop takes them, tens of milliseconds or a busy loop later. This instance's
+        records were produced before it took them, so an end looked at after that take
+        names every record there produced before them: an end above the published one
+        holds this instance back until the owner publishes their head. (A broker may
+        answer the base offset of the last record batch plus one, as Tansu does: still
+        above the published end exactly when a batch came after it.)"""
+        last = self._last
+        if last is None:
+            return
+        fresh_ms = min(self._max_idle_ms, AT_END_FRESH_MS)
+        asked = tuple(
+            sorted(
+                (tp, head.time)
+                for tp, head in last.heads.items()
+                if tp not in own
+                and head.kind == AT_END
+                and head.time >= 0
+                and last.now_ms - head.seen <= fresh_ms
+            )
+        )
+        if not asked:
+            self._ends = {}
+            return
+        if self._ends_for == (taken, asked):
+            return
+        try:
+            answer = consumer.offsets_for_times(
+                [TopicPartition(t, p, OFFSET_END) for (t, p), _end in asked],
+                timeout=ENDS_TIMEOUT_S,
+            )
+        except KafkaException as exc:
+            self._ends, self._ends_for = {}, None
+            dropped = self._failed.admit("ends")
+            if dropped is not None:
+                log.warning(
+                    "cannot read the end offsets of other members' partitions; taking their"
+                    " 'at its end' as published",
+                    extra=fields(error=str(exc), suppressed=dropped),
+                )
+            return
+        self.end_looks += 1
+        self._ends = {(tp.topic, tp.partition): tp.offset for tp in answer if tp.error is None}
+        self._ends_for = (taken, asked)
 
     def _check_ticks(self, published: Published) -> None:
         """Warn (once a minute) while a live member orders with another tick."""
@@ -333,10 +418,11 @@ def own_heads(
     inflight: Mapping[TpKey, int],
     buffered: Mapping[TpKey, int],
     assigned: Iterable[TpKey],
-    at_end: set[TpKey],
+    at_end: Mapping[TpKey, int],
 ) -> dict[TpKey, tuple[str, int]]:
     """Each assigned partition's (kind, time): its first undecided record's time, taken
-    (``inflight``: released, not yet stored) or still buffered; else at its end or empty."""
+    (``inflight``: released, not yet stored) or still buffered; else at its end (with the
+    end offset in place of the time, -1 where not known) or empty."""
     out: dict[TpKey, tuple[str, int]] = {}
     for tp in assigned:
         if tp in inflight:
@@ -344,5 +430,5 @@ def own_heads(
         elif tp in buffered:
             out[tp] = (HEAD, buffered[tp])
         else:
-            out[tp] = (AT_END, 0) if tp in at_end else (EMPTY, 0)
+            out[tp] = (AT_END, at_end[tp]) if tp in at_end else (EMPTY, 0)
     return out

@@ -84,7 +84,7 @@ class GroupTurns:
         if consumer is not None:
             group.learn_partitions(consumer)
         group.exchange(self.heads(assigned))
-        mark = group.watermark(assigned)
+        mark = group.watermark(assigned, consumer, self._merge.taken)
         cap = min(limit, self._cuts[0]) if self._cuts else limit
         batch = self._merge.release(cap, watched, mark.ceiling, group.token)
         if batch:

@@ -281,10 +281,11 @@ def raise_if_fatal(msg: Message) -> KafkaError | None:
 
 
 def consumed_records(
-    msgs: list[Message], errors: LogThrottle, at_end: Callable[[tuple[str, int]], None]
+    msgs: list[Message], errors: LogThrottle, at_end: Callable[[tuple[str, int], int], None]
 ) -> Iterator[Message]:
     """The records among consumed messages, in order. A partition's end is told to
-    ``at_end`` where it comes among them; another error is logged, each kind (code,
+    ``at_end`` where it comes among them, with its end offset (the offset of the next
+    record to come there); another error is logged, each kind (code,
     partition) once per ``errors``' interval with the count left out (a persisting error
     comes back at every poll); a fatal one raises."""
     for msg in msgs:
@@ -294,7 +295,8 @@ def consumed_records(
         elif err.code() == KafkaError._PARTITION_EOF:
             topic, partition = msg.topic(), msg.partition()
             if topic is not None and partition is not None:
-                at_end((topic, partition))
+                offset = msg.offset()
+                at_end((topic, partition), -1 if offset is None else offset)
         else:
             dropped = errors.admit((err.code(), msg.topic(), msg.partition()))
             if dropped is not None:

@@ -150,8 +150,12 @@ class PartitionMerge:
         self._clock = clock
         self._buffers: dict[TpKey, deque[tuple[int, Message]]] = {}
         self._size = 0
-        #: Partitions whose end was reported (``_PARTITION_EOF``) after their last record.
-        self.caught_up: set[TpKey] = set()
+        #: Partitions whose end was reported (``_PARTITION_EOF``) after their last record,
+        #: with the end offset it was reported at (-1: not known).
+        self.caught_up: dict[TpKey, int] = {}
+        #: Records added since the start: a count that moves whenever something new was
+        #: taken from the consumer (what a look at other partitions' ends is valid for).
+        self.taken = 0
         #: When each watched partition was last found, or left, empty.
         self._empty_since: dict[TpKey, float] = {}
 
@@ -163,12 +167,14 @@ class PartitionMerge:
         tp = _tp(msg)
         self._buffers.setdefault(tp, deque()).append((self.time_of(msg), msg))
         self._size += 1
-        self.caught_up.discard(tp)
+        self.taken += 1
+        self.caught_up.pop(tp, None)
         self._empty_since.pop(tp, None)
 
-    def at_end(self, tp: TpKey) -> None:
-        """The consumer reached the end of ``tp``: an empty buffer there holds nothing back."""
-        self.caught_up.add(tp)
+    def at_end(self, tp: TpKey, offset: int = -1) -> None:
+        """The consumer reached the end of ``tp`` (at ``offset``, the next record's offset
+        there): an empty buffer there holds nothing back."""
+        self.caught_up[tp] = offset
 
     def partitions(self) -> set[TpKey]:
         """Partitions with buffered records."""
@@ -191,7 +197,7 @@ class PartitionMerge:
             buf = self._buffers.pop(tp, None)
             if buf is not None:
                 self._size -= len(buf)
-            self.caught_up.discard(tp)
+            self.caught_up.pop(tp, None)
             self._empty_since.pop(tp, None)
 
     def blocking(self, watched: Iterable[TpKey], now: float | None = None) -> float | None:

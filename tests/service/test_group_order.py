@@ -123,6 +123,42 @@ def test_at_its_end_holds_nothing_back_only_while_its_owner_is_heard_from() -> N
     assert low_watermark(published, {"news": 2}, {("news", 0)}, 500, {}) == Watermark(None)
 
 
+def test_at_its_end_below_the_brokers_end_holds_back_until_its_owner_publishes() -> None:
+    """A burst reaches each member on its own fetches: an "at its end" published at an
+    offset below the partition's end on the broker has records its owner has not taken
+    yet. It holds everything back, as an empty partition does, from when it was first
+    found so; at or above the broker's end it holds nothing back."""
+    behind: dict[tuple[str, int], int] = {}
+
+    def at(heads: dict[int, Head], ends: dict[int, int], now: int = NOW) -> Watermark:
+        published = Published(now, {("news", p): h for p, h in heads.items()})
+        own = {("news", 0), ("news", 2)}
+        got = {("news", p): e for p, e in ends.items()}
+        return low_watermark(published, {"news": 4}, own, IDLE, {}, got, behind)
+
+    heads = {1: fresh(AT_END, 40), 3: fresh(HEAD, 70)}
+    assert at(heads, {1: 40}) == Watermark((70, "", ("news", 3)))
+    assert at(heads, {1: 38}) == Watermark((70, "", ("news", 3)))  # a batch's base + 1
+    assert behind == {}
+    assert at(heads, {1: 41}) == Watermark(BLOCKED, IDLE)
+    assert behind == {("news", 1): NOW}
+    assert at(heads, {1: 45}, now=NOW + 100) == Watermark(BLOCKED, IDLE - 100)
+    # its owner took the records and published their head: the ceiling is that head
+    heads[1] = Head(HEAD, 60, NOW + 150, NOW + 150)
+    assert at(heads, {}, now=NOW + 150) == Watermark((60, "", ("news", 1)))
+    # at its end again, at the broker's end: nothing held, and the wait forgotten
+    heads[1] = Head(AT_END, 45, NOW + 150, NOW + 200)
+    assert at(heads, {1: 45}, now=NOW + 200) == Watermark((70, "", ("news", 3)))
+    assert behind == {}
+    # not looked at, or an end offset its owner did not know: as published
+    assert at(heads, {}) == Watermark((70, "", ("news", 3)))
+    heads[1] = Head(AT_END, -1, NOW, NOW)
+    assert at(heads, {1: 45}) == Watermark((70, "", ("news", 3)))
+    # held back only while its owner is heard from: a silent owner's wait is the one above
+    heads[1] = Head(AT_END, 40, NOW - 5000, NOW - IDLE - 1)
+    assert at(heads, {1: 45}) == Watermark((70, "", ("news", 3)))
+
+
 def test_a_partition_nobody_published_holds_back_from_when_it_was_first_missed() -> None:
     missing: dict[tuple[str, int], int] = {}
     heads = {0: fresh(HEAD, 50), 1: fresh(AT_END), 3: fresh(AT_END)}
@@ -153,11 +189,13 @@ def test_the_ceiling_releases_a_prefix_per_partition_in_offset_order() -> None:
 
 def test_own_heads_say_the_first_undecided_record_else_end_or_empty() -> None:
     assigned = [("news", p) for p in range(4)]
-    heads = own_heads({("news", 0): 5}, {("news", 0): 9, ("news", 1): 7}, assigned, {("news", 2)})
+    heads = own_heads(
+        {("news", 0): 5}, {("news", 0): 9, ("news", 1): 7}, assigned, {("news", 2): 40}
+    )
     assert heads == {
         ("news", 0): (HEAD, 5),  # released and not yet stored comes before buffered
         ("news", 1): (HEAD, 7),
-        ("news", 2): (AT_END, 0),
+        ("news", 2): (AT_END, 40),
         ("news", 3): (EMPTY, 0),
     }
 
