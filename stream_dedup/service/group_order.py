@@ -36,11 +36,12 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 from typing import NamedTuple, TypeVar
 
-from confluent_kafka import OFFSET_END, Consumer, KafkaException, TopicPartition
+from confluent_kafka import Consumer, KafkaException
 
 from stream_dedup.errors import IndexIOError, IndexUnreachableError
 from stream_dedup.index.redis_heads import AT_END, EMPTY, HEAD, GroupHeads, Published
 from stream_dedup.logs import LogThrottle, fields
+from stream_dedup.service.group_ends import OtherEnds
 
 log = logging.getLogger("stream_dedup.service")
 
@@ -71,9 +72,6 @@ _LAST_PAUSE_S = 0.016
 #: heartbeat touches its fields every quarter of it: only an owner stalled for most of it
 #: holds the others back meanwhile (a wait, not a wrong order).
 AT_END_FRESH_MS = 1000
-#: How long a look at other partitions' ends waits for the broker; past it, the look is
-#: given up and an "at its end" counts as its owner published it (a warning).
-ENDS_TIMEOUT_S = 2.0
 
 
 class Watermark(NamedTuple):
@@ -180,14 +178,8 @@ class GroupOrder:
         #: Topic -> number of partitions, from the broker's metadata at each assignment.
         self._partitions: dict[str, int] = dict.fromkeys(topics, 0)
         self._missing_since: dict[TpKey, int] = {}
-        #: Other members' partitions at their end, as the broker last gave their end
-        #: offsets (:meth:`_look_at_ends`), what that look was for, and since when
-        #: (server ms) each was found behind its end.
-        self._ends: dict[TpKey, int] = {}
-        self._ends_for: tuple[int, tuple[tuple[TpKey, int], ...]] | None = None
-        self._behind_since: dict[TpKey, int] = {}
-        #: Looks at other partitions' ends made (broker round trips).
-        self.end_looks = 0
+        #: The other members' partitions at their end, as the broker's end offsets say.
+        self.ends = OtherEnds()
         self._learn = True
         self._last: Published | None = None
         self._sent: dict[TpKey, tuple[str, int]] = {}
@@ -312,66 +304,17 @@ class GroupOrder:
         self._check_ticks(self._last)
         own = set(mine)
         if consumer is not None:
-            self._look_at_ends(consumer, own, taken)
+            fresh_ms = min(self._max_idle_ms, AT_END_FRESH_MS)
+            self.ends.look(consumer, self._last, own, taken, fresh_ms)
         return low_watermark(
             self._last,
             self._partitions,
             own,
             self._max_idle_ms,
             self._missing_since,
-            self._ends,
-            self._behind_since,
+            self.ends.ends,
+            self.ends.behind_since,
         )
-
-    def _look_at_ends(self, consumer: Consumer, own: set[TpKey], taken: int) -> None:
-        """Ask the broker for the end offsets of the other members' partitions that say
-        they are at their end, in one request.
-
-        A member publishes "at its end" with the offset its consumer reached; records
-        produced there since are not in its head until its own fetch brings them and its
-        loop takes them, tens of milliseconds or a busy loop later. This instance's
-        records were produced before it took them, so an end looked at after that take
-        names every record there produced before them: an end above the published one
-        holds this instance back until the owner publishes their head. (A broker may
-        answer the base offset of the last record batch plus one, as Tansu does: still
-        above the published end exactly when a batch came after it.)"""
-        last = self._last
-        if last is None:
-            return
-        fresh_ms = min(self._max_idle_ms, AT_END_FRESH_MS)
-        asked = tuple(
-            sorted(
-                (tp, head.time)
-                for tp, head in last.heads.items()
-                if tp not in own
-                and head.kind == AT_END
-                and head.time >= 0
-                and last.now_ms - head.seen <= fresh_ms
-            )
-        )
-        if not asked:
-            self._ends = {}
-            return
-        if self._ends_for == (taken, asked):
-            return
-        try:
-            answer = consumer.offsets_for_times(
-                [TopicPartition(t, p, OFFSET_END) for (t, p), _end in asked],
-                timeout=ENDS_TIMEOUT_S,
-            )
-        except KafkaException as exc:
-            self._ends, self._ends_for = {}, None
-            dropped = self._failed.admit("ends")
-            if dropped is not None:
-                log.warning(
-                    "cannot read the end offsets of other members' partitions; taking their"
-                    " 'at its end' as published",
-                    extra=fields(error=str(exc), suppressed=dropped),
-                )
-            return
-        self.end_looks += 1
-        self._ends = {(tp.topic, tp.partition): tp.offset for tp in answer if tp.error is None}
-        self._ends_for = (taken, asked)
 
     def _check_ticks(self, published: Published) -> None:
         """Warn (once a minute) while a live member orders with another tick."""

@@ -145,6 +145,8 @@ class BatchLife:
         self._metrics.reorder_waiting.set(len(batches.merge))
         if self._group is not None:
             self._metrics.group_order_wait.inc(self._group.take_waited())
+            for outcome, looks in self._group.ends.take_looks().items():
+                self._metrics.end_looks.labels(outcome).inc(looks)
         held, self._held = self._held, None
         if held is not None and batch and not _same(held[0], batch):
             self._metrics.decided_ahead.labels("dropped").inc()

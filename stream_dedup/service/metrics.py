@@ -56,6 +56,7 @@ stream_dedup_decision_lag_seconds{edge}         gauge      now - time of last ba
 stream_dedup_reorder_waiting_messages           gauge      consumed, held by the time-ordered merge
 stream_dedup_group_order_wait_seconds_total     counter    waits for the group's low watermark
 stream_dedup_group_decided_ahead_batches_total  counter    decided while held back: used/dropped
+stream_dedup_group_end_looks_total{outcome}     counter    others' ends looked at: at_end/behind
 stream_dedup_transactions_total{outcome}        counter    exactly-once: committed / aborted
 stream_dedup_check_requests_total{outcome}      counter    POST /check, /check/batch answered
 stream_dedup_check_duration_seconds             histogram  one check request, read to answer
@@ -314,6 +315,16 @@ class Metrics:
         )
         for outcome in ("used", "dropped"):
             self.decided_ahead.labels(outcome)
+        self.end_looks = Counter(
+            f"{p}_group_end_looks",
+            "Looks at the broker's end offsets of other instances' partitions published as "
+            "at their end: at_end (nothing there since), or behind (records there their "
+            "owner had not taken yet: this instance waited for them).",
+            ["outcome"],
+            registry=r,
+        )
+        for outcome in ("at_end", "behind"):
+            self.end_looks.labels(outcome)
 
     def _register_transactions(self, r: CollectorRegistry) -> None:
         """Exactly-once delivery: Kafka transactions ended, by outcome."""

@@ -37,17 +37,17 @@ def test_a_member_at_its_end_with_records_on_the_broker_holds_the_others_back(
         mine = {(topic, 0)}
         b.exchange({(topic, 1): (AT_END, 0)})
         a.exchange({(topic, 0): (HEAD, 100)})
-        a._partitions[topic] = 2
+        a.learn_partitions(consumer)  # the topic's 2 partitions, from the broker
         assert a.watermark(mine, consumer, taken=1).ceiling is None
         for n in range(3):
             producer.produce(topic, value=b"{}", partition=1, timestamp=50 + n)
         assert producer.flush(10) == 0
-        looks = a.end_looks
+        assert a.ends.take_looks() == {"at_end": 1, "behind": 0}
         assert a.watermark(mine, consumer, taken=1).ceiling is None  # nothing new taken
-        assert a.end_looks == looks
+        assert a.ends.take_looks() == {"at_end": 0, "behind": 0}
         held = a.watermark(mine, consumer, taken=2)
         assert held.ceiling == BLOCKED and held.hold_ms is not None and held.hold_ms > 4000
-        assert a.end_looks == looks + 1
+        assert a.ends.take_looks() == {"at_end": 0, "behind": 1}
         b.exchange({(topic, 1): (HEAD, 50)})  # B took them
         a.exchange({(topic, 0): (HEAD, 100)})
         assert a.watermark(mine, consumer, taken=2).ceiling == (50, b.token, (topic, 1))

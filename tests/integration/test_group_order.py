@@ -50,6 +50,7 @@ PARTITIONS = 3
 #: turns as finely as the partitions' times interleave, so a slowed delivery would
 #: slow every turn.
 DECIDED_AHEAD = 'stream_dedup_group_decided_ahead_batches_total{outcome="used"}'
+BEHIND = 'stream_dedup_group_end_looks_total{outcome="behind"}'
 PLAIN = "import sys\nfrom stream_dedup.cli import main\nsys.exit(main(sys.argv[1:]))\n"
 DOCUMENTS = 1200
 
@@ -251,6 +252,7 @@ def run_group(bootstrap: str, tmp_path: Path, truth: GroundTruth, run: Run) -> N
         # and this run has none: so every event is awaited while the group still runs.
         read_events(bootstrap, topics, run.delivery, len(corpus.ids), wait_s=120)
         ahead = group.ahead_killed + sum(scrape(p, DECIDED_AHEAD) or 0.0 for p in group.ports)
+        behind = sum(scrape(p, BEHIND) or 0.0 for p in group.ports)
         for n, port in enumerate(group.ports):
             if (scrape(port, "stream_dedup_commits_total") or 0.0) > 0:
                 group.committing.add(n)
@@ -280,7 +282,8 @@ def run_group(bootstrap: str, tmp_path: Path, truth: GroundTruth, run: Run) -> N
         f"{run}: {kills} kills in {elapsed:.0f} s; agreement with one instance in produce "
         f"order {agree / len(reference):.4f}; {quality}; strict F1 {f1:.4f}; batches "
         f"decided ahead and used {ahead:.0f} (the killed processes' up to their last scrape); "
-        f"{len(group.committing)} of {run.instances} members committed batches"
+        f"{len(group.committing)} of {run.instances} members committed batches; held back "
+        f"by a partition behind its end {behind:.0f} times (the running processes)"
     )
     # A backlog the whole group shared: the members held back decided their next turn
     # meanwhile. (The backlog is there before the members start, so the first to join may
