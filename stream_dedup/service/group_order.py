@@ -114,6 +114,7 @@ def low_watermark(
     own = set(mine)
     ceiling: OrderKey | None = None
     hold: int | None = None
+    behind: set[TpKey] = set()
     for topic, count in partitions.items():
         for partition in range(count):
             tp = (topic, partition)
@@ -131,11 +132,10 @@ def low_watermark(
                     if silent > fresh_ms:
                         left = head.seen + max_idle_ms - now  # its owner silent: maybe killed
                     elif ends is not None and ends.get(tp, -1) > head.time >= 0:
+                        behind.add(tp)
                         since = now if behind_since is None else behind_since.setdefault(tp, now)
                         left = since + max_idle_ms - now  # records there not taken yet
                     else:
-                        if behind_since is not None:
-                            behind_since.pop(tp, None)
                         continue  # nothing more to come, and its owner is there to fetch it
                 elif head.kind == HEAD:
                     key = (head.time, head.owner, tp)
@@ -145,6 +145,9 @@ def low_watermark(
                     left = head.since + max_idle_ms - now  # EMPTY (or a kind not known)
             if left > 0:
                 hold = left if hold is None else min(hold, left)
+    if behind_since is not None:  # a wait for records not taken ends with it
+        for tp in behind_since.keys() - behind:
+            del behind_since[tp]
     if hold is not None:
         return Watermark(BLOCKED, hold)
     return Watermark(ceiling)

@@ -143,9 +143,14 @@ def test_at_its_end_below_the_brokers_end_holds_back_until_its_owner_publishes()
     assert at(heads, {1: 41}) == Watermark(BLOCKED, IDLE)
     assert behind == {("news", 1): NOW}
     assert at(heads, {1: 45}, now=NOW + 100) == Watermark(BLOCKED, IDLE - 100)
-    # its owner took the records and published their head: the ceiling is that head
+    # its owner took the records and published their head: the ceiling is that head,
+    # and the wait is over (a later one starts afresh)
     heads[1] = Head(HEAD, 60, NOW + 150, NOW + 150)
     assert at(heads, {}, now=NOW + 150) == Watermark((60, "", ("news", 1)))
+    assert behind == {}
+    heads[1] = Head(AT_END, 41, NOW + 150, NOW + 160)
+    assert at(heads, {1: 43}, now=NOW + 160) == Watermark(BLOCKED, IDLE)
+    assert behind == {("news", 1): NOW + 160}
     # at its end again, at the broker's end: nothing held, and the wait forgotten
     heads[1] = Head(AT_END, 45, NOW + 150, NOW + 200)
     assert at(heads, {1: 45}, now=NOW + 200) == Watermark((70, "", ("news", 3)))
