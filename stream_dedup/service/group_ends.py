@@ -33,7 +33,7 @@ log = logging.getLogger("stream_dedup.service")
 TpKey = tuple[str, int]
 
 #: How long a look waits for the broker; past it the look is given up and the ``x`` are
-#: taken as published (a warning once a minute).
+#: taken as published (a warning once a minute) until this instance takes new records.
 ENDS_TIMEOUT_S = 2.0
 
 
@@ -82,7 +82,9 @@ class OtherEnds:
                 timeout=ENDS_TIMEOUT_S,
             )
         except KafkaException as exc:
-            self.ends, self._for = {}, None
+            # not asked again until something new is taken: a broker that does not answer
+            # would otherwise stall every turn of the loop for the timeout
+            self.ends, self._for = {}, (taken, asked)
             dropped = self._failed.admit("ends")
             if dropped is not None:
                 log.warning(
