@@ -6,11 +6,12 @@ spent waiting for the group's low watermark
 (``stream_dedup_group_order_wait_seconds_total``), waiting for and holding the index's
 lease, in committing (delivery: produce, broker acknowledgements, offsets), its batches
 (how many: each a turn of the lease; their mean size), the documents it sketched in
-its own process rather than its sketch worker's, and its CPU seconds (with its sketch
-worker); for the run, the CPU seconds of Redis and of the broker, each per
-document, and how busy the machine's CPUs were. Setups (one, two and three instances
-with the group's order, one and two without; ``--setups`` picks by name) run alternated,
-round by round.
+its own process rather than its sketch worker's, its looks at the other members' ends
+(``end looks``: all at their end; ``behind``: records there not taken yet, so it waited),
+and its CPU seconds (with its sketch worker); for the run, the CPU seconds of Redis and
+of the broker, each per document, and how busy the machine's CPUs were. Setups (one,
+two and three instances with the group's order, one and two without; ``--setups`` picks
+by name) run alternated, round by round.
 
 ``--warm N`` measures a group already running instead of one starting on a backlog: the
 instances start on an empty topic, ``N`` warm-up documents (ids of their own) are
@@ -74,6 +75,8 @@ _SUMS = {
     "ahead dropped": 'stream_dedup_group_decided_ahead_batches_total{outcome="dropped"}',
     "redecided": "stream_dedup_redecided_documents_total",
     "sketched here": 'stream_dedup_sketched_documents_total{by="service"}',
+    "end looks": 'stream_dedup_group_end_looks_total{outcome="at_end"}',
+    "behind": 'stream_dedup_group_end_looks_total{outcome="behind"}',
 }
 
 
