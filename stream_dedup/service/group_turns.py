@@ -84,7 +84,11 @@ class GroupTurns:
         if consumer is not None:
             group.learn_partitions(consumer)
         group.exchange(self.heads(assigned))
-        mark = group.watermark(assigned, consumer, self._merge.taken)
+        mark = group.watermark(assigned)
+        if consumer is not None and self._may_release(mark, watched, group.token):
+            # only a release that would go ahead asks the broker for the others' ends: a
+            # look can hold it back, never let more through
+            mark = group.watermark(assigned, consumer, self._merge.taken)
         cap = min(limit, self._cuts[0]) if self._cuts else limit
         batch = self._merge.release(cap, watched, mark.ceiling, group.token)
         if batch:
@@ -97,6 +101,14 @@ class GroupTurns:
         if not self._merge or self._merge.blocking(watched) is not None:
             return [], None  # held back by a partition of this instance
         return [], mark
+
+    def _may_release(self, mark: Watermark, watched: set[TpKey], token: str) -> bool:
+        """Whether the merge would release a record below ``mark`` now."""
+        merge = self._merge
+        if mark.hold_ms is not None or not merge or merge.blocking(watched) is not None:
+            return False
+        ceiling = mark.ceiling
+        return ceiling is None or any((t, token, tp) < ceiling for tp, t in merge.heads().items())
 
     def _track(self, batch: list[Message]) -> None:
         """A released batch's first time and end per partition (:meth:`decided`)."""

@@ -20,7 +20,9 @@ def test_a_broker_that_does_not_answer_leaves_the_ends_as_published_until_more_i
     monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
     monkeypatch.setattr(group_ends, "ENDS_TIMEOUT_S", 0.3)
-    consumer = Consumer({"bootstrap.servers": f"127.0.0.1:{free_port()}", "group.id": "g"})
+    consumer = Consumer(
+        {"bootstrap.servers": f"127.0.0.1:{free_port()}", "group.id": "g", "log_level": 0}
+    )
     published = Published(
         NOW, {("news", 0): Head(HEAD, 5, NOW, NOW), ("news", 1): Head(AT_END, 7, NOW, NOW)}
     )
