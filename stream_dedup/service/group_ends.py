@@ -13,9 +13,11 @@ those partitions' end offsets, all in one request. Its own records were on the b
 before it took them, so an end looked at after that take counts every record there that
 reached the broker before them: an end above the published offset means records the
 owner has not taken yet (:func:`~.group_order.low_watermark` then holds this instance
-back). The look is made again only when this instance took new records or those heads
-changed. A broker may answer the base offset of the last record batch plus one (Tansu
-does): still above the published end exactly when a batch came after it.
+back). The look is made only when a release would go ahead without it (the caller,
+:class:`~.group_turns.GroupTurns`, checks), and again only when this instance took new
+records or those heads changed. A broker may answer the base offset of the last record
+batch plus one (Tansu does): still above the published end exactly when a batch came
+after it.
 """
 
 from __future__ import annotations
